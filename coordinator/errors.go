@@ -1,0 +1,110 @@
+package coordinator
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Errors returned by Do and Coordinator.Execute. Test them with errors.Is; the
+// typed errors below carry more detail for errors.As. The action's own errors
+// are returned unchanged and never match these.
+var (
+	// ErrInvalidRequest is returned when the operation, key, fingerprint or
+	// TTL of a Call is invalid. The store was not touched and the action did
+	// not run. HTTP 400.
+	ErrInvalidRequest = errors.New("idempotency: invalid request")
+
+	// ErrInProgress is returned when another caller holds the key: at once in
+	// in-flight mode "raise", and after the wait bound in mode "wait". The
+	// action did not run. HTTP 409.
+	ErrInProgress = errors.New("idempotency: request in progress")
+
+	// ErrKeyReuse is returned when the key was used before for a request with
+	// another fingerprint. The action did not run. Use errors.As with
+	// *KeyReuseError for both fingerprints. HTTP 422.
+	ErrKeyReuse = errors.New("idempotency: key reused for a different request")
+
+	// ErrStorage matches every *StorageError. Out of Do it means the store
+	// failed, on-storage-error mode is "raise", and the action did not run.
+	// HTTP 503.
+	ErrStorage = errors.New("idempotency: storage failure")
+
+	// ErrLeaseLost is the cause with which the action's context is cancelled
+	// when the coordinator learns that the reservation now belongs to another
+	// caller or is gone (see context.Cause).
+	ErrLeaseLost = errors.New("idempotency: lease lost")
+)
+
+// KeyReuseError is the error returned when a key is reused for a request with
+// another fingerprint. It matches ErrKeyReuse.
+type KeyReuseError struct {
+	Key
+	// Stored is the fingerprint stored with the key.
+	Stored string
+	// Got is the fingerprint of the refused call.
+	Got string
+}
+
+// Error implements error.
+func (e *KeyReuseError) Error() string {
+	return fmt.Sprintf("idempotency: key %q of operation %q reused for a different request (stored fingerprint %q, got %q)",
+		e.Key.Key, e.Operation, e.Stored, e.Got)
+}
+
+// Is reports whether target is ErrKeyReuse.
+func (e *KeyReuseError) Is(target error) bool { return target == ErrKeyReuse }
+
+// InProgressError is the error returned when another caller holds the key.
+// It matches ErrInProgress.
+type InProgressError struct {
+	Key
+	// RetryAfter is a hint for when the holder's lease expires, or 0 when the
+	// store does not report it.
+	RetryAfter time.Duration
+}
+
+// Error implements error.
+func (e *InProgressError) Error() string {
+	return fmt.Sprintf("idempotency: key %q of operation %q is in progress", e.Key.Key, e.Operation)
+}
+
+// Is reports whether target is ErrInProgress.
+func (e *InProgressError) Is(target error) bool { return target == ErrInProgress }
+
+// StorageError is a failure of the store. It matches ErrStorage, and unwraps
+// to the store's own error. A Store may return one itself; any other error a
+// Store returns is wrapped in one by the coordinator.
+type StorageError struct {
+	// Method is the store method that failed.
+	Method Method
+	// Err is the underlying error.
+	Err error
+}
+
+// Error implements error.
+func (e *StorageError) Error() string {
+	return fmt.Sprintf("idempotency: storage %s: %v", e.Method, e.Err)
+}
+
+// Unwrap returns the underlying error.
+func (e *StorageError) Unwrap() error { return e.Err }
+
+// Is reports whether target is ErrStorage.
+func (e *StorageError) Is(target error) bool { return target == ErrStorage }
+
+// asStorageError returns err as a *StorageError for method m.
+func asStorageError(m Method, err error) *StorageError {
+	var se *StorageError
+	if errors.As(err, &se) {
+		if se.Method == "" {
+			return &StorageError{Method: m, Err: se.Err}
+		}
+		return se
+	}
+	return &StorageError{Method: m, Err: err}
+}
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidRequest}, args...)...)
+}

@@ -1,0 +1,161 @@
+package coordinator
+
+import (
+	"context"
+	"time"
+)
+
+// Observer receives the coordinator's events. Observe is called
+// synchronously on the caller's goroutine, from many goroutines at once, so it
+// must be safe for concurrent use and quick. The package observability turns
+// events into Prometheus metrics and zap log lines; NopObserver discards them.
+type Observer interface {
+	Observe(ctx context.Context, e Event)
+}
+
+// ObserverFunc adapts a function to Observer.
+type ObserverFunc func(ctx context.Context, e Event)
+
+// Observe calls f(ctx, e).
+func (f ObserverFunc) Observe(ctx context.Context, e Event) { f(ctx, e) }
+
+// NopObserver is an Observer that does nothing; it is the default.
+type NopObserver struct{}
+
+// Observe does nothing.
+func (NopObserver) Observe(context.Context, Event) {}
+
+// EventKind says what happened.
+type EventKind uint8
+
+// The events the coordinator reports. Each names the fields of Event it sets
+// beyond Kind and Key.
+const (
+	// EventHit: a completed record was replayed. Every replay reports one.
+	EventHit EventKind = iota + 1
+	// EventMiss: the action is about to run under this caller's reservation
+	// (or, in in-flight mode "run", without one).
+	EventMiss
+	// EventInFlight: another caller holds the key (a collision). Mode is the
+	// in-flight mode that decides what happens next.
+	EventInFlight
+	// EventWaited: a caller stopped waiting for another caller's result.
+	// Duration is the time spent waiting; Outcome says how it ended.
+	EventWaited
+	// EventError: something went wrong. ErrorType classifies it; Err is the
+	// error; Method is set for storage errors.
+	EventError
+	// EventStorageCall: one store call ended. Method and Duration are set; Err
+	// is its error or nil.
+	EventStorageCall
+	// EventStored: the action's result was stored.
+	EventStored
+	// EventUnprotected: the action runs without protection because the store
+	// failed and the on-storage-error mode is "run". Method is the failed call.
+	EventUnprotected
+)
+
+// String returns the event's name, e.g. "hit".
+func (k EventKind) String() string {
+	switch k {
+	case EventHit:
+		return "hit"
+	case EventMiss:
+		return "miss"
+	case EventInFlight:
+		return "in_flight"
+	case EventWaited:
+		return "waited"
+	case EventError:
+		return "error"
+	case EventStorageCall:
+		return "storage_call"
+	case EventStored:
+		return "stored"
+	case EventUnprotected:
+		return "unprotected"
+	default:
+		return "unknown"
+	}
+}
+
+// ErrorType classifies an EventError. The names are those the Python
+// idempotency-kit uses, so dashboards carry over; the set is fixed, which
+// makes it a bounded metric label.
+type ErrorType string
+
+// The error types.
+const (
+	ErrorStorageGet       ErrorType = "storage_get_error"
+	ErrorStorageReserve   ErrorType = "storage_reserve_error"
+	ErrorStorageSave      ErrorType = "storage_save_error"
+	ErrorStorageRelease   ErrorType = "storage_release_error"
+	ErrorStorageRenew     ErrorType = "storage_renew_error"
+	ErrorRecordValidation ErrorType = "record_validation_error" // a result that cannot be stored: unencodable or too large
+	ErrorDecode           ErrorType = "decode_error"            // a record that cannot be read: corrupt, or the codec cannot decode it
+	ErrorKeyReuse         ErrorType = "key_reuse"
+	ErrorLeaseLost        ErrorType = "lease_lost"
+)
+
+// ErrorTypes lists every ErrorType, for pre-initialising metrics.
+func ErrorTypes() []ErrorType {
+	return []ErrorType{ErrorStorageGet, ErrorStorageReserve, ErrorStorageSave, ErrorStorageRelease,
+		ErrorStorageRenew, ErrorRecordValidation, ErrorDecode, ErrorKeyReuse, ErrorLeaseLost}
+}
+
+// Method names a Store method, as a bounded metric label.
+type Method string
+
+// The store methods.
+const (
+	MethodReserve  Method = "reserve"
+	MethodGet      Method = "get"
+	MethodComplete Method = "complete"
+	MethodRelease  Method = "release"
+	MethodRenew    Method = "renew"
+)
+
+// Methods lists every Method, for pre-initialising metrics.
+func Methods() []Method {
+	return []Method{MethodReserve, MethodGet, MethodComplete, MethodRelease, MethodRenew}
+}
+
+// WaitOutcome says how a wait for another caller's result ended.
+type WaitOutcome string
+
+// The wait outcomes.
+const (
+	WaitHit      WaitOutcome = "hit"      // the holder completed; its result is replayed
+	WaitTakeover WaitOutcome = "takeover" // the reservation disappeared; this caller reserved and runs
+	WaitTimeout  WaitOutcome = "timeout"  // the wait bound passed: ErrInProgress
+	WaitCanceled WaitOutcome = "canceled" // the caller's context ended
+	WaitError    WaitOutcome = "error"    // the store failed while polling
+	WaitReuse    WaitOutcome = "key_reuse"
+)
+
+// WaitOutcomes lists every WaitOutcome, for pre-initialising metrics.
+func WaitOutcomes() []WaitOutcome {
+	return []WaitOutcome{WaitHit, WaitTakeover, WaitTimeout, WaitCanceled, WaitError, WaitReuse}
+}
+
+// Event is one thing the coordinator reports. Fields that do not apply to
+// Kind are zero.
+type Event struct {
+	Kind EventKind
+	// Key is the operation and key of the call. Observers must not use the
+	// key as a metric label (it is unbounded); they may log it.
+	Key Key
+	// Mode is the in-flight mode, for EventInFlight.
+	Mode InFlightMode
+	// ErrorType classifies an EventError.
+	ErrorType ErrorType
+	// Method is the store method, for EventStorageCall, storage errors and
+	// EventUnprotected.
+	Method Method
+	// Duration is the call's or the wait's duration.
+	Duration time.Duration
+	// Outcome is how a wait ended, for EventWaited.
+	Outcome WaitOutcome
+	// Err is the error, for EventError and a failed EventStorageCall.
+	Err error
+}

@@ -1,0 +1,139 @@
+package coordinator
+
+import (
+	"context"
+	"time"
+)
+
+// Key names one idempotent operation instance in a Store: the operation and
+// the caller's idempotency key. Both have been validated by the coordinator
+// before a Store sees them (see ValidateOperation and ValidateKey), so a Store
+// may use them verbatim, e.g. as "{prefix}{Operation}:{Key}".
+type Key struct {
+	Operation string
+	Key       string
+}
+
+// String returns "operation:key", the form used in log lines and errors.
+func (k Key) String() string { return k.Operation + ":" + k.Key }
+
+// State is the state of a record as a Store reports it.
+type State uint8
+
+// The states of a record.
+const (
+	// StateAbsent means there is no record under the key (never written,
+	// expired, released or forgotten).
+	StateAbsent State = iota
+	// StatePending means a caller holds a lease on the key and is running the
+	// action. Record.Token is the holder's owner token.
+	StatePending
+	// StateCompleted means the action completed and Record.Result holds its
+	// encoded result.
+	StateCompleted
+	// StateUnreadable means something is stored under the key that the Store
+	// cannot parse (corrupt bytes, a wrong Redis type, a record format version
+	// it does not know). The coordinator treats it as "not an outage": it runs
+	// the action and replaces the record, so the key heals.
+	StateUnreadable
+)
+
+// String returns "absent", "pending", "completed" or "unreadable".
+func (s State) String() string {
+	switch s {
+	case StateAbsent:
+		return "absent"
+	case StatePending:
+		return "pending"
+	case StateCompleted:
+		return "completed"
+	case StateUnreadable:
+		return "unreadable"
+	default:
+		return "unknown"
+	}
+}
+
+// Record is what a Store holds under a Key.
+type Record struct {
+	// State is the record's state. The zero value is StateAbsent.
+	State State
+	// Token is the owner token of the caller that reserved (StatePending) or
+	// completed (StateCompleted) the record. A Store that cannot read the token
+	// of an unreadable record reports "".
+	Token string
+	// Fingerprint is the request fingerprint stored with the record; "" when
+	// the writer gave none.
+	Fingerprint string
+	// Result is the encoded result of a completed record; nil otherwise.
+	Result []byte
+	// TTL is the remaining time to live the Store reports, or 0 when it does
+	// not know. The coordinator never uses it to decide whether a record is
+	// alive: expiry is the Store's business alone.
+	TTL time.Duration
+}
+
+// Write is the record a Store writes with Reserve.
+type Write struct {
+	// State is StatePending for a reservation (a lease) or StateCompleted for
+	// a result written without a reservation (in-flight mode "run", and the
+	// best-effort write after an unprotected run).
+	State State
+	// Token is the writer's owner token: 128 random bits, hex encoded.
+	Token string
+	// Fingerprint is the request fingerprint; "" for none.
+	Fingerprint string
+	// Result is the encoded result when State is StateCompleted.
+	Result []byte
+	// TTL is the lease (StatePending) or the record's time to live
+	// (StateCompleted). It is a positive whole number of milliseconds.
+	TTL time.Duration
+	// Replace, when true, also lets the write succeed over an existing record
+	// that is not pending and whose Token equals ReplaceToken: the
+	// compare-and-swap the coordinator uses to heal a record nobody can read,
+	// so that of many concurrent healers only one runs the action.
+	Replace bool
+	// ReplaceToken is the token of the record to replace; see Replace. An
+	// unreadable record with no readable token is replaced by ReplaceToken "".
+	ReplaceToken string
+}
+
+// Store keeps idempotency records. It is the smallest interface the
+// coordinator needs; each method is one atomic step, which a Redis
+// implementation does in one round trip (one Lua script). Implementations
+// must be safe for concurrent use, and must decide expiry with their own clock
+// alone.
+//
+// Errors: a Store returns an error only when it could not do the step (the
+// network, a timeout, the server). The coordinator wraps any error that is
+// not already a *StorageError in one. "Absent" and "not the owner" are
+// results, not errors.
+//
+// The package coordinator/storetest has a conformance suite that every Store
+// should pass from its own tests.
+type Store interface {
+	// Reserve is reserve-or-read. If the key is absent, or w.Replace is set
+	// and the existing record is not pending and has token w.ReplaceToken, it
+	// writes w with time to live w.TTL and returns (Record{}, true, nil).
+	// Otherwise it leaves the key alone and returns the existing record and
+	// false.
+	Reserve(ctx context.Context, key Key, w Write) (existing Record, written bool, err error)
+
+	// Get returns the record under key; a missing key is Record{State:
+	// StateAbsent} and a nil error.
+	Get(ctx context.Context, key Key) (Record, error)
+
+	// Complete stores result under key with time to live ttl, if and only if
+	// the key holds a pending record owned by token; the stored record keeps
+	// the pending record's fingerprint and token. It reports whether it did.
+	Complete(ctx context.Context, key Key, token string, result []byte, ttl time.Duration) (ok bool, err error)
+
+	// Release deletes the key if and only if it holds a pending record owned
+	// by token. It reports whether it did.
+	Release(ctx context.Context, key Key, token string) (ok bool, err error)
+
+	// Renew sets the time to live of the key to lease if and only if it holds
+	// a pending record owned by token. It reports whether it did; false means
+	// the lease is lost (the key expired, or another caller owns it now).
+	Renew(ctx context.Context, key Key, token string, lease time.Duration) (ok bool, err error)
+}

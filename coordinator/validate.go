@@ -1,0 +1,61 @@
+package coordinator
+
+// Limits on the parts of a Call.
+const (
+	// MaxKeyLen is the longest idempotency key, in bytes.
+	MaxKeyLen = 255
+	// MaxOperationLen is the longest operation name, in bytes.
+	MaxOperationLen = 100
+	// MaxFingerprintLen is the longest fingerprint, in bytes.
+	MaxFingerprintLen = 512
+)
+
+// ValidateKey returns an error matching ErrInvalidRequest unless key is 1 to
+// MaxKeyLen bytes of visible ASCII (0x21 to 0x7E). Nothing is stripped or
+// normalised: the key is used exactly as given.
+func ValidateKey(key string) error {
+	if key == "" {
+		return invalid("key is empty")
+	}
+	if len(key) > MaxKeyLen {
+		return invalid("key is %d bytes, longer than %d", len(key), MaxKeyLen)
+	}
+	for i := 0; i < len(key); i++ {
+		if c := key[i]; c < 0x21 || c > 0x7e {
+			return invalid("key has byte 0x%02x at offset %d; only visible ASCII (0x21-0x7e) is allowed", c, i)
+		}
+	}
+	return nil
+}
+
+// ValidateOperation returns an error matching ErrInvalidRequest unless op is
+// 1 to MaxOperationLen bytes of [A-Za-z0-9._-].
+func ValidateOperation(op string) error {
+	if op == "" {
+		return invalid("operation is empty")
+	}
+	if len(op) > MaxOperationLen {
+		return invalid("operation is %d bytes, longer than %d", len(op), MaxOperationLen)
+	}
+	for i := 0; i < len(op); i++ {
+		c := op[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return invalid("operation %q has byte 0x%02x at offset %d; only [A-Za-z0-9._-] is allowed", op, c, i)
+		}
+	}
+	return nil
+}
+
+// validateFingerprint accepts "" (no fingerprint) or 1 to MaxFingerprintLen
+// bytes of visible ASCII.
+func validateFingerprint(fp string) error {
+	if len(fp) > MaxFingerprintLen {
+		return invalid("fingerprint is %d bytes, longer than %d", len(fp), MaxFingerprintLen)
+	}
+	for i := 0; i < len(fp); i++ {
+		if c := fp[i]; c < 0x21 || c > 0x7e {
+			return invalid("fingerprint has byte 0x%02x at offset %d; only visible ASCII (0x21-0x7e) is allowed", c, i)
+		}
+	}
+	return nil
+}
