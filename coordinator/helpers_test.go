@@ -1,0 +1,107 @@
+package coordinator_test
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/coordinator/memstore"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// recorder is an Observer that keeps every event.
+type recorder struct {
+	mu     sync.Mutex
+	events []coordinator.Event
+}
+
+func (r *recorder) Observe(_ context.Context, e coordinator.Event) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.events = append(r.events, e)
+}
+
+// count returns how many events of kind were seen (and, for EventError, of
+// error type t when t is not "").
+func (r *recorder) count(kind coordinator.EventKind, t coordinator.ErrorType) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, e := range r.events {
+		if e.Kind == kind && (t == "" || e.ErrorType == t) {
+			n++
+		}
+	}
+	return n
+}
+
+func (r *recorder) errors(t coordinator.ErrorType) int { return r.count(coordinator.EventError, t) }
+
+func (r *recorder) all() []coordinator.Event {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]coordinator.Event(nil), r.events...)
+}
+
+// fixture is a coordinator over a store with a recorder.
+type fixture struct {
+	c   *coordinator.Coordinator
+	rec *recorder
+}
+
+func newFixture(t *testing.T, store coordinator.Store, opts ...coordinator.Option) fixture {
+	t.Helper()
+	rec := &recorder{}
+	opts = append([]coordinator.Option{coordinator.WithObserver(rec)}, opts...)
+	c, err := coordinator.New(store, opts...)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	return fixture{c: c, rec: rec}
+}
+
+func newMem(t *testing.T, opts ...coordinator.Option) (fixture, *memstore.Store) {
+	t.Helper()
+	s := memstore.New()
+	return newFixture(t, s, opts...), s
+}
+
+// counter is an action that counts its runs and returns a result.
+type counter struct {
+	runs atomic.Int64
+}
+
+type charge struct {
+	ID     string `json:"id"`
+	Amount int    `json:"amount"`
+}
+
+func (k *counter) action(id string) func(context.Context) (charge, error) {
+	return func(context.Context) (charge, error) {
+		n := k.runs.Add(1)
+		return charge{ID: id, Amount: int(n)}, nil
+	}
+}
+
+func (k *counter) n() int { return int(k.runs.Load()) }
+
+func call(key string) coordinator.Call {
+	return coordinator.Call{Operation: "payment.charge", Key: key}
+}
+
+// eventually polls cond until it holds or the deadline passes.
+func eventually(t *testing.T, d time.Duration, cond func() bool, msg string) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v: %s", d, msg)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
