@@ -1,0 +1,69 @@
+package coordinator_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/coordinator/memstore"
+)
+
+type Charge struct {
+	ID     string `json:"id"`
+	Amount int    `json:"amount"`
+}
+
+func Example() {
+	// In production the store is redisrepo.New(redisClient); memstore keeps
+	// this example self-contained.
+	c, err := coordinator.New(memstore.New())
+	if err != nil {
+		panic(err)
+	}
+	charges := 0
+	chargeCard := func(ctx context.Context) (Charge, error) {
+		charges++
+		return Charge{ID: fmt.Sprintf("ch_%d", charges), Amount: 1999}, nil
+	}
+
+	fp, _ := coordinator.Fingerprint("card_42", 1999)
+	call := coordinator.Call{Operation: "payment.charge", Key: "order-42", Fingerprint: fp}
+	first, _ := coordinator.Do(context.Background(), c, call, chargeCard)
+	retry, _ := coordinator.Do(context.Background(), c, call, chargeCard) // a client retry
+	fmt.Println(first.ID, retry.ID, "charges:", charges)
+
+	// The same key for another request is refused.
+	call.Fingerprint, _ = coordinator.Fingerprint("card_42", 5000)
+	_, err = coordinator.Do(context.Background(), c, call, chargeCard)
+	fmt.Println(errors.Is(err, coordinator.ErrKeyReuse))
+	// Output:
+	// ch_1 ch_1 charges: 1
+	// true
+}
+
+func ExampleCoordinator_Execute() {
+	c, _ := coordinator.New(memstore.New())
+	action := func(context.Context) ([]byte, error) { return []byte(`{"status":201}`), nil }
+	call := coordinator.Call{Operation: "order.create", Key: "k-1"}
+	r1, _ := c.Execute(context.Background(), call, action)
+	r2, _ := c.Execute(context.Background(), call, action)
+	fmt.Println(string(r1.Value), r1.Replayed, r2.Replayed)
+	// Output: {"status":201} false true
+}
+
+func ExampleWithOnStorageError() {
+	// Fail closed: when the store is down, refuse (HTTP 503) rather than run
+	// an effect nothing downstream deduplicates.
+	c, _ := coordinator.New(memstore.New(), coordinator.WithOnStorageError(coordinator.StorageErrorRaise))
+	fmt.Println(c.OnStorageError())
+	// Output: raise
+}
+
+func ExampleFingerprint() {
+	// Map order does not matter; values do.
+	a, _ := coordinator.Fingerprint(map[string]int{"amount": 1999, "account": 42})
+	b, _ := coordinator.Fingerprint(map[string]int{"account": 42, "amount": 1999})
+	fmt.Println(a == b, len(a))
+	// Output: true 64
+}

@@ -1,0 +1,347 @@
+package coordinator_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/coordinator/faultstore"
+	"github.com/idemkit/idempotency/coordinator/memstore"
+)
+
+// The tests in this file are the rows of the storage-failure table
+// (DESIGN §3.4), each in both on-storage-error modes, on the in-memory store
+// behind a wrapper that fails on demand.
+
+var storageModes = []coordinator.StorageErrorMode{coordinator.StorageErrorRun, coordinator.StorageErrorRaise}
+
+func newFaulty(t *testing.T, opts ...coordinator.Option) (fixture, *faultstore.Store, *memstore.Store) {
+	t.Helper()
+	mem := memstore.New()
+	fs := faultstore.Wrap(mem)
+	return newFixture(t, fs, opts...), fs, mem
+}
+
+// errConnRefused stands for a raw driver error from a custom store.
+var errConnRefused = &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connect: connection refused")}
+
+func wantStorageError(t *testing.T, err error, method coordinator.Method) {
+	t.Helper()
+	var se *coordinator.StorageError
+	if !errors.Is(err, coordinator.ErrStorage) || !errors.As(err, &se) {
+		t.Fatalf("err = %v, want a *StorageError", err)
+	}
+	if se.Method != method {
+		t.Fatalf("StorageError.Method = %q, want %q", se.Method, method)
+	}
+}
+
+// The scenario of the original pull request: the store is unreachable and
+// one key is used twice.
+func TestStorageDown_SameKeyTwice(t *testing.T) {
+	for _, mode := range storageModes {
+		t.Run(string(mode), func(t *testing.T) {
+			f, fs, _ := newFaulty(t, coordinator.WithOnStorageError(mode))
+			for _, m := range coordinator.Methods() {
+				fs.Fail(m, errConnRefused)
+			}
+			var k counter
+			for range 2 {
+				_, err := coordinator.Do(t.Context(), f.c, call("twice"), k.action("x"))
+				switch mode {
+				case coordinator.StorageErrorRun:
+					if err != nil {
+						t.Fatalf("run mode: %v", err)
+					}
+				case coordinator.StorageErrorRaise:
+					wantStorageError(t, err, coordinator.MethodReserve)
+				}
+			}
+			want := map[coordinator.StorageErrorMode]int{coordinator.StorageErrorRun: 2, coordinator.StorageErrorRaise: 0}[mode]
+			if k.n() != want {
+				t.Fatalf("action ran %d times, want %d", k.n(), want)
+			}
+			// The metric is reported in both modes.
+			if got := f.rec.errors(coordinator.ErrorStorageReserve); got != 2 {
+				t.Fatalf("storage_reserve_error = %d, want 2", got)
+			}
+		})
+	}
+}
+
+func TestStorageError_Reserve(t *testing.T) {
+	for _, mode := range storageModes {
+		t.Run(string(mode), func(t *testing.T) {
+			f, fs, mem := newFaulty(t, coordinator.WithOnStorageError(mode))
+			fs.FailOnce(coordinator.MethodReserve, errConnRefused)
+			var k counter
+			v, err := coordinator.Do(t.Context(), f.c, call("reserve"), k.action("x"))
+			if mode == coordinator.StorageErrorRaise {
+				wantStorageError(t, err, coordinator.MethodReserve)
+				if k.n() != 0 || mem.Len() != 0 {
+					t.Fatalf("raise: runs=%d stored=%d", k.n(), mem.Len())
+				}
+			} else {
+				if err != nil || v.ID != "x" || k.n() != 1 {
+					t.Fatalf("run: %+v, %v, runs %d", v, err, k.n())
+				}
+				if f.rec.count(coordinator.EventUnprotected, "") != 1 {
+					t.Fatal("unprotected run not reported")
+				}
+				// The result is written best effort once the store is back.
+				if rec := mem.Snapshot(coordinator.Key{Operation: "payment.charge", Key: "reserve"}); rec.State != coordinator.StateCompleted {
+					t.Fatalf("record after an unprotected run = %v", rec.State)
+				}
+			}
+			if f.rec.errors(coordinator.ErrorStorageReserve) != 1 {
+				t.Fatal("storage_reserve_error not reported")
+			}
+		})
+	}
+}
+
+func TestStorageError_RunModeFirstRead(t *testing.T) {
+	for _, mode := range storageModes {
+		t.Run(string(mode), func(t *testing.T) {
+			f, fs, _ := newFaulty(t, coordinator.WithOnStorageError(mode), coordinator.WithInFlight(coordinator.InFlightRun))
+			fs.FailOnce(coordinator.MethodGet, errConnRefused)
+			var k counter
+			_, err := coordinator.Do(t.Context(), f.c, call("first-read"), k.action("x"))
+			if mode == coordinator.StorageErrorRaise {
+				wantStorageError(t, err, coordinator.MethodGet)
+				if k.n() != 0 {
+					t.Fatal("the action ran")
+				}
+			} else if err != nil || k.n() != 1 {
+				t.Fatalf("run: %v, runs %d", err, k.n())
+			}
+			if f.rec.errors(coordinator.ErrorStorageGet) != 1 {
+				t.Fatal("storage_get_error not reported")
+			}
+		})
+	}
+}
+
+// A second caller finds the key reserved and waits; its read fails.
+func TestStorageError_ReadAfterContestedReservation(t *testing.T) {
+	for _, mode := range storageModes {
+		t.Run(string(mode), func(t *testing.T) {
+			f, fs, _ := newFaulty(t, coordinator.WithOnStorageError(mode), coordinator.WithPollInterval(time.Millisecond))
+			release := make(chan struct{})
+			done := holder(t, f.c, "contested", release, charge{ID: "holder"}, nil)
+			fs.Fail(coordinator.MethodGet, errConnRefused)
+			var k counter
+			v, err := coordinator.Do(t.Context(), f.c, call("contested"), k.action("waiter"))
+			if mode == coordinator.StorageErrorRaise {
+				wantStorageError(t, err, coordinator.MethodGet)
+				if k.n() != 0 {
+					t.Fatal("the waiter ran the action")
+				}
+			} else if err != nil || v.ID != "waiter" || k.n() != 1 {
+				t.Fatalf("run: %+v, %v, runs %d; want an unprotected run", v, err, k.n())
+			}
+			if f.rec.errors(coordinator.ErrorStorageGet) < 1 {
+				t.Fatal("storage_get_error not reported")
+			}
+			close(release)
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// In-flight mode "raise" refuses a contested key from the reserve reply
+// alone: no read that could fail.
+func TestStorageError_RaiseModeNeedsNoRead(t *testing.T) {
+	f, fs, _ := newFaulty(t, coordinator.WithInFlight(coordinator.InFlightRaise), coordinator.WithOnStorageError(coordinator.StorageErrorRaise))
+	release := make(chan struct{})
+	done := holder(t, f.c, "refused", release, charge{ID: "holder"}, nil)
+	fs.Fail(coordinator.MethodGet, errConnRefused)
+	var k counter
+	if _, err := coordinator.Do(t.Context(), f.c, call("refused"), k.action("x")); !errors.Is(err, coordinator.ErrInProgress) {
+		t.Fatalf("err = %v, want ErrInProgress", err)
+	}
+	if fs.Calls(coordinator.MethodGet) != 0 {
+		t.Fatal("read the store")
+	}
+	close(release)
+	<-done
+}
+
+func TestStorageError_Save(t *testing.T) {
+	for _, mode := range storageModes {
+		t.Run(string(mode), func(t *testing.T) {
+			f, fs, mem := newFaulty(t, coordinator.WithOnStorageError(mode))
+			fs.FailOnce(coordinator.MethodComplete, errConnRefused)
+			var k counter
+			v, err := coordinator.Do(t.Context(), f.c, call("save"), k.action("x"))
+			if err != nil || v.ID != "x" {
+				t.Fatalf("Do = %+v, %v; want the result: the effect has happened", v, err)
+			}
+			if f.rec.errors(coordinator.ErrorStorageSave) != 1 {
+				t.Fatal("storage_save_error not reported")
+			}
+			if mem.Len() != 0 {
+				t.Fatal("the reservation was not released after a failed save")
+			}
+		})
+	}
+}
+
+func TestStorageError_Release(t *testing.T) {
+	for _, mode := range storageModes {
+		t.Run(string(mode), func(t *testing.T) {
+			f, fs, _ := newFaulty(t, coordinator.WithOnStorageError(mode))
+			fs.FailOnce(coordinator.MethodRelease, errConnRefused)
+			boom := errors.New("declined")
+			_, err := coordinator.Do(t.Context(), f.c, call("release"), func(context.Context) (int, error) { return 0, boom })
+			if err != boom {
+				t.Fatalf("err = %v, want the action's own error", err)
+			}
+			if f.rec.errors(coordinator.ErrorStorageRelease) != 1 {
+				t.Fatal("storage_release_error not reported")
+			}
+		})
+	}
+}
+
+func TestStorageError_Renew(t *testing.T) {
+	for _, mode := range storageModes {
+		t.Run(string(mode), func(t *testing.T) {
+			f, fs, mem := newFaulty(t, coordinator.WithOnStorageError(mode),
+				coordinator.WithLease(testLease), coordinator.WithRenewInterval(testLease/6))
+			fs.FailTimes(coordinator.MethodRenew, 2, errConnRefused)
+			var k counter
+			v, err := coordinator.Do(t.Context(), f.c, call("renew"), func(ctx context.Context) (charge, error) {
+				time.Sleep(testLease / 2)
+				if ctx.Err() != nil {
+					t.Error("the action was cancelled by a failed renewal")
+				}
+				return k.action("x")(ctx)
+			})
+			if err != nil || v.ID != "x" {
+				t.Fatalf("Do = %+v, %v", v, err)
+			}
+			if f.rec.errors(coordinator.ErrorStorageRenew) != 2 {
+				t.Fatalf("storage_renew_error = %d, want 2", f.rec.errors(coordinator.ErrorStorageRenew))
+			}
+			if rec := mem.Snapshot(coordinator.Key{Operation: "payment.charge", Key: "renew"}); rec.State != coordinator.StateCompleted {
+				t.Fatalf("record = %v, want completed", rec.State)
+			}
+		})
+	}
+}
+
+func TestStorageError_RawErrorIsWrapped(t *testing.T) {
+	f, fs, _ := newFaulty(t, coordinator.WithOnStorageError(coordinator.StorageErrorRaise))
+	fs.FailOnce(coordinator.MethodReserve, errConnRefused)
+	_, err := coordinator.Do(t.Context(), f.c, call("raw"), (&counter{}).action("x"))
+	var se *coordinator.StorageError
+	if !errors.As(err, &se) || se.Method != coordinator.MethodReserve || !errors.Is(err, errConnRefused) {
+		t.Fatalf("err = %#v", err)
+	}
+	var op *net.OpError
+	if !errors.As(err, &op) {
+		t.Fatal("the driver error is not reachable with errors.As")
+	}
+	// A *StorageError from the store is passed on as it is.
+	own := &coordinator.StorageError{Method: coordinator.MethodReserve, Err: errors.New("cluster down")}
+	fs.FailOnce(coordinator.MethodReserve, own)
+	_, err = coordinator.Do(t.Context(), f.c, call("own"), (&counter{}).action("x"))
+	if !errors.As(err, &se) || se != own {
+		t.Fatalf("err = %v, want the store's own *StorageError", err)
+	}
+}
+
+func TestStorageError_HungStoreTimesOut(t *testing.T) {
+	for _, mode := range storageModes {
+		t.Run(string(mode), func(t *testing.T) {
+			f, fs, _ := newFaulty(t, coordinator.WithOnStorageError(mode), coordinator.WithStorageTimeout(20*time.Millisecond))
+			fs.Before(coordinator.MethodReserve, func(ctx context.Context, _ coordinator.Key) error {
+				<-ctx.Done()
+				return ctx.Err()
+			})
+			var k counter
+			start := time.Now()
+			_, err := coordinator.Do(t.Context(), f.c, call("hung"), k.action("x"))
+			if d := time.Since(start); d > 500*time.Millisecond {
+				t.Fatalf("took %v with a 20ms storage timeout", d)
+			}
+			if mode == coordinator.StorageErrorRaise {
+				wantStorageError(t, err, coordinator.MethodReserve)
+				if !errors.Is(err, context.DeadlineExceeded) {
+					t.Fatalf("err = %v, want it to wrap context.DeadlineExceeded", err)
+				}
+			} else if err != nil || k.n() != 1 {
+				t.Fatalf("run: %v, runs %d", err, k.n())
+			}
+		})
+	}
+}
+
+// A caller whose own context ends while reserving gets its context's error,
+// not a storage error, and the action does not run.
+func TestCallerCancelledWhileReserving(t *testing.T) {
+	f, fs, _ := newFaulty(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	fs.Before(coordinator.MethodReserve, func(ctx context.Context, _ coordinator.Key) error {
+		cancel()
+		<-ctx.Done()
+		return ctx.Err()
+	})
+	var k counter
+	_, err := coordinator.Do(ctx, f.c, call("cancelled"), k.action("x"))
+	if !errors.Is(err, context.Canceled) || errors.Is(err, coordinator.ErrStorage) || k.n() != 0 {
+		t.Fatalf("err = %v, runs %d", err, k.n())
+	}
+	if f.rec.errors("") != 0 {
+		t.Fatal("a cancelled caller was counted as a storage error")
+	}
+}
+
+func TestStorageHealthy_ReplaysAsUsual(t *testing.T) {
+	for _, mode := range storageModes {
+		t.Run(string(mode), func(t *testing.T) {
+			f, fs, _ := newFaulty(t, coordinator.WithOnStorageError(mode))
+			var k counter
+			a, err1 := coordinator.Do(t.Context(), f.c, call("healthy"), k.action("x"))
+			b, err2 := coordinator.Do(t.Context(), f.c, call("healthy"), k.action("y"))
+			if err1 != nil || err2 != nil || a != b || k.n() != 1 {
+				t.Fatalf("a=%+v b=%+v errs=%v,%v runs=%d", a, b, err1, err2, k.n())
+			}
+			// Round trips: a first execution is reserve + complete; a replay
+			// is one reserve.
+			if r, c := fs.Calls(coordinator.MethodReserve), fs.Calls(coordinator.MethodComplete); r != 2 || c != 1 {
+				t.Fatalf("reserve calls=%d complete calls=%d, want 2 and 1", r, c)
+			}
+			if f.rec.errors("") != 0 {
+				t.Fatalf("errors reported: %+v", f.rec.all())
+			}
+		})
+	}
+}
+
+func TestStorageError_UnreadableRecordIsNotAnOutage(t *testing.T) {
+	for _, mode := range storageModes {
+		t.Run(string(mode), func(t *testing.T) {
+			f, _, mem := newFaulty(t, coordinator.WithOnStorageError(mode))
+			key := coordinator.Key{Operation: "payment.charge", Key: "corrupt"}
+			mem.Put(key, coordinator.Record{State: coordinator.StateUnreadable, TTL: time.Hour})
+			var k counter
+			v, err := coordinator.Do(t.Context(), f.c, call("corrupt"), k.action("fresh"))
+			if err != nil || v.ID != "fresh" || k.n() != 1 {
+				t.Fatalf("Do = %+v, %v, runs %d", v, err, k.n())
+			}
+			if rec := mem.Snapshot(key); rec.State != coordinator.StateCompleted {
+				t.Fatalf("record not replaced: %v", rec.State)
+			}
+			if f.rec.errors(coordinator.ErrorStorageGet)+f.rec.errors(coordinator.ErrorStorageReserve) != 0 {
+				t.Fatal("counted as a storage error")
+			}
+		})
+	}
+}
