@@ -1,0 +1,53 @@
+package coordinator_test
+
+import (
+	"context"
+	"strconv"
+	"testing"
+
+	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/coordinator/memstore"
+)
+
+// The engine's own overhead, over the in-memory store. The Redis store's
+// benchmarks (redisrepo) put it beside raw go-redis on one server.
+
+func BenchmarkDo(b *testing.B) {
+	c, err := coordinator.New(memstore.New())
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	action := func(context.Context) (charge, error) { return charge{ID: "ch_1", Amount: 1999}, nil }
+	b.Run("replay", func(b *testing.B) {
+		call := coordinator.Call{Operation: "payment.charge", Key: "bench-replay"}
+		if _, err := coordinator.Do(ctx, c, call, action); err != nil {
+			b.Fatal(err)
+		}
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := coordinator.Do(ctx, c, call, action); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("first", func(b *testing.B) {
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			i++
+			call := coordinator.Call{Operation: "payment.charge", Key: "bench-first-" + strconv.Itoa(i)}
+			if _, err := coordinator.Do(ctx, c, call, action); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("no-key", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := coordinator.Do(ctx, c, coordinator.Call{Operation: "payment.charge"}, action); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
