@@ -1,0 +1,229 @@
+package faultstore
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/idemkit/idempotency/coordinator"
+)
+
+// ErrInjected is the error a failing call returns when no other error was
+// given.
+var ErrInjected = errors.New("faultstore: injected failure")
+
+// Hook runs before a call of a Store method, with the call's context and key.
+// A non-nil error fails the call with that error, which then does not reach
+// the inner store. A Hook may block (honouring ctx, as a slow network
+// would), and may call the inner store or the Store itself.
+type Hook func(ctx context.Context, key coordinator.Key) error
+
+// Store is a coordinator.Store that passes calls to an inner store and fails
+// them on demand. Create one with Wrap. Its methods are safe for concurrent
+// use.
+//
+// Each call of a store method is counted, then runs the method's Hook if it
+// has one, then fails if a failure is armed for the method, and otherwise
+// goes to the inner store. A call failed by a Hook, Fail, FailOnce or
+// FailTimes does not reach the inner store; one failed by LoseReplies does,
+// and fails after it.
+type Store struct {
+	inner coordinator.Store
+
+	mu    sync.Mutex
+	rules map[coordinator.Method]rule
+	hooks map[coordinator.Method]Hook
+	calls map[coordinator.Method]int
+}
+
+// rule is an armed failure: the next n calls fail with err; n < 0 means
+// every call. An after rule lets the call reach the inner store first.
+type rule struct {
+	n     int
+	err   error
+	after bool
+}
+
+var _ coordinator.Store = (*Store)(nil)
+
+// Wrap returns a Store that passes every call to inner until told to fail.
+func Wrap(inner coordinator.Store) *Store {
+	s := &Store{inner: inner}
+	s.Reset()
+	return s
+}
+
+// Fail makes every call of method fail with err (ErrInjected when err is
+// nil), until Reset or another Fail, FailOnce, FailTimes or LoseReplies for
+// method.
+func (s *Store) Fail(method coordinator.Method, err error) { s.arm(method, -1, err, false) }
+
+// FailOnce makes the next call of method fail with err (ErrInjected when err
+// is nil); the calls after it pass. It replaces what was armed for method.
+func (s *Store) FailOnce(method coordinator.Method, err error) { s.arm(method, 1, err, false) }
+
+// FailTimes makes the next n calls of method fail with err (ErrInjected when
+// err is nil); the calls after them pass. It replaces what was armed for
+// method; n <= 0 disarms it.
+func (s *Store) FailTimes(method coordinator.Method, n int, err error) {
+	s.arm(method, max(n, 0), err, false)
+}
+
+// LoseReplies makes the next n calls of method reach the inner store, which
+// does the step, and then return err (ErrInjected when err is nil) instead of
+// the inner store's answer: a reply lost on its way back, or a client that
+// timed out after the server acted. A Reserve whose reply is lost has
+// reserved the key; a Complete has stored the result. It replaces what was
+// armed for method; n <= 0 disarms it.
+func (s *Store) LoseReplies(method coordinator.Method, n int, err error) {
+	s.arm(method, max(n, 0), err, true)
+}
+
+func (s *Store) arm(method coordinator.Method, n int, err error, after bool) {
+	if err == nil {
+		err = ErrInjected
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if n == 0 {
+		delete(s.rules, method)
+		return
+	}
+	s.rules[method] = rule{n: n, err: err, after: after}
+}
+
+// Before sets the Hook that runs before each call of method, replacing any
+// earlier one; nil removes it.
+func (s *Store) Before(method coordinator.Method, hook Hook) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if hook == nil {
+		delete(s.hooks, method)
+		return
+	}
+	s.hooks[method] = hook
+}
+
+// Calls returns how many times method was called since Wrap or Reset,
+// failed calls included.
+func (s *Store) Calls(method coordinator.Method) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.calls[method]
+}
+
+// Reset disarms every failure, removes every Hook and zeroes the call
+// counts: the Store is as Wrap returned it.
+func (s *Store) Reset() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.rules = make(map[coordinator.Method]rule)
+	s.hooks = make(map[coordinator.Method]Hook)
+	s.calls = make(map[coordinator.Method]int)
+}
+
+// enter counts a call of method, runs its Hook and takes one armed failure.
+// A non-nil err fails the call before it reaches the inner store; a non-nil
+// lost replaces the inner store's answer.
+func (s *Store) enter(ctx context.Context, method coordinator.Method, key coordinator.Key) (lost, err error) {
+	s.mu.Lock()
+	s.calls[method]++
+	hook := s.hooks[method]
+	s.mu.Unlock()
+
+	if hook != nil {
+		if err := hook(ctx, key); err != nil {
+			return nil, err
+		}
+	}
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, ok := s.rules[method]
+	if !ok {
+		return nil, nil
+	}
+	switch {
+	case r.n < 0: // always
+	case r.n == 1:
+		delete(s.rules, method)
+	default:
+		r.n--
+		s.rules[method] = r
+	}
+	if r.after {
+		return r.err, nil
+	}
+	return nil, r.err
+}
+
+// Reserve calls the inner store's Reserve unless the call fails before it;
+// see Store.
+func (s *Store) Reserve(ctx context.Context, key coordinator.Key, w coordinator.Write) (coordinator.Record, bool, error) {
+	lost, err := s.enter(ctx, coordinator.MethodReserve, key)
+	if err != nil {
+		return coordinator.Record{}, false, err
+	}
+	rec, ok, err := s.inner.Reserve(ctx, key, w)
+	if lost != nil {
+		return coordinator.Record{}, false, lost
+	}
+	return rec, ok, err
+}
+
+// Get calls the inner store's Get unless the call fails before it;
+// see Store.
+func (s *Store) Get(ctx context.Context, key coordinator.Key) (coordinator.Record, error) {
+	lost, err := s.enter(ctx, coordinator.MethodGet, key)
+	if err != nil {
+		return coordinator.Record{}, err
+	}
+	rec, err := s.inner.Get(ctx, key)
+	if lost != nil {
+		return coordinator.Record{}, lost
+	}
+	return rec, err
+}
+
+// Complete calls the inner store's Complete unless the call fails before it;
+// see Store.
+func (s *Store) Complete(ctx context.Context, key coordinator.Key, token string, result []byte, ttl time.Duration) (bool, error) {
+	lost, err := s.enter(ctx, coordinator.MethodComplete, key)
+	if err != nil {
+		return false, err
+	}
+	ok, err := s.inner.Complete(ctx, key, token, result, ttl)
+	if lost != nil {
+		return false, lost
+	}
+	return ok, err
+}
+
+// Release calls the inner store's Release unless the call fails before it;
+// see Store.
+func (s *Store) Release(ctx context.Context, key coordinator.Key, token string) (bool, error) {
+	lost, err := s.enter(ctx, coordinator.MethodRelease, key)
+	if err != nil {
+		return false, err
+	}
+	ok, err := s.inner.Release(ctx, key, token)
+	if lost != nil {
+		return false, lost
+	}
+	return ok, err
+}
+
+// Renew calls the inner store's Renew unless the call fails before it;
+// see Store.
+func (s *Store) Renew(ctx context.Context, key coordinator.Key, token string, lease time.Duration) (bool, error) {
+	lost, err := s.enter(ctx, coordinator.MethodRenew, key)
+	if err != nil {
+		return false, err
+	}
+	ok, err := s.inner.Renew(ctx, key, token, lease)
+	if lost != nil {
+		return false, lost
+	}
+	return ok, err
+}

@@ -1,0 +1,278 @@
+package memstore
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/idemkit/idempotency/coordinator"
+)
+
+// Store is an in-memory coordinator.Store. Create one with New; the zero
+// value is not usable. It is safe for concurrent use.
+//
+// Expired records are absent: every method treats a record whose time to
+// live has run out on the Store's clock as if it were not there, and removes
+// it. Results are copied in and out, so neither the caller of Complete nor
+// the reader of a Record can change what the Store holds.
+//
+// Methods that take a context return ctx.Err() without doing anything when
+// the context is already done, as a networked store would. Reserve,
+// Complete and Renew return an error for a time to live that is not
+// positive, and Reserve for a Write whose State is neither
+// coordinator.StatePending nor coordinator.StateCompleted: the coordinator
+// never sends those, so they point at a bug in the caller.
+type Store struct {
+	now func() time.Time
+
+	mu      sync.Mutex
+	records map[coordinator.Key]entry
+	// sweepAt is the number of records at which the next write sweeps out
+	// the expired ones, so that keys nobody reads again do not pile up.
+	sweepAt int
+}
+
+// entry is a stored record. Its TTL field is unused: expires is the
+// deadline, and the zero time means the record never expires.
+type entry struct {
+	rec     coordinator.Record
+	expires time.Time
+}
+
+const minSweep = 1024
+
+var _ coordinator.Store = (*Store)(nil)
+
+// New returns an empty Store. Without options it uses time.Now as its clock.
+func New(opts ...Option) *Store {
+	c := config{now: time.Now}
+	for _, o := range opts {
+		o.apply(&c)
+	}
+	if c.now == nil {
+		c.now = time.Now
+	}
+	return &Store{
+		now:     c.now,
+		records: make(map[coordinator.Key]entry),
+		sweepAt: minSweep,
+	}
+}
+
+// Reserve implements coordinator.Store: if the key is absent, or w.Replace is
+// set and the record under the key is not pending and has token
+// w.ReplaceToken, it writes w with time to live w.TTL and returns
+// (coordinator.Record{}, true, nil); otherwise it returns the record under the
+// key and false.
+func (s *Store) Reserve(ctx context.Context, key coordinator.Key, w coordinator.Write) (coordinator.Record, bool, error) {
+	if err := ctx.Err(); err != nil {
+		return coordinator.Record{}, false, err
+	}
+	if w.State != coordinator.StatePending && w.State != coordinator.StateCompleted {
+		return coordinator.Record{}, false, fmt.Errorf("memstore: reserve %s: write state is %s, want pending or completed", key, w.State)
+	}
+	if err := checkTTL("reserve", key, w.TTL); err != nil {
+		return coordinator.Record{}, false, err
+	}
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	if e, ok := s.lookup(key, now); ok {
+		replaceable := w.Replace && e.rec.State != coordinator.StatePending && e.rec.Token == w.ReplaceToken
+		if !replaceable {
+			return e.out(now), false, nil
+		}
+	}
+	rec := coordinator.Record{State: w.State, Token: w.Token, Fingerprint: w.Fingerprint}
+	if w.State == coordinator.StateCompleted {
+		rec.Result = bytes.Clone(w.Result)
+	}
+	s.store(key, entry{rec: rec, expires: now.Add(w.TTL)}, now)
+	return coordinator.Record{}, true, nil
+}
+
+// Get implements coordinator.Store: it returns the record under key, or a
+// Record with State coordinator.StateAbsent.
+func (s *Store) Get(ctx context.Context, key coordinator.Key) (coordinator.Record, error) {
+	if err := ctx.Err(); err != nil {
+		return coordinator.Record{}, err
+	}
+	return s.Snapshot(key), nil
+}
+
+// Complete implements coordinator.Store: if key holds a pending record owned
+// by token, it makes it a completed record with result (copied) and time to
+// live ttl, keeping its token and fingerprint, and reports true.
+func (s *Store) Complete(ctx context.Context, key coordinator.Key, token string, result []byte, ttl time.Duration) (bool, error) {
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	if err := checkTTL("complete", key, ttl); err != nil {
+		return false, err
+	}
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	e, ok := s.owned(key, token, now)
+	if !ok {
+		return false, nil
+	}
+	e.rec.State = coordinator.StateCompleted
+	e.rec.Result = bytes.Clone(result)
+	e.expires = now.Add(ttl)
+	s.records[key] = e
+	return true, nil
+}
+
+// Release implements coordinator.Store: if key holds a pending record owned by
+// token, it deletes it and reports true.
+func (s *Store) Release(ctx context.Context, key coordinator.Key, token string) (bool, error) {
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.owned(key, token, s.now()); !ok {
+		return false, nil
+	}
+	delete(s.records, key)
+	return true, nil
+}
+
+// Renew implements coordinator.Store: if key holds a pending record owned by
+// token, it sets its time to live to lease and reports true.
+func (s *Store) Renew(ctx context.Context, key coordinator.Key, token string, lease time.Duration) (bool, error) {
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	if err := checkTTL("renew", key, lease); err != nil {
+		return false, err
+	}
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	e, ok := s.owned(key, token, now)
+	if !ok {
+		return false, nil
+	}
+	e.expires = now.Add(lease)
+	s.records[key] = e
+	return true, nil
+}
+
+// Put stores rec under key as it is, whatever its State, replacing any
+// record there, for tests that need a record the coordinator would not
+// write: another caller's pending reservation, a completed result, or a
+// coordinator.StateUnreadable record standing for corrupt bytes. rec.TTL is
+// the record's time to live; 0 or less means it never expires. A rec with
+// State coordinator.StateAbsent deletes the key. rec.Result is copied.
+func (s *Store) Put(key coordinator.Key, rec coordinator.Record) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	if rec.State == coordinator.StateAbsent {
+		delete(s.records, key)
+		return
+	}
+	e := entry{rec: rec}
+	e.rec.Result = bytes.Clone(rec.Result)
+	e.rec.TTL = 0
+	if rec.TTL > 0 {
+		e.expires = now.Add(rec.TTL)
+	}
+	s.store(key, e, now)
+}
+
+// Snapshot returns the record under key as Get would, without a context: a
+// Record with State coordinator.StateAbsent when there is none or it has
+// expired. Its TTL is the remaining time to live, or 0 for a record that
+// never expires. Its Result is a copy.
+func (s *Store) Snapshot(key coordinator.Key) coordinator.Record {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	e, ok := s.lookup(key, now)
+	if !ok {
+		return coordinator.Record{}
+	}
+	return e.out(now)
+}
+
+// Len returns the number of keys that hold a record that has not expired.
+func (s *Store) Len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.sweep(s.now())
+	return len(s.records)
+}
+
+// lookup returns the live entry under key, deleting it if it has expired.
+// s.mu must be held.
+func (s *Store) lookup(key coordinator.Key, now time.Time) (entry, bool) {
+	e, ok := s.records[key]
+	if !ok {
+		return entry{}, false
+	}
+	if e.expired(now) {
+		delete(s.records, key)
+		return entry{}, false
+	}
+	return e, true
+}
+
+// owned returns the live entry under key if it is pending and owned by
+// token. s.mu must be held.
+func (s *Store) owned(key coordinator.Key, token string, now time.Time) (entry, bool) {
+	e, ok := s.lookup(key, now)
+	if !ok || e.rec.State != coordinator.StatePending || e.rec.Token != token {
+		return entry{}, false
+	}
+	return e, true
+}
+
+// store writes e under key, sweeping out expired records first when the map
+// has doubled since the last sweep. s.mu must be held.
+func (s *Store) store(key coordinator.Key, e entry, now time.Time) {
+	if len(s.records) >= s.sweepAt {
+		s.sweep(now)
+		s.sweepAt = max(2*len(s.records), minSweep)
+	}
+	s.records[key] = e
+}
+
+// sweep deletes every expired record. s.mu must be held.
+func (s *Store) sweep(now time.Time) {
+	for k, e := range s.records {
+		if e.expired(now) {
+			delete(s.records, k)
+		}
+	}
+}
+
+func (e entry) expired(now time.Time) bool {
+	return !e.expires.IsZero() && !now.Before(e.expires)
+}
+
+// out returns the record as a caller sees it: with its remaining TTL and a
+// copy of its result.
+func (e entry) out(now time.Time) coordinator.Record {
+	rec := e.rec
+	rec.Result = bytes.Clone(e.rec.Result)
+	if !e.expires.IsZero() {
+		rec.TTL = e.expires.Sub(now)
+	}
+	return rec
+}
+
+func checkTTL(method string, key coordinator.Key, ttl time.Duration) error {
+	if ttl <= 0 {
+		return fmt.Errorf("memstore: %s %s: time to live %v is not positive", method, key, ttl)
+	}
+	return nil
+}

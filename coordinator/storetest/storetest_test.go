@@ -1,0 +1,205 @@
+package storetest_test
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/coordinator/memstore"
+	"github.com/idemkit/idempotency/coordinator/storetest"
+)
+
+// harness returns a Harness over store wrapping a fresh memstore on a fake
+// clock.
+func harness(wrap func(*memstore.Store) coordinator.Store) func(t *testing.T) storetest.Harness {
+	return func(t *testing.T) storetest.Harness {
+		clock := memstore.NewFakeClock(time.Unix(1e9, 0))
+		inner := memstore.New(memstore.WithClock(clock.Now))
+		return storetest.Harness{
+			Store:   wrap(inner),
+			Advance: clock.Advance,
+			Corrupt: func(t *testing.T, key coordinator.Key) {
+				inner.Put(key, coordinator.Record{State: coordinator.StateUnreadable, TTL: time.Minute})
+			},
+		}
+	}
+}
+
+// noTTL is a store that does not report TTLs.
+type noTTL struct{ *memstore.Store }
+
+func (s noTTL) Reserve(ctx context.Context, key coordinator.Key, w coordinator.Write) (coordinator.Record, bool, error) {
+	rec, ok, err := s.Store.Reserve(ctx, key, w)
+	rec.TTL = 0
+	return rec, ok, err
+}
+
+func (s noTTL) Get(ctx context.Context, key coordinator.Key) (coordinator.Record, error) {
+	rec, err := s.Store.Get(ctx, key)
+	rec.TTL = 0
+	return rec, err
+}
+
+func TestTTLUnknown(t *testing.T) {
+	storetest.TestStore(t, func(t *testing.T) storetest.Harness {
+		h := harness(func(s *memstore.Store) coordinator.Store { return noTTL{s} })(t)
+		h.TTLUnknown = true
+		return h
+	})
+}
+
+func TestWithoutCorrupt(t *testing.T) {
+	storetest.TestStore(t, func(t *testing.T) storetest.Harness {
+		h := harness(func(s *memstore.Store) coordinator.Store { return s })(t)
+		h.Corrupt = nil
+		return h
+	})
+}
+
+// Stores that each break one rule of the contract, and the subtests that
+// must catch them.
+var broken = map[string]struct {
+	wrap  func(*memstore.Store) coordinator.Store
+	fails []string
+}{
+	"CompleteIgnoresToken": {
+		func(s *memstore.Store) coordinator.Store { return completeAnyToken{s} },
+		[]string{"Complete/NotOwner", "Expiry/ExpiredLeaseIsLost"},
+	},
+	"ReleaseAnyState": {
+		func(s *memstore.Store) coordinator.Store { return releaseAnyState{s} },
+		[]string{"Release/Completed"},
+	},
+	"ReplacePending": {
+		func(s *memstore.Store) coordinator.Store { return replacePending{s} },
+		[]string{"Replace/PendingIsNeverReplaced"},
+	},
+	"RenewKeepsTTL": {
+		func(s *memstore.Store) coordinator.Store { return renewKeepsTTL{s} },
+		[]string{"Renew/Owner", "Renew/OwnerOutlivesFirstLease"},
+	},
+	"IgnoresOperation": {
+		func(s *memstore.Store) coordinator.Store { return ignoresOperation{s} },
+		[]string{"Keys/Distinct"},
+	},
+	"NotAtomic": {
+		func(s *memstore.Store) coordinator.Store { return notAtomic{s} },
+		[]string{"Concurrency/ReserveOneWinner", "Concurrency/ReplaceCompletedOneWinner"},
+	},
+}
+
+// TestBrokenStore runs the suite on the broken store named by
+// $STORETEST_BROKEN; TestSuiteCatchesBrokenStores runs it in a child process,
+// because it fails.
+func TestBrokenStore(t *testing.T) {
+	name := os.Getenv("STORETEST_BROKEN")
+	if name == "" {
+		t.Skip("run by TestSuiteCatchesBrokenStores")
+	}
+	storetest.TestStore(t, harness(broken[name].wrap))
+}
+
+func TestSuiteCatchesBrokenStores(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the test binary again; skipped with -short")
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatalf("os.Executable: %v", err)
+	}
+	for name, b := range broken {
+		t.Run(name, func(t *testing.T) {
+			cmd := exec.CommandContext(t.Context(), exe, "-test.run=^TestBrokenStore$", "-test.v")
+			cmd.Env = append(os.Environ(), "STORETEST_BROKEN="+name)
+			out, err := cmd.CombinedOutput()
+			if err == nil {
+				t.Fatalf("the suite passed a store that breaks the contract:\n%s", out)
+			}
+			for _, sub := range b.fails {
+				if !strings.Contains(string(out), "--- FAIL: TestBrokenStore/"+sub+" ") {
+					t.Errorf("subtest %s did not fail; output:\n%s", sub, out)
+				}
+			}
+		})
+	}
+}
+
+type completeAnyToken struct{ *memstore.Store }
+
+func (s completeAnyToken) Complete(ctx context.Context, key coordinator.Key, _ string, result []byte, ttl time.Duration) (bool, error) {
+	return s.Store.Complete(ctx, key, s.Snapshot(key).Token, result, ttl)
+}
+
+type releaseAnyState struct{ *memstore.Store }
+
+func (s releaseAnyState) Release(ctx context.Context, key coordinator.Key, token string) (bool, error) {
+	if rec := s.Snapshot(key); rec.State != coordinator.StateAbsent && rec.Token == token {
+		s.Put(key, coordinator.Record{})
+		return true, nil
+	}
+	return false, nil
+}
+
+type replacePending struct{ *memstore.Store }
+
+func (s replacePending) Reserve(ctx context.Context, key coordinator.Key, w coordinator.Write) (coordinator.Record, bool, error) {
+	if rec := s.Snapshot(key); w.Replace && rec.State == coordinator.StatePending && rec.Token == w.ReplaceToken {
+		s.Put(key, coordinator.Record{State: w.State, Token: w.Token, Fingerprint: w.Fingerprint, TTL: w.TTL})
+		return coordinator.Record{}, true, nil
+	}
+	return s.Store.Reserve(ctx, key, w)
+}
+
+type renewKeepsTTL struct{ *memstore.Store }
+
+func (s renewKeepsTTL) Renew(_ context.Context, key coordinator.Key, token string, _ time.Duration) (bool, error) {
+	rec := s.Snapshot(key)
+	return rec.State == coordinator.StatePending && rec.Token == token, nil
+}
+
+type ignoresOperation struct{ *memstore.Store }
+
+func (s ignoresOperation) strip(key coordinator.Key) coordinator.Key {
+	return coordinator.Key{Key: key.Key}
+}
+
+func (s ignoresOperation) Reserve(ctx context.Context, key coordinator.Key, w coordinator.Write) (coordinator.Record, bool, error) {
+	return s.Store.Reserve(ctx, s.strip(key), w)
+}
+
+func (s ignoresOperation) Get(ctx context.Context, key coordinator.Key) (coordinator.Record, error) {
+	return s.Store.Get(ctx, s.strip(key))
+}
+
+func (s ignoresOperation) Complete(ctx context.Context, key coordinator.Key, token string, result []byte, ttl time.Duration) (bool, error) {
+	return s.Store.Complete(ctx, s.strip(key), token, result, ttl)
+}
+
+func (s ignoresOperation) Release(ctx context.Context, key coordinator.Key, token string) (bool, error) {
+	return s.Store.Release(ctx, s.strip(key), token)
+}
+
+func (s ignoresOperation) Renew(ctx context.Context, key coordinator.Key, token string, lease time.Duration) (bool, error) {
+	return s.Store.Renew(ctx, s.strip(key), token, lease)
+}
+
+// notAtomic reads, then writes: the check-then-set race of a store without
+// a script.
+type notAtomic struct{ *memstore.Store }
+
+func (s notAtomic) Reserve(ctx context.Context, key coordinator.Key, w coordinator.Write) (coordinator.Record, bool, error) {
+	rec := s.Snapshot(key)
+	replaceable := w.Replace && rec.State != coordinator.StatePending && rec.Token == w.ReplaceToken
+	if rec.State != coordinator.StateAbsent && !replaceable {
+		return rec, false, nil
+	}
+	runtime.Gosched()
+	time.Sleep(time.Millisecond)
+	s.Put(key, coordinator.Record{State: w.State, Token: w.Token, Fingerprint: w.Fingerprint, Result: w.Result, TTL: w.TTL})
+	return coordinator.Record{}, true, nil
+}
