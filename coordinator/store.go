@@ -104,16 +104,22 @@ type Write struct {
 // must be safe for concurrent use, and must decide expiry with their own clock
 // alone.
 //
+// The coordinator always passes a non-empty token, a positive whole number
+// of milliseconds as a TTL, and a Write whose State is pending or completed; a
+// Store may return an error for anything else. An empty completed result may
+// come back as nil or as an empty slice.
+//
 // Errors: a Store returns an error only when it could not do the step (the
-// network, a timeout, the server). The coordinator wraps any error that is
+// network, a timeout, the server, a context that ended). The coordinator wraps any error that is
 // not already a *StorageError in one. "Absent" and "not the owner" are
 // results, not errors.
 //
 // The package coordinator/storetest has a conformance suite that every Store
 // should pass from its own tests.
 type Store interface {
-	// Reserve is reserve-or-read. If the key is absent, or w.Replace is set
-	// and the existing record is not pending and has token w.ReplaceToken, it
+	// Reserve is reserve-or-read. If the key is absent (whatever w.Replace
+	// says), or w.Replace is set and the existing record is not pending and
+	// has token w.ReplaceToken (the token this Store reported for it), it
 	// writes w with time to live w.TTL and returns (Record{}, true, nil).
 	// Otherwise it leaves the key alone and returns the existing record and
 	// false.
