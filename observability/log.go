@@ -1,0 +1,149 @@
+package observability
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"strconv"
+	"strings"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/idemkit/idempotency/coordinator"
+)
+
+// The messages of the log lines; docs/observability.md lists them with their
+// levels and fields.
+const (
+	msgHit         = "replayed stored result"
+	msgMiss        = "running action"
+	msgInFlight    = "key in flight"
+	msgWaited      = "stopped waiting for in-flight key"
+	msgStored      = "stored result"
+	msgUnprotected = "running action unprotected: store failed"
+	msgStorageCall = "storage call"
+
+	msgStorageError     = "storage call failed"
+	msgDecodeError      = "cannot decode stored record"
+	msgValidationError  = "cannot store result"
+	msgKeyReuse         = "key reused for a different request"
+	msgLeaseLost        = "lease lost"
+	msgUnknownErrorType = "idempotency error"
+)
+
+// eventLogger writes events as log lines.
+type eventLogger struct {
+	log  *zap.Logger
+	keys KeyLogging
+}
+
+// logEvent writes e, if its level is enabled.
+func (l *eventLogger) logEvent(e coordinator.Event) {
+	level, msg := lineOf(e)
+	ce := l.log.Check(level, msg)
+	if ce == nil {
+		return
+	}
+	fields := make([]zap.Field, 0, 7)
+	fields = append(fields, zap.String("operation", e.Key.Operation))
+	var hidden string // what stands for the key in error messages; "" for KeyPlain
+	switch l.keys {
+	case KeyPlain:
+		fields = append(fields, zap.String("key", e.Key.Key))
+	case KeyOmitted:
+		hidden = "<key>"
+	default:
+		h := hashKey(e.Key.Key)
+		fields = append(fields, zap.String("key_hash", h))
+		hidden = "<key " + h + ">"
+	}
+	switch e.Kind {
+	case coordinator.EventInFlight:
+		fields = append(fields, zap.String("in_flight_mode", e.Mode.String()))
+	case coordinator.EventWaited:
+		fields = append(fields, zap.String("wait_outcome", string(e.Outcome)), zap.Duration("duration", e.Duration))
+	case coordinator.EventError:
+		fields = append(fields, zap.String("error_type", string(e.ErrorType)))
+	case coordinator.EventStorageCall:
+		fields = append(fields, zap.Duration("duration", e.Duration))
+	}
+	if e.Method != "" {
+		fields = append(fields, zap.String("method", string(e.Method)))
+	}
+	if e.Err != nil {
+		if hidden == "" {
+			fields = append(fields, zap.Error(e.Err))
+		} else {
+			fields = append(fields, zap.String("error", redact(e.Err.Error(), e.Key, hidden)))
+		}
+	}
+	ce.Write(fields...)
+}
+
+// lineOf returns the level and message of e's log line.
+func lineOf(e coordinator.Event) (zapcore.Level, string) {
+	switch e.Kind {
+	case coordinator.EventHit:
+		return zap.DebugLevel, msgHit
+	case coordinator.EventMiss:
+		return zap.DebugLevel, msgMiss
+	case coordinator.EventInFlight:
+		return zap.InfoLevel, msgInFlight
+	case coordinator.EventWaited:
+		if e.Outcome == coordinator.WaitTimeout {
+			return zap.WarnLevel, msgWaited
+		}
+		return zap.DebugLevel, msgWaited
+	case coordinator.EventStored:
+		return zap.DebugLevel, msgStored
+	case coordinator.EventUnprotected:
+		return zap.WarnLevel, msgUnprotected
+	case coordinator.EventStorageCall:
+		return zap.DebugLevel, msgStorageCall
+	case coordinator.EventError:
+		switch e.ErrorType {
+		case coordinator.ErrorStorageGet, coordinator.ErrorStorageReserve,
+			coordinator.ErrorStorageSave, coordinator.ErrorStorageRelease:
+			return zap.ErrorLevel, msgStorageError
+		case coordinator.ErrorStorageRenew:
+			return zap.WarnLevel, msgStorageError
+		case coordinator.ErrorDecode:
+			return zap.ErrorLevel, msgDecodeError
+		case coordinator.ErrorRecordValidation:
+			return zap.ErrorLevel, msgValidationError
+		case coordinator.ErrorKeyReuse:
+			return zap.WarnLevel, msgKeyReuse
+		case coordinator.ErrorLeaseLost:
+			return zap.ErrorLevel, msgLeaseLost
+		}
+		return zap.ErrorLevel, msgUnknownErrorType
+	}
+	return zap.DebugLevel, "event " + e.Kind.String()
+}
+
+// minRedactLen is the shortest key that redact replaces wherever it occurs;
+// a shorter one is too likely to be part of other words.
+const minRedactLen = 8
+
+// redact replaces the key in an error message with hidden: the coordinator's
+// and stores' messages name the key as "operation:key" (also inside a Redis
+// key name) or quoted, and a key of minRedactLen bytes or more is replaced
+// wherever it occurs. It is best effort: a key quoted or escaped some other
+// way by a custom store stays visible.
+func redact(msg string, k coordinator.Key, hidden string) string {
+	if k.Key == "" || !strings.Contains(msg, k.Key) {
+		return msg
+	}
+	msg = strings.ReplaceAll(msg, k.Operation+":"+k.Key, k.Operation+":"+hidden)
+	msg = strings.ReplaceAll(msg, strconv.Quote(k.Key), strconv.Quote(hidden))
+	if len(k.Key) >= minRedactLen {
+		msg = strings.ReplaceAll(msg, k.Key, hidden)
+	}
+	return msg
+}
+
+// hashKey returns the first 16 hex digits of the SHA-256 of key.
+func hashKey(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return hex.EncodeToString(sum[:8])
+}

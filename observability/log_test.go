@@ -1,0 +1,243 @@
+package observability_test
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/observability"
+)
+
+// logged returns an Observer that logs everything into the returned logs,
+// and records no metrics.
+func logged(t *testing.T, opts ...observability.Option) (*observability.Observer, *observer.ObservedLogs) {
+	t.Helper()
+	core, logs := observer.New(zap.DebugLevel)
+	o, err := observability.New(append([]observability.Option{observability.WithLogger(zap.New(core))}, opts...)...)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	return o, logs
+}
+
+// only returns the one entry in logs, failing the test otherwise.
+func only(t *testing.T, logs *observer.ObservedLogs) observer.LoggedEntry {
+	t.Helper()
+	all := logs.TakeAll()
+	if len(all) != 1 {
+		t.Fatalf("%d log lines, want 1: %v", len(all), all)
+	}
+	return all[0]
+}
+
+func TestLogLines(t *testing.T) {
+	k := key("payment.charge")
+	down := &coordinator.StorageError{Method: coordinator.MethodReserve, Err: errors.New("connection refused")}
+	storageErr := func(t coordinator.ErrorType, m coordinator.Method) coordinator.Event {
+		return coordinator.Event{Kind: coordinator.EventError, Key: k, ErrorType: t, Method: m, Err: down}
+	}
+	tests := []struct {
+		name   string
+		event  coordinator.Event
+		level  zapcore.Level
+		msg    string
+		fields map[string]any // beyond operation and key_hash
+	}{
+		{"hit", coordinator.Event{Kind: coordinator.EventHit, Key: k},
+			zap.DebugLevel, "replayed stored result", nil},
+		{"miss", coordinator.Event{Kind: coordinator.EventMiss, Key: k},
+			zap.DebugLevel, "running action", nil},
+		{"stored", coordinator.Event{Kind: coordinator.EventStored, Key: k},
+			zap.DebugLevel, "stored result", nil},
+		{"in flight", coordinator.Event{Kind: coordinator.EventInFlight, Key: k, Mode: coordinator.InFlightRaise},
+			zap.InfoLevel, "key in flight", map[string]any{"in_flight_mode": "raise"}},
+		{"in flight, zero mode", coordinator.Event{Kind: coordinator.EventInFlight, Key: k},
+			zap.InfoLevel, "key in flight", map[string]any{"in_flight_mode": "wait"}},
+		{"waited, hit", coordinator.Event{Kind: coordinator.EventWaited, Key: k, Outcome: coordinator.WaitHit, Duration: 50 * time.Millisecond},
+			zap.DebugLevel, "stopped waiting for in-flight key", map[string]any{"wait_outcome": "hit", "duration": 50 * time.Millisecond}},
+		{"waited, timeout", coordinator.Event{Kind: coordinator.EventWaited, Key: k, Outcome: coordinator.WaitTimeout, Duration: 30 * time.Second},
+			zap.WarnLevel, "stopped waiting for in-flight key", map[string]any{"wait_outcome": "timeout", "duration": 30 * time.Second}},
+		{"unprotected", coordinator.Event{Kind: coordinator.EventUnprotected, Key: k, Method: coordinator.MethodReserve},
+			zap.WarnLevel, "running action unprotected: store failed", map[string]any{"method": "reserve"}},
+		{"storage call", coordinator.Event{Kind: coordinator.EventStorageCall, Key: k, Method: coordinator.MethodGet, Duration: time.Millisecond},
+			zap.DebugLevel, "storage call", map[string]any{"method": "get", "duration": time.Millisecond}},
+		{"failed storage call", coordinator.Event{Kind: coordinator.EventStorageCall, Key: k, Method: coordinator.MethodGet, Duration: time.Second, Err: down},
+			zap.DebugLevel, "storage call", map[string]any{"method": "get", "duration": time.Second, "error": down.Error()}},
+
+		{"storage_reserve_error", storageErr(coordinator.ErrorStorageReserve, coordinator.MethodReserve),
+			zap.ErrorLevel, "storage call failed", map[string]any{"error_type": "storage_reserve_error", "method": "reserve", "error": down.Error()}},
+		{"storage_get_error", storageErr(coordinator.ErrorStorageGet, coordinator.MethodGet),
+			zap.ErrorLevel, "storage call failed", map[string]any{"error_type": "storage_get_error", "method": "get", "error": down.Error()}},
+		{"storage_save_error", storageErr(coordinator.ErrorStorageSave, coordinator.MethodComplete),
+			zap.ErrorLevel, "storage call failed", map[string]any{"error_type": "storage_save_error", "method": "complete", "error": down.Error()}},
+		{"storage_release_error", storageErr(coordinator.ErrorStorageRelease, coordinator.MethodRelease),
+			zap.ErrorLevel, "storage call failed", map[string]any{"error_type": "storage_release_error", "method": "release", "error": down.Error()}},
+		{"storage_renew_error", storageErr(coordinator.ErrorStorageRenew, coordinator.MethodRenew),
+			zap.WarnLevel, "storage call failed", map[string]any{"error_type": "storage_renew_error", "method": "renew", "error": down.Error()}},
+		{"decode_error", coordinator.Event{Kind: coordinator.EventError, Key: k, ErrorType: coordinator.ErrorDecode, Err: errors.New("bad json")},
+			zap.ErrorLevel, "cannot decode stored record", map[string]any{"error_type": "decode_error", "error": "bad json"}},
+		{"record_validation_error", coordinator.Event{Kind: coordinator.EventError, Key: k, ErrorType: coordinator.ErrorRecordValidation, Err: errors.New("too large")},
+			zap.ErrorLevel, "cannot store result", map[string]any{"error_type": "record_validation_error", "error": "too large"}},
+		{"key_reuse", coordinator.Event{Kind: coordinator.EventError, Key: k, ErrorType: coordinator.ErrorKeyReuse, Err: coordinator.ErrKeyReuse},
+			zap.WarnLevel, "key reused for a different request", map[string]any{"error_type": "key_reuse", "error": coordinator.ErrKeyReuse.Error()}},
+		{"lease_lost", coordinator.Event{Kind: coordinator.EventError, Key: k, ErrorType: coordinator.ErrorLeaseLost, Err: coordinator.ErrLeaseLost},
+			zap.ErrorLevel, "lease lost", map[string]any{"error_type": "lease_lost", "error": coordinator.ErrLeaseLost.Error()}},
+		{"unknown error type", coordinator.Event{Kind: coordinator.EventError, Key: k, ErrorType: "new_kind", Err: errors.New("boom")},
+			zap.ErrorLevel, "idempotency error", map[string]any{"error_type": "new_kind", "error": "boom"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			o, logs := logged(t)
+			feed(t, o, tt.event)
+			e := only(t, logs)
+			if e.Level != tt.level || e.Message != tt.msg || e.LoggerName != "idempotency" {
+				t.Errorf("line = %s %q (logger %q), want %s %q (logger idempotency)", e.Level, e.Message, e.LoggerName, tt.level, tt.msg)
+			}
+			want := map[string]any{"operation": "payment.charge", "key_hash": hashOf("order-42")}
+			for f, v := range tt.fields {
+				want[f] = v
+			}
+			got := e.ContextMap()
+			for f, v := range want {
+				if got[f] != v {
+					t.Errorf("field %s = %#v, want %#v", f, got[f], v)
+				}
+			}
+			if len(got) != len(want) {
+				t.Errorf("fields %v, want exactly %v", got, want)
+			}
+		})
+	}
+}
+
+func hashOf(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return hex.EncodeToString(sum[:])[:16]
+}
+
+func TestKeyLogging(t *testing.T) {
+	tests := []struct {
+		mode      observability.KeyLogging
+		field     string
+		value     any
+		forbidden string
+	}{
+		{"", "key_hash", hashOf("order-42"), "key"},
+		{observability.KeyHashed, "key_hash", hashOf("order-42"), "key"},
+		{observability.KeyPlain, "key", "order-42", "key_hash"},
+		{observability.KeyOmitted, "", nil, "key"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.mode.String(), func(t *testing.T) {
+			o, logs := logged(t, observability.WithKeyLogging(tt.mode))
+			feed(t, o, coordinator.Event{Kind: coordinator.EventError, Key: key("payment.charge"),
+				ErrorType: coordinator.ErrorKeyReuse, Err: coordinator.ErrKeyReuse})
+			f := only(t, logs).ContextMap()
+			if f["operation"] != "payment.charge" {
+				t.Errorf("operation = %v, want payment.charge", f["operation"])
+			}
+			if tt.field != "" && f[tt.field] != tt.value {
+				t.Errorf("%s = %v, want %v", tt.field, f[tt.field], tt.value)
+			}
+			if _, ok := f[tt.forbidden]; ok {
+				t.Errorf("field %s logged in mode %s: %v", tt.forbidden, tt.mode, f)
+			}
+			if tt.mode == observability.KeyOmitted {
+				if _, ok := f["key_hash"]; ok {
+					t.Errorf("key_hash logged in mode omitted: %v", f)
+				}
+			}
+		})
+	}
+}
+
+func TestKeyLoggingText(t *testing.T) {
+	for _, s := range []string{"hashed", "plain", "omitted", ""} {
+		var m observability.KeyLogging
+		if err := m.UnmarshalText([]byte(s)); err != nil {
+			t.Fatalf("UnmarshalText(%q): %v", s, err)
+		}
+		b, _ := m.MarshalText()
+		if want := map[string]string{"": "hashed"}[s]; string(b) != s && string(b) != want {
+			t.Errorf("%q round-trips to %q", s, b)
+		}
+	}
+	var m observability.KeyLogging
+	if err := m.UnmarshalText([]byte("HASHED")); err == nil {
+		t.Error("UnmarshalText(HASHED) accepted; the names are case-sensitive")
+	}
+}
+
+func TestLevelsBelowTheLoggersAreNotBuilt(t *testing.T) {
+	core, logs := observer.New(zap.WarnLevel)
+	o, err := observability.New(observability.WithLogger(zap.New(core)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := key("payment.charge")
+	feed(t, o,
+		coordinator.Event{Kind: coordinator.EventHit, Key: k},
+		coordinator.Event{Kind: coordinator.EventStorageCall, Key: k, Method: coordinator.MethodReserve},
+		coordinator.Event{Kind: coordinator.EventInFlight, Key: k},
+		coordinator.Event{Kind: coordinator.EventUnprotected, Key: k, Method: coordinator.MethodReserve},
+	)
+	if got := logs.Len(); got != 1 {
+		t.Fatalf("%d lines at Warn, want 1 (the unprotected run): %v", got, logs.All())
+	}
+}
+
+func TestNilLoggerLogsNothing(t *testing.T) {
+	o, err := observability.New(observability.WithLogger(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	feed(t, o, coordinator.Event{Kind: coordinator.EventError, Key: key("op"), ErrorType: coordinator.ErrorLeaseLost})
+}
+
+func TestErrorMessagesDoNotLeakTheKey(t *testing.T) {
+	k := coordinator.Key{Operation: "payment.charge", Key: "order-42"}
+	short := coordinator.Key{Operation: "payment.charge", Key: "42"}
+	hidden := "<key " + hashOf("order-42") + ">"
+	tests := []struct {
+		name string
+		mode observability.KeyLogging
+		key  coordinator.Key
+		err  error
+		want string
+	}{
+		{"key reuse, hashed", observability.KeyHashed, k,
+			&coordinator.KeyReuseError{Key: k, Stored: "fp-a", Got: "fp-b"},
+			`idempotency: key "` + hidden + `" of operation "payment.charge" reused for a different request (stored fingerprint "fp-a", got "fp-b")`},
+		{"key reuse, omitted", observability.KeyOmitted, k,
+			&coordinator.KeyReuseError{Key: k, Stored: "fp-a", Got: "fp-b"},
+			`idempotency: key "<key>" of operation "payment.charge" reused for a different request (stored fingerprint "fp-a", got "fp-b")`},
+		{"redis key name in a driver error", observability.KeyHashed, k,
+			&coordinator.StorageError{Method: coordinator.MethodGet, Err: errors.New("WRONGTYPE idempotency:payment.charge:order-42")},
+			"idempotency: storage get: WRONGTYPE idempotency:payment.charge:" + hidden},
+		{"plain key anywhere", observability.KeyOmitted, k,
+			errors.New("record order-42 is corrupt"),
+			"record <key> is corrupt"},
+		{"short key only in unambiguous forms", observability.KeyOmitted, short,
+			&coordinator.KeyReuseError{Key: short, Stored: "a42", Got: "b42"},
+			`idempotency: key "<key>" of operation "payment.charge" reused for a different request (stored fingerprint "a42", got "b42")`},
+		{"plain mode keeps the message", observability.KeyPlain, k,
+			&coordinator.KeyReuseError{Key: k, Stored: "fp-a", Got: "fp-b"},
+			`idempotency: key "order-42" of operation "payment.charge" reused for a different request (stored fingerprint "fp-a", got "fp-b")`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			o, logs := logged(t, observability.WithKeyLogging(tt.mode))
+			feed(t, o, coordinator.Event{Kind: coordinator.EventError, Key: tt.key, ErrorType: coordinator.ErrorKeyReuse, Err: tt.err})
+			if got := only(t, logs).ContextMap()["error"]; got != tt.want {
+				t.Fatalf("error = %q\n          want %q", got, tt.want)
+			}
+		})
+	}
+}

@@ -1,0 +1,338 @@
+package observability
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/idemkit/idempotency/coordinator"
+)
+
+// subsystem is the fixed part of every metric name: [namespace_]idempotency_.
+const subsystem = "idempotency"
+
+// unknownLabel stands in for an error type, store method or wait outcome
+// that is not in the coordinator's lists, so that such a value cannot make a
+// label unbounded.
+const unknownLabel = "unknown"
+
+// The outcome label values of requests_total.
+const (
+	outcomeHit      = "hit"
+	outcomeMiss     = "miss"
+	outcomeInFlight = "in_flight"
+)
+
+// The result label values of storage_duration_seconds.
+const (
+	resultOK = iota
+	resultError
+	resultTimeout
+	resultCanceled
+	numResults
+)
+
+var resultNames = [numResults]string{"ok", "error", "timeout", "canceled"}
+
+// storageBuckets are the buckets of idempotency_storage_duration_seconds, in
+// seconds: from 50µs, which resolves a Redis round trip on a local network,
+// to 2.5s, past the default storage timeout of 1s.
+var storageBuckets = []float64{
+	0.00005, 0.0001, 0.00025, 0.0005,
+	0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+	0.1, 0.25, 0.5, 1, 2.5,
+}
+
+// waitBuckets are the buckets of idempotency_wait_duration_seconds, in
+// seconds: from 5ms, below the first poll interval of 10ms, to 60s, past the
+// default wait bound of one 30s lease.
+var waitBuckets = []float64{
+	0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+	1, 2.5, 5, 10, 30, 60,
+}
+
+// metrics holds the collectors and the cached series of one Observer. The
+// collectors may be shared with other Observers registered on the same
+// registry; the caches are its own.
+type metrics struct {
+	requests    *prometheus.CounterVec
+	errors      *prometheus.CounterVec
+	stored      *prometheus.CounterVec
+	unprotected *prometheus.CounterVec
+	wait        *prometheus.HistogramVec
+	storage     *prometheus.HistogramVec
+
+	// storageSeries holds the storage_duration_seconds series by method.
+	storageSeries map[coordinator.Method]*[numResults]prometheus.Observer
+
+	// ops maps an operation label value to its series. It is copied on
+	// write under mu, so that the hot path reads it without a lock.
+	ops    atomic.Pointer[map[string]*opSeries]
+	mu     sync.Mutex
+	limit  int
+	other  *opSeries // created on first use, under mu
+	warned bool      // the limit was logged, under mu
+	log    *zap.Logger
+}
+
+// opSeries are the series of one operation label value.
+type opSeries struct {
+	hit, miss, inFlight prometheus.Counter
+	stored              prometheus.Counter
+	errors              map[coordinator.ErrorType]prometheus.Counter
+	unprotected         map[coordinator.Method]prometheus.Counter
+	waits               map[coordinator.WaitOutcome]prometheus.Observer
+	op                  string
+}
+
+// newMetrics creates the collectors, registers them with reg (reusing those
+// another Observer registered before) and creates the series of ops.
+func newMetrics(reg prometheus.Registerer, namespace string, ops []string, limit int, log *zap.Logger) (*metrics, error) {
+	opts := func(name, help string) prometheus.Opts {
+		return prometheus.Opts{Namespace: namespace, Subsystem: subsystem, Name: name, Help: help}
+	}
+	hopts := func(name, help string, buckets []float64) prometheus.HistogramOpts {
+		return prometheus.HistogramOpts{Namespace: namespace, Subsystem: subsystem, Name: name, Help: help, Buckets: buckets}
+	}
+	m := &metrics{limit: limit, log: log}
+	m.requests = prometheus.NewCounterVec(prometheus.CounterOpts(opts("requests_total",
+		"Outcomes of idempotent calls looking up their key: hit (a stored result was replayed), miss (the action runs), in_flight (another caller held the key).")),
+		[]string{"operation", "outcome"})
+	m.errors = prometheus.NewCounterVec(prometheus.CounterOpts(opts("errors_total",
+		"Errors the idempotency coordinator reported, by error type.")),
+		[]string{"operation", "error_type"})
+	m.stored = prometheus.NewCounterVec(prometheus.CounterOpts(opts("stored_total",
+		"Action results stored for replay.")),
+		[]string{"operation"})
+	m.unprotected = prometheus.NewCounterVec(prometheus.CounterOpts(opts("unprotected_total",
+		"Actions run without idempotency protection because the store failed, by the store method that failed.")),
+		[]string{"operation", "method"})
+	m.wait = prometheus.NewHistogramVec(hopts("wait_duration_seconds",
+		"Time callers waited for another caller's result, by how the wait ended.", waitBuckets),
+		[]string{"operation", "outcome"})
+	m.storage = prometheus.NewHistogramVec(hopts("storage_duration_seconds",
+		"Duration of idempotency store calls, by store method and result.", storageBuckets),
+		[]string{"method", "result"})
+
+	fq := func(name string) string { return prometheus.BuildFQName(namespace, subsystem, name) }
+	var registered []prometheus.Collector
+	var err error
+	for _, c := range []struct {
+		vec  **prometheus.CounterVec
+		name string
+	}{
+		{&m.requests, "requests_total"},
+		{&m.errors, "errors_total"},
+		{&m.stored, "stored_total"},
+		{&m.unprotected, "unprotected_total"},
+	} {
+		if *c.vec, err = register(reg, *c.vec, fq(c.name), &registered); err != nil {
+			break
+		}
+	}
+	if err == nil {
+		m.wait, err = register(reg, m.wait, fq("wait_duration_seconds"), &registered)
+	}
+	if err == nil {
+		m.storage, err = register(reg, m.storage, fq("storage_duration_seconds"), &registered)
+	}
+	if err != nil {
+		for _, c := range registered {
+			reg.Unregister(c)
+		}
+		return nil, err
+	}
+
+	m.storageSeries = make(map[coordinator.Method]*[numResults]prometheus.Observer, len(coordinator.Methods()))
+	for _, method := range coordinator.Methods() {
+		var s [numResults]prometheus.Observer
+		for r := range s {
+			s[r] = m.storage.WithLabelValues(string(method), resultNames[r])
+		}
+		m.storageSeries[method] = &s
+	}
+
+	known := make(map[string]*opSeries, len(ops))
+	for _, op := range ops {
+		if _, ok := known[op]; !ok {
+			known[op] = m.newOpSeries(op)
+		}
+	}
+	if m.limit < len(known) {
+		m.limit = len(known)
+	}
+	m.ops.Store(&known)
+	return m, nil
+}
+
+// register registers c with reg and appends it to registered. If reg holds an
+// equal collector already (another Observer registered it), it returns that
+// one instead, so that both count into the same series.
+func register[C prometheus.Collector](reg prometheus.Registerer, c C, name string, registered *[]prometheus.Collector) (C, error) {
+	err := reg.Register(c)
+	if err == nil {
+		*registered = append(*registered, c)
+		return c, nil
+	}
+	var are prometheus.AlreadyRegisteredError
+	if errors.As(err, &are) {
+		if existing, ok := are.ExistingCollector.(C); ok {
+			return existing, nil
+		}
+		return c, fmt.Errorf("observability: register %s: a %T is registered under that name", name, are.ExistingCollector)
+	}
+	return c, fmt.Errorf("observability: register %s: %w", name, err)
+}
+
+// newOpSeries creates the series of operation label value op at zero.
+func (m *metrics) newOpSeries(op string) *opSeries {
+	s := &opSeries{
+		hit:         m.requests.WithLabelValues(op, outcomeHit),
+		miss:        m.requests.WithLabelValues(op, outcomeMiss),
+		inFlight:    m.requests.WithLabelValues(op, outcomeInFlight),
+		stored:      m.stored.WithLabelValues(op),
+		errors:      make(map[coordinator.ErrorType]prometheus.Counter, len(coordinator.ErrorTypes())),
+		unprotected: make(map[coordinator.Method]prometheus.Counter, len(coordinator.Methods())),
+		waits:       make(map[coordinator.WaitOutcome]prometheus.Observer, len(coordinator.WaitOutcomes())),
+		op:          op,
+	}
+	for _, t := range coordinator.ErrorTypes() {
+		s.errors[t] = m.errors.WithLabelValues(op, string(t))
+	}
+	for _, method := range coordinator.Methods() {
+		s.unprotected[method] = m.unprotected.WithLabelValues(op, string(method))
+	}
+	for _, o := range coordinator.WaitOutcomes() {
+		s.waits[o] = m.wait.WithLabelValues(op, string(o))
+	}
+	return s
+}
+
+// series returns the series of operation op, creating them on first use
+// within the operation limit.
+func (m *metrics) series(op string) *opSeries {
+	if s, ok := (*m.ops.Load())[op]; ok {
+		return s
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	ops := *m.ops.Load()
+	if s, ok := ops[op]; ok {
+		return s
+	}
+	if !validOperation(op) {
+		return m.otherSeries()
+	}
+	if len(ops) >= m.limit {
+		if !m.warned {
+			m.warned = true
+			m.log.Warn("operation label limit reached; further operations are counted as "+OtherOperation,
+				zap.Int("limit", m.limit), zap.String("operation", op))
+		}
+		return m.otherSeries()
+	}
+	s := m.newOpSeries(op)
+	next := make(map[string]*opSeries, len(ops)+1)
+	for k, v := range ops {
+		next[k] = v
+	}
+	next[op] = s
+	m.ops.Store(&next)
+	return s
+}
+
+// otherSeries returns the OtherOperation series; m.mu is held.
+func (m *metrics) otherSeries() *opSeries {
+	if m.other == nil {
+		m.other = m.newOpSeries(OtherOperation)
+	}
+	return m.other
+}
+
+// validOperation reports whether op is an operation name the coordinator
+// accepts (see coordinator.ValidateOperation), without allocating.
+func validOperation(op string) bool {
+	if op == "" || len(op) > coordinator.MaxOperationLen {
+		return false
+	}
+	for i := 0; i < len(op); i++ {
+		c := op[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// observe records e. It does not allocate on the paths the coordinator
+// takes on every call.
+func (m *metrics) observe(e coordinator.Event) {
+	switch e.Kind {
+	case coordinator.EventHit:
+		m.series(e.Key.Operation).hit.Inc()
+	case coordinator.EventMiss:
+		m.series(e.Key.Operation).miss.Inc()
+	case coordinator.EventInFlight:
+		m.series(e.Key.Operation).inFlight.Inc()
+	case coordinator.EventStored:
+		m.series(e.Key.Operation).stored.Inc()
+	case coordinator.EventWaited:
+		s := m.series(e.Key.Operation)
+		o, ok := s.waits[e.Outcome]
+		if !ok {
+			o = m.wait.WithLabelValues(s.op, unknownLabel)
+		}
+		o.Observe(seconds(e.Duration))
+	case coordinator.EventError:
+		s := m.series(e.Key.Operation)
+		c, ok := s.errors[e.ErrorType]
+		if !ok {
+			c = m.errors.WithLabelValues(s.op, unknownLabel)
+		}
+		c.Inc()
+	case coordinator.EventUnprotected:
+		s := m.series(e.Key.Operation)
+		c, ok := s.unprotected[e.Method]
+		if !ok {
+			c = m.unprotected.WithLabelValues(s.op, unknownLabel)
+		}
+		c.Inc()
+	case coordinator.EventStorageCall:
+		r := storageResult(e.Err)
+		if s, ok := m.storageSeries[e.Method]; ok {
+			s[r].Observe(seconds(e.Duration))
+		} else {
+			m.storage.WithLabelValues(unknownLabel, resultNames[r]).Observe(seconds(e.Duration))
+		}
+	}
+}
+
+// storageResult classifies the error of a store call.
+func storageResult(err error) int {
+	switch {
+	case err == nil:
+		return resultOK
+	case errors.Is(err, context.Canceled):
+		return resultCanceled
+	case errors.Is(err, context.DeadlineExceeded):
+		return resultTimeout
+	}
+	var t interface{ Timeout() bool }
+	if errors.As(err, &t) && t.Timeout() {
+		return resultTimeout
+	}
+	return resultError
+}
+
+func seconds(d time.Duration) float64 {
+	if d < 0 {
+		return 0
+	}
+	return d.Seconds()
+}

@@ -1,0 +1,133 @@
+package observability
+
+import (
+	"context"
+	"fmt"
+
+	"go.uber.org/zap"
+
+	"github.com/idemkit/idempotency/coordinator"
+)
+
+// Observer turns the coordinator's events into Prometheus metrics and zap log
+// lines. Create one with New and pass it to coordinator.WithObserver; it is
+// safe for concurrent use. The zero value and a nil *Observer discard every
+// event.
+type Observer struct {
+	metrics *metrics // nil: no registerer
+	log     *eventLogger
+}
+
+var _ coordinator.Observer = (*Observer)(nil)
+
+// New returns an Observer configured by opts. Without WithRegisterer it
+// records no metrics; without WithLogger it logs nothing.
+//
+// The metrics are registered with the registerer at once. A metric that an
+// earlier Observer registered on the same registerer (another fx app in the
+// same process, say) is not an error: the new Observer counts into the
+// registered collector. New returns an error when opts are invalid (a bad
+// namespace, operation name, key logging mode or operation limit) or when a
+// metric cannot be registered, e.g. because a different collector holds its
+// name; it then leaves the registerer as it found it.
+func New(opts ...Option) (*Observer, error) {
+	c := defaultConfig()
+	for _, o := range opts {
+		o.apply(&c)
+	}
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	log := c.logger.Named(subsystem)
+	o := &Observer{log: &eventLogger{log: log, keys: c.keyLogging}}
+	if c.registerer != nil {
+		m, err := newMetrics(c.registerer, c.namespace, c.operations, c.operationLimit, log)
+		if err != nil {
+			return nil, err
+		}
+		o.metrics = m
+	}
+	return o, nil
+}
+
+func (c *config) validate() error {
+	if c.logger == nil {
+		c.logger = zap.NewNop()
+	}
+	var err error
+	if c.keyLogging, err = ParseKeyLogging(string(c.keyLogging)); err != nil {
+		return err
+	}
+	if !validNamespace(c.namespace) {
+		return fmt.Errorf("observability: invalid metrics namespace %q: must match [a-zA-Z_][a-zA-Z0-9_]*", c.namespace)
+	}
+	if c.operationLimit < 1 {
+		return fmt.Errorf("observability: operation limit %d: must be at least 1", c.operationLimit)
+	}
+	for _, op := range c.operations {
+		if err := coordinator.ValidateOperation(op); err != nil {
+			return fmt.Errorf("observability: operation %q: %w", op, err)
+		}
+	}
+	return nil
+}
+
+// validNamespace reports whether ns is "" or a classic Prometheus metric name
+// without colons, which stay reserved for recording rules.
+func validNamespace(ns string) bool {
+	for i := 0; i < len(ns); i++ {
+		c := ns[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || c == '_' || i > 0 && '0' <= c && c <= '9') {
+			return false
+		}
+	}
+	return true
+}
+
+// Observe records e as metrics and writes it as a log line. The coordinator
+// calls it on the caller's goroutine; recording the metrics does not allocate
+// once an operation's series exist, and a log line is only built when its
+// level is enabled.
+func (o *Observer) Observe(ctx context.Context, e coordinator.Event) {
+	if o == nil {
+		return
+	}
+	if o.metrics != nil {
+		o.metrics.observe(e)
+	}
+	if o.log != nil {
+		o.log.logEvent(e)
+	}
+}
+
+// Multi returns an Observer that passes every event to each of observers in
+// turn. Nil observers and coordinator.NopObserver values are dropped; with
+// none left it returns coordinator.NopObserver{}, with one that one.
+func Multi(observers ...coordinator.Observer) coordinator.Observer {
+	var list multi
+	for _, o := range observers {
+		switch o := o.(type) {
+		case nil, coordinator.NopObserver, *coordinator.NopObserver:
+			continue
+		case multi:
+			list = append(list, o...)
+		default:
+			list = append(list, o)
+		}
+	}
+	switch len(list) {
+	case 0:
+		return coordinator.NopObserver{}
+	case 1:
+		return list[0]
+	}
+	return list
+}
+
+type multi []coordinator.Observer
+
+func (m multi) Observe(ctx context.Context, e coordinator.Event) {
+	for _, o := range m {
+		o.Observe(ctx, e)
+	}
+}

@@ -1,0 +1,141 @@
+package observability
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+)
+
+// DefaultOperationLimit is the default bound on the distinct operation label
+// values an Observer creates; see WithOperationLimit.
+const DefaultOperationLimit = 50
+
+// OtherOperation is the operation label value under which an Observer counts
+// the events of operations beyond its operation limit (see
+// WithOperationLimit), and of events whose operation is not a valid operation
+// name. "~" cannot appear in an operation name, so it never collides with a
+// real operation.
+const OtherOperation = "~other"
+
+// An Option configures an Observer; pass them to New.
+type Option interface{ apply(*config) }
+
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
+
+type config struct {
+	registerer     prometheus.Registerer
+	namespace      string
+	logger         *zap.Logger
+	keyLogging     KeyLogging
+	operations     []string
+	operationLimit int
+}
+
+func defaultConfig() config {
+	return config{
+		keyLogging:     KeyHashed,
+		operationLimit: DefaultOperationLimit,
+	}
+}
+
+// WithRegisterer sets the registerer the metrics are registered with. Default
+// none, and nil also means none: without a registerer the Observer records no
+// metrics. The global prometheus.DefaultRegisterer is never used unless it is
+// passed here.
+func WithRegisterer(reg prometheus.Registerer) Option {
+	return optionFunc(func(c *config) { c.registerer = reg })
+}
+
+// WithNamespace prefixes every metric name with namespace and an underscore:
+// with "shop", idempotency_requests_total becomes
+// shop_idempotency_requests_total. Default "" (no prefix). New refuses a
+// namespace that is not [a-zA-Z_][a-zA-Z0-9_]*.
+func WithNamespace(namespace string) Option {
+	return optionFunc(func(c *config) { c.namespace = namespace })
+}
+
+// WithLogger sets the logger the events are written to; the Observer names it
+// "idempotency". Default, and nil: zap.NewNop(), which logs nothing.
+func WithLogger(logger *zap.Logger) Option {
+	return optionFunc(func(c *config) { c.logger = logger })
+}
+
+// WithKeyLogging sets how log lines show the idempotency key. With KeyHashed
+// and KeyOmitted the key is also replaced in the "error" field, where error
+// messages name it: by "<key HASH>" or "<key>". Default KeyHashed; "" also
+// means KeyHashed; New refuses any other value.
+func WithKeyLogging(mode KeyLogging) Option {
+	return optionFunc(func(c *config) { c.keyLogging = mode })
+}
+
+// WithOperations names the operations known up front, e.g. those with a TTL
+// in IDEMPOTENCY_OPERATION_TTLS. New creates their metric series at zero, so
+// the first event of each is visible to rate() and increase(); other
+// operations get their series on their first event. Operations named here are
+// always kept, even beyond the operation limit. Repeated calls add up; New
+// refuses an invalid operation name (see coordinator.ValidateOperation).
+func WithOperations(operations ...string) Option {
+	ops := append([]string(nil), operations...)
+	return optionFunc(func(c *config) { c.operations = append(c.operations, ops...) })
+}
+
+// WithOperationLimit bounds the distinct operation label values the Observer
+// creates at n, counting those of WithOperations. The events of any further
+// operation are counted under OtherOperation, and the first such event is
+// logged at Warn. It protects the metrics from an operation name that is
+// built from request data by mistake. Default DefaultOperationLimit (50); New
+// refuses n < 1.
+func WithOperationLimit(n int) Option {
+	return optionFunc(func(c *config) { c.operationLimit = n })
+}
+
+// KeyLogging says how log lines show the idempotency key. The zero value
+// means KeyHashed.
+type KeyLogging string
+
+// The key logging modes.
+const (
+	// KeyHashed logs field "key_hash": the first 16 hex digits (64 bits) of
+	// the SHA-256 of the key, enough to correlate the lines of one key and to
+	// match a known key, without writing the key itself. The default.
+	KeyHashed KeyLogging = "hashed"
+	// KeyPlain logs field "key": the key as given.
+	KeyPlain KeyLogging = "plain"
+	// KeyOmitted logs no key at all.
+	KeyOmitted KeyLogging = "omitted"
+)
+
+// ParseKeyLogging parses "hashed", "plain" or "omitted"; "" means "hashed".
+func ParseKeyLogging(s string) (KeyLogging, error) {
+	switch KeyLogging(s) {
+	case "", KeyHashed:
+		return KeyHashed, nil
+	case KeyPlain, KeyOmitted:
+		return KeyLogging(s), nil
+	}
+	return "", fmt.Errorf("observability: unknown key logging mode %q: accepted values are hashed, plain, omitted", s)
+}
+
+// String returns the mode's name; the zero value prints as "hashed".
+func (m KeyLogging) String() string {
+	if m == "" {
+		return string(KeyHashed)
+	}
+	return string(m)
+}
+
+// UnmarshalText parses the mode with ParseKeyLogging.
+func (m *KeyLogging) UnmarshalText(b []byte) error {
+	v, err := ParseKeyLogging(string(b))
+	if err != nil {
+		return err
+	}
+	*m = v
+	return nil
+}
+
+// MarshalText returns the mode's name.
+func (m KeyLogging) MarshalText() ([]byte, error) { return []byte(m.String()), nil }
