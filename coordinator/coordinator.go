@@ -242,7 +242,7 @@ func (x *exec) onStorageError(ctx context.Context, se *StorageError) (Result, er
 	if x.c.cfg.onStorageError == StorageErrorRaise {
 		return Result{}, se
 	}
-	x.observe(ctx, Event{Kind: EventUnprotected, Method: se.Method})
+	x.observe(ctx, Event{Kind: EventUnprotected, Method: se.Method, Err: se})
 	payload, unstorable, err := x.run(ctx)
 	if err != nil {
 		return Result{}, err

@@ -51,7 +51,8 @@ const (
 	// EventStored: the action's result was stored.
 	EventStored
 	// EventUnprotected: the action runs without protection because the store
-	// failed and the on-storage-error mode is "run". Method is the failed call.
+	// failed and the on-storage-error mode is "run". Method is the failed call
+	// and Err its error.
 	EventUnprotected
 )
 
