@@ -1,0 +1,470 @@
+package idempotency
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"net"
+	"net/url"
+	"reflect"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kelseyhightower/envconfig"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/observability"
+)
+
+// EnvPrefix is the prefix of every environment variable LoadSettings reads:
+// the field Lease is read from IDEMPOTENCY_LEASE. Pass it to
+// envconfig.Usage to print the variables with their defaults.
+const EnvPrefix = "IDEMPOTENCY"
+
+// Settings configures the library. LoadSettings reads it from the
+// environment (every field's variable is EnvPrefix, "_", and the name in its
+// doc comment); DefaultSettings returns the documented defaults for code
+// that builds it by hand.
+//
+// The zero Settings is not usable: it has Enabled false and no lease, and
+// Validate refuses it. Start from DefaultSettings or LoadSettings and change
+// what you need.
+//
+// A variable that is set to the empty string is read as the empty value of
+// its field, as envconfig does: an error for a duration, a boolean or a
+// number, nothing for a list, the empty string for a string. The modes are
+// the exception: IDEMPOTENCY_IN_FLIGHT, IDEMPOTENCY_ON_STORAGE_ERROR and
+// IDEMPOTENCY_LOG_KEYS set to "" mean their defaults.
+type Settings struct {
+	// Enabled (ENABLED, default true) is the kill switch: false makes every
+	// call just run its action, with nothing read, written or counted.
+	Enabled bool `split_words:"true" default:"true" desc:"kill switch: false runs every action unprotected, with nothing read, written or counted"`
+
+	// RedisURL (REDIS_URL, default redis://localhost:6379/0) is the Redis
+	// server: redis:// or rediss:// (TLS), with an optional user and
+	// password, and the database number as the path. Query parameters are
+	// go-redis client options (redis.ParseURL), e.g. ?dial_timeout=2s.
+	RedisURL string `split_words:"true" default:"redis://localhost:6379/0" desc:"Redis server: redis:// or rediss:// (TLS) URL, with password and database number"`
+
+	// RedisClusterAddrs (REDIS_CLUSTER_ADDRS, default empty) lists the
+	// host:port seed nodes of a Redis Cluster, comma-separated. When it is
+	// set, a cluster client is used instead of the single server in
+	// RedisURL. LoadSettings trims spaces around entries and drops empty
+	// ones.
+	RedisClusterAddrs []string `split_words:"true" default:"" desc:"comma-separated host:port seed nodes of a Redis Cluster; set: a cluster client is used"`
+
+	// KeyPrefix (KEY_PREFIX, default "idempotency:") starts every Redis key:
+	// a record lives under {KeyPrefix}{operation}:{key}. It may be empty.
+	KeyPrefix string `split_words:"true" default:"idempotency:" desc:"prefix of every Redis key: {prefix}{operation}:{key}"`
+
+	// DefaultTTL (DEFAULT_TTL, default 1h) is how long a completed record is
+	// kept when neither the call nor OperationTTLS gives a TTL. It must lie
+	// within MinTTL and MaxTTL.
+	DefaultTTL time.Duration `split_words:"true" default:"1h" desc:"how long a result is kept when neither the call nor IDEMPOTENCY_OPERATION_TTLS says"`
+
+	// MinTTL (MIN_TTL, default 1s) is the shortest accepted record TTL; at
+	// least 1ms.
+	MinTTL time.Duration `split_words:"true" default:"1s" desc:"shortest accepted record TTL (at least 1ms)"`
+
+	// MaxTTL (MAX_TTL, default 720h, 30 days) is the longest accepted record
+	// TTL; not shorter than MinTTL.
+	MaxTTL time.Duration `split_words:"true" default:"720h" desc:"longest accepted record TTL"`
+
+	// OperationTTLS (OPERATION_TTLS, default empty) sets record TTLs per
+	// operation, e.g. "payment.charge:24h,order.create:1h"; a call's own TTL
+	// still wins. Each operation must be valid (coordinator.ValidateOperation)
+	// and each TTL within MinTTL and MaxTTL.
+	//
+	// The field is spelled TTLS, not TTLs, because envconfig's split_words
+	// would turn "TTLs" into OPERATION_TT_LS, and an explicit envconfig tag
+	// would also read an unprefixed OPERATION_TTLS variable.
+	OperationTTLS OperationTTLs `split_words:"true" default:"" desc:"per-operation record TTLs: payment.charge:24h,order.create:1h"`
+
+	// InFlight (IN_FLIGHT, default wait) is what a second caller does while
+	// the first holds the key: wait, raise or run. Empty means wait.
+	InFlight coordinator.InFlightMode `split_words:"true" default:"wait" desc:"a second caller while the first holds the key: wait, raise or run (empty: wait)"`
+
+	// Lease (LEASE, default 30s) is how long a reservation outlives a caller
+	// that stopped renewing it (crashed); at least 1ms.
+	Lease time.Duration `split_words:"true" default:"30s" desc:"reservation lease, renewed while the action runs (at least 1ms)"`
+
+	// RenewInterval (RENEW_INTERVAL, default 0s) is how often a running
+	// action's lease is renewed; 0 means Lease/3. It must be shorter than the
+	// lease.
+	RenewInterval time.Duration `split_words:"true" default:"0s" desc:"how often a running action's lease is renewed; 0s: lease/3"`
+
+	// WaitTimeout (WAIT_TIMEOUT, default 0s) bounds how long a caller in
+	// mode wait waits for another caller's result; 0 means one Lease. A
+	// caller never waits past its context's deadline.
+	WaitTimeout time.Duration `split_words:"true" default:"0s" desc:"how long a second caller waits for the first one's result (mode wait); 0s: one lease"`
+
+	// PollInterval (POLL_INTERVAL, default 10ms) is a waiter's first
+	// interval between reads; it backs off from there. Positive.
+	PollInterval time.Duration `split_words:"true" default:"10ms" desc:"a waiting caller's first interval between reads; it backs off from there"`
+
+	// OnStorageError (ON_STORAGE_ERROR, default run) is what a call does when
+	// the store fails before the action ran: run it unprotected, or raise a
+	// *coordinator.StorageError. Empty means run.
+	OnStorageError coordinator.StorageErrorMode `split_words:"true" default:"run" desc:"when the store fails before the action ran: run (unprotected) or raise (empty: run)"`
+
+	// StorageTimeout (STORAGE_TIMEOUT, default 1s) bounds every store call.
+	// Positive.
+	StorageTimeout time.Duration `split_words:"true" default:"1s" desc:"timeout of each store call"`
+
+	// MaxResultBytes (MAX_RESULT_BYTES, default 1048576, 1 MiB) is the
+	// largest encoded result that is stored; a larger one is returned but not
+	// stored. Positive.
+	MaxResultBytes int `split_words:"true" default:"1048576" desc:"largest encoded result that is stored, in bytes"`
+
+	// MetricsEnabled (METRICS_ENABLED, default true) turns the Prometheus
+	// metrics on or off.
+	MetricsEnabled bool `split_words:"true" default:"true" desc:"export Prometheus metrics"`
+
+	// MetricsNamespace (METRICS_NAMESPACE, default empty) is prepended to
+	// every metric name: "shop" gives shop_idempotency_... . Empty or a
+	// Prometheus name without colons ([a-zA-Z_][a-zA-Z0-9_]*).
+	MetricsNamespace string `split_words:"true" default:"" desc:"prefix of every metric name, e.g. shop gives shop_idempotency_..."`
+
+	// LogKeys (LOG_KEYS, default hashed) is how idempotency keys appear in
+	// log lines: hashed (a digest that correlates the lines of one key
+	// without writing it), plain, or omitted. Empty means hashed. Keys may
+	// carry user or tenant identifiers, hence the default.
+	LogKeys observability.KeyLogging `split_words:"true" default:"hashed" desc:"how keys appear in log lines: hashed, plain or omitted (empty: hashed)"`
+}
+
+// DefaultSettings returns the documented defaults: what LoadSettings returns
+// when no IDEMPOTENCY_* variable is set.
+func DefaultSettings() Settings {
+	return Settings{
+		Enabled:        true,
+		RedisURL:       "redis://localhost:6379/0",
+		KeyPrefix:      "idempotency:",
+		DefaultTTL:     coordinator.DefaultTTL,
+		MinTTL:         coordinator.DefaultMinTTL,
+		MaxTTL:         coordinator.DefaultMaxTTL,
+		InFlight:       coordinator.InFlightWait,
+		Lease:          coordinator.DefaultLease,
+		PollInterval:   coordinator.DefaultPollInterval,
+		OnStorageError: coordinator.StorageErrorRun,
+		StorageTimeout: coordinator.DefaultStorageTimeout,
+		MaxResultBytes: coordinator.DefaultMaxResultBytes,
+		MetricsEnabled: true,
+		LogKeys:        observability.KeyHashed,
+	}
+}
+
+// String returns s as fmt's %+v would, with the password in RedisURL
+// replaced by "xxxxx", so that Settings can be logged.
+func (s Settings) String() string {
+	type fields Settings // without this String method
+	f := fields(s)
+	f.RedisURL = redactURL(s.RedisURL)
+	return fmt.Sprintf("%+v", f)
+}
+
+// redactURL hides the password of a URL; a URL that does not parse is not
+// shown at all, since there is no telling where its password is.
+func redactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(invalid URL)"
+	}
+	return u.Redacted()
+}
+
+// LoadSettings reads Settings from the IDEMPOTENCY_* environment variables
+// with envconfig (an unset variable takes its default) and validates them.
+//
+// The error names every variable that is wrong, with what is wrong, one per
+// line. When a value cannot be parsed at all, the error lists the parse
+// errors only; Validate's checks run once every value parses.
+func LoadSettings() (Settings, error) {
+	s, err := loadEnv()
+	if err != nil {
+		return Settings{}, err
+	}
+	if err := s.Validate(); err != nil {
+		return Settings{}, err
+	}
+	return s, nil
+}
+
+// loadEnv runs envconfig on one field at a time, so that one bad variable
+// does not hide the next: envconfig.Process stops at the first error. Each
+// field is processed in a one-field struct with the same name, type and tags,
+// so envconfig derives exactly the variable name it would for Settings.
+func loadEnv() (Settings, error) {
+	var s Settings
+	v := reflect.ValueOf(&s).Elem()
+	t := v.Type()
+	var errs []error
+	for i := range t.NumField() {
+		f := t.Field(i)
+		one := reflect.New(reflect.StructOf([]reflect.StructField{{Name: f.Name, Type: f.Type, Tag: f.Tag}}))
+		if err := envconfig.Process(EnvPrefix, one.Interface()); err != nil {
+			errs = append(errs, envError(err))
+			continue
+		}
+		v.Field(i).Set(one.Elem().Field(0))
+	}
+	if len(errs) > 0 {
+		return Settings{}, invalidSettings(errs)
+	}
+	s.RedisClusterAddrs = splitList(s.RedisClusterAddrs)
+	return s, nil
+}
+
+// envError rewrites an envconfig error as "VARIABLE: what is wrong".
+func envError(err error) error {
+	var pe *envconfig.ParseError
+	if !errors.As(err, &pe) {
+		return err
+	}
+	switch pe.TypeName {
+	case "time.Duration":
+		return fmt.Errorf("%s: %q is not a duration; use a Go duration such as 500ms, 30s or 1h30m", pe.KeyName, pe.Value)
+	case "bool":
+		return fmt.Errorf("%s: %q is not a boolean; use true or false", pe.KeyName, pe.Value)
+	case "int":
+		if errors.Is(pe.Err, strconv.ErrRange) {
+			return fmt.Errorf("%s: %q is out of range", pe.KeyName, pe.Value)
+		}
+		return fmt.Errorf("%s: %q is not an integer", pe.KeyName, pe.Value)
+	}
+	// The modes and OperationTTLs say what is wrong themselves.
+	return fmt.Errorf("%s: %s", pe.KeyName, strings.TrimPrefix(pe.Err.Error(), "observability: "))
+}
+
+func invalidSettings(errs []error) error {
+	return fmt.Errorf("idempotency: invalid settings:\n%w", errors.Join(errs...))
+}
+
+// splitList trims spaces around entries and drops empty ones, so that
+// "a:1, b:2," is two entries.
+func splitList(list []string) []string {
+	var out []string
+	for _, e := range list {
+		if e = strings.TrimSpace(e); e != "" {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+var metricsNamespaceRE = regexp.MustCompile(`^[a-zA-Z_][a-zA-Z0-9_]*$`)
+
+// Validate reports every problem in s at once, one per line, each naming its
+// environment variable: "IDEMPOTENCY_LEASE: must be at least 1ms, got 0s".
+// It returns nil when s is usable. Every check applies whether or not
+// Enabled is set, so that turning the kill switch off and on again cannot
+// fail.
+func (s Settings) Validate() error {
+	var errs []error
+	bad := func(name, format string, args ...any) {
+		errs = append(errs, fmt.Errorf(EnvPrefix+"_"+name+": "+format, args...))
+	}
+
+	if err := validateRedisURL(s.RedisURL); err != nil {
+		bad("REDIS_URL", "%w", err)
+	}
+	for _, addr := range s.RedisClusterAddrs {
+		if err := validateHostPort(addr); err != nil {
+			bad("REDIS_CLUSTER_ADDRS", "entry %q: %w", addr, err)
+		}
+	}
+
+	if s.MinTTL < time.Millisecond {
+		bad("MIN_TTL", "must be at least 1ms, got %v", s.MinTTL)
+	}
+	if s.MaxTTL < s.MinTTL {
+		bad("MAX_TTL", "must not be shorter than IDEMPOTENCY_MIN_TTL (%v), got %v", s.MinTTL, s.MaxTTL)
+	}
+	if s.DefaultTTL < s.MinTTL || s.DefaultTTL > s.MaxTTL {
+		bad("DEFAULT_TTL", "must be within IDEMPOTENCY_MIN_TTL and IDEMPOTENCY_MAX_TTL [%v, %v], got %v", s.MinTTL, s.MaxTTL, s.DefaultTTL)
+	}
+	for _, op := range slices.Sorted(maps.Keys(s.OperationTTLS)) {
+		ttl := s.OperationTTLS[op]
+		if err := coordinator.ValidateOperation(op); err != nil {
+			if detail := invalidRequestDetail(err); strings.Contains(detail, strconv.Quote(op)) {
+				bad("OPERATION_TTLS", "%s", detail)
+			} else {
+				bad("OPERATION_TTLS", "operation %q: %s", op, detail)
+			}
+		}
+		if ttl < s.MinTTL || ttl > s.MaxTTL {
+			bad("OPERATION_TTLS", "operation %q: TTL %v is not within IDEMPOTENCY_MIN_TTL and IDEMPOTENCY_MAX_TTL [%v, %v]", op, ttl, s.MinTTL, s.MaxTTL)
+		}
+	}
+
+	if _, err := coordinator.ParseInFlightMode(string(s.InFlight)); err != nil {
+		bad("IN_FLIGHT", "%w", err)
+	}
+	if _, err := coordinator.ParseStorageErrorMode(string(s.OnStorageError)); err != nil {
+		bad("ON_STORAGE_ERROR", "%w", err)
+	}
+	if _, err := observability.ParseKeyLogging(string(s.LogKeys)); err != nil {
+		bad("LOG_KEYS", "%s", strings.TrimPrefix(err.Error(), "observability: "))
+	}
+
+	if s.Lease < time.Millisecond {
+		bad("LEASE", "must be at least 1ms, got %v", s.Lease)
+	}
+	switch {
+	case s.RenewInterval < 0:
+		bad("RENEW_INTERVAL", "must not be negative (0s means a third of the lease), got %v", s.RenewInterval)
+	case s.RenewInterval > 0 && s.RenewInterval >= s.Lease:
+		bad("RENEW_INTERVAL", "must be shorter than IDEMPOTENCY_LEASE (%v), got %v", s.Lease, s.RenewInterval)
+	}
+	if s.WaitTimeout < 0 {
+		bad("WAIT_TIMEOUT", "must not be negative (0s means one lease), got %v", s.WaitTimeout)
+	}
+	if s.PollInterval <= 0 {
+		bad("POLL_INTERVAL", "must be positive, got %v", s.PollInterval)
+	}
+	if s.StorageTimeout <= 0 {
+		bad("STORAGE_TIMEOUT", "must be positive, got %v", s.StorageTimeout)
+	}
+	if s.MaxResultBytes <= 0 {
+		bad("MAX_RESULT_BYTES", "must be positive, got %d", s.MaxResultBytes)
+	}
+	if s.MetricsNamespace != "" && !metricsNamespaceRE.MatchString(s.MetricsNamespace) {
+		bad("METRICS_NAMESPACE", "%q is not a Prometheus name; use letters, digits and underscores, not starting with a digit", s.MetricsNamespace)
+	}
+
+	if len(errs) > 0 {
+		return invalidSettings(errs)
+	}
+	return nil
+}
+
+// validateRedisURL accepts what redis.ParseURL accepts over TCP: redis:// or
+// rediss://. Its messages never quote the URL, which may hold a password.
+func validateRedisURL(raw string) error {
+	u, err := url.Parse(raw)
+	if err != nil {
+		// *url.Error quotes the whole URL; keep only the reason.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return fmt.Errorf("not a valid URL: %w", err)
+	}
+	if u.Scheme != "redis" && u.Scheme != "rediss" {
+		if u.Scheme == "" {
+			return errors.New("want a redis:// or rediss:// URL, got no scheme")
+		}
+		return fmt.Errorf("want a redis:// or rediss:// URL, got scheme %q", u.Scheme)
+	}
+	opts, err := redis.ParseURL(raw)
+	if err != nil {
+		return err
+	}
+	if opts.DB < 0 {
+		return fmt.Errorf("database number must not be negative, got %d", opts.DB)
+	}
+	return nil
+}
+
+func validateHostPort(addr string) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		var ae *net.AddrError
+		if errors.As(err, &ae) {
+			return fmt.Errorf("want host:port (%s)", ae.Err)
+		}
+		return fmt.Errorf("want host:port (%w)", err)
+	}
+	if host == "" || strings.ContainsFunc(host, func(r rune) bool { return r <= ' ' || r == 0x7f }) {
+		return errors.New("want host:port with a host")
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("port %q is not a number from 1 to 65535", port)
+	}
+	return nil
+}
+
+// invalidRequestDetail drops the "idempotency: invalid request: " that
+// coordinator validation errors start with; here they describe a setting.
+func invalidRequestDetail(err error) string {
+	return strings.TrimPrefix(err.Error(), coordinator.ErrInvalidRequest.Error()+": ")
+}
+
+// CoordinatorOptions returns the options for coordinator.New that carry s:
+// the kill switch, the modes, the lease and its timings, the storage timeout,
+// the TTLs and the result size cap. It adds no Observer; append
+// coordinator.WithObserver for one. It does not validate s: call Validate
+// first (coordinator.New refuses what Validate refuses, with messages that do
+// not name the variables).
+func (s Settings) CoordinatorOptions() []coordinator.Option {
+	return []coordinator.Option{
+		coordinator.WithEnabled(s.Enabled),
+		coordinator.WithInFlight(s.InFlight),
+		coordinator.WithOnStorageError(s.OnStorageError),
+		coordinator.WithLease(s.Lease),
+		coordinator.WithRenewInterval(s.RenewInterval),
+		coordinator.WithWaitTimeout(s.WaitTimeout),
+		coordinator.WithPollInterval(s.PollInterval),
+		coordinator.WithStorageTimeout(s.StorageTimeout),
+		coordinator.WithDefaultTTL(s.DefaultTTL),
+		coordinator.WithTTLBounds(s.MinTTL, s.MaxTTL),
+		coordinator.WithOperationTTLs(s.OperationTTLS),
+		coordinator.WithMaxResultBytes(s.MaxResultBytes),
+	}
+}
+
+// OperationTTLs maps operation names to record TTLs. Its text form, read
+// from IDEMPOTENCY_OPERATION_TTLS, is comma-separated operation:duration
+// entries: "payment.charge:24h,order.create:1h".
+type OperationTTLs map[string]time.Duration
+
+// UnmarshalText parses comma-separated operation:duration entries. Spaces
+// around entries, operations and durations are ignored, and so are empty
+// entries ("a:1h,,b:2h," is two entries); no entries at all give a nil map.
+// It returns an error naming the entry when an entry has no colon, its
+// duration is not a Go duration, or its operation appeared before. Whether
+// operations are valid and TTLs within bounds is for Settings.Validate.
+func (m *OperationTTLs) UnmarshalText(text []byte) error {
+	var out OperationTTLs
+	for entry := range strings.SplitSeq(string(text), ",") {
+		entry = strings.TrimSpace(entry)
+		if entry == "" {
+			continue
+		}
+		op, dur, ok := strings.Cut(entry, ":")
+		if !ok {
+			return fmt.Errorf("entry %q: want operation:duration, e.g. payment.charge:24h", entry)
+		}
+		op, dur = strings.TrimSpace(op), strings.TrimSpace(dur)
+		ttl, err := time.ParseDuration(dur)
+		if err != nil {
+			return fmt.Errorf("entry %q: %q is not a duration; use a Go duration such as 30m or 24h", entry, dur)
+		}
+		if _, dup := out[op]; dup {
+			return fmt.Errorf("entry %q: operation %q appears more than once", entry, op)
+		}
+		if out == nil {
+			out = make(OperationTTLs)
+		}
+		out[op] = ttl
+	}
+	*m = out
+	return nil
+}
+
+// String returns the entries in their text form, sorted by operation.
+func (m OperationTTLs) String() string {
+	var b strings.Builder
+	for i, op := range slices.Sorted(maps.Keys(m)) {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(op)
+		b.WriteByte(':')
+		b.WriteString(m[op].String())
+	}
+	return b.String()
+}

@@ -1,0 +1,615 @@
+package idempotency_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/observability"
+)
+
+// contractDefaults is DESIGN §5 written out by hand, so that neither the
+// struct tags nor DefaultSettings can drift from the documented contract.
+func contractDefaults() idempotency.Settings {
+	return idempotency.Settings{
+		Enabled:        true,
+		RedisURL:       "redis://localhost:6379/0",
+		KeyPrefix:      "idempotency:",
+		DefaultTTL:     time.Hour,
+		MinTTL:         time.Second,
+		MaxTTL:         720 * time.Hour,
+		InFlight:       "wait",
+		Lease:          30 * time.Second,
+		RenewInterval:  0, // lease/3
+		WaitTimeout:    0, // one lease
+		PollInterval:   10 * time.Millisecond,
+		OnStorageError: "run",
+		StorageTimeout: time.Second,
+		MaxResultBytes: 1048576,
+		MetricsEnabled: true,
+		LogKeys:        "hashed",
+	}
+}
+
+// clearEnv unsets every IDEMPOTENCY_* variable for the rest of the test (the
+// developer's shell or CI may set some) and restores them afterwards.
+func clearEnv(t *testing.T) {
+	t.Helper()
+	for _, kv := range os.Environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(name, "IDEMPOTENCY_") {
+			t.Setenv(name, "") // registers the restore
+			if err := os.Unsetenv(name); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
+// TestLoadSettings covers every variable of DESIGN §5 and LOG_KEYS: unset
+// (the first row), valid values, the empty value, and invalid values, whose
+// error must name the variable (and the accepted values of an enum).
+func TestLoadSettings(t *testing.T) {
+	tests := []struct {
+		name string
+		env  map[string]string
+		// want changes contractDefaults() into the expected Settings; nil
+		// expects the defaults.
+		want func(s *idempotency.Settings)
+		// wantErr lists substrings of the expected error; empty expects none.
+		wantErr []string
+	}{
+		{name: "nothing set gives the documented defaults"},
+		{
+			name: "unrelated and unprefixed variables are not read",
+			env: map[string]string{
+				"IDEMPOTENCY_TEST_REQUIRE_REDIS": "1",
+				"OPERATION_TTLS":                 "x:1h",
+				"LEASE":                          "1ms",
+				"ENABLED":                        "false",
+			},
+		},
+
+		// ENABLED
+		{name: "ENABLED false", env: env("ENABLED", "false"), want: func(s *idempotency.Settings) { s.Enabled = false }},
+		{name: "ENABLED 0", env: env("ENABLED", "0"), want: func(s *idempotency.Settings) { s.Enabled = false }},
+		{name: "ENABLED true", env: env("ENABLED", "true")},
+		{name: "ENABLED not a boolean", env: env("ENABLED", "yes"), wantErr: []string{`IDEMPOTENCY_ENABLED: "yes" is not a boolean; use true or false`}},
+		{name: "ENABLED empty", env: env("ENABLED", ""), wantErr: []string{`IDEMPOTENCY_ENABLED: "" is not a boolean`}},
+
+		// REDIS_URL
+		{
+			name: "REDIS_URL rediss with password and db",
+			env:  env("REDIS_URL", "rediss://app:secret@redis.example:6380/2"),
+			want: func(s *idempotency.Settings) { s.RedisURL = "rediss://app:secret@redis.example:6380/2" },
+		},
+		{name: "REDIS_URL without port and db", env: env("REDIS_URL", "redis://cache"), want: func(s *idempotency.Settings) { s.RedisURL = "redis://cache" }},
+		{name: "REDIS_URL with client options", env: env("REDIS_URL", "redis://cache:6379/0?dial_timeout=2s"), want: func(s *idempotency.Settings) { s.RedisURL = "redis://cache:6379/0?dial_timeout=2s" }},
+		{name: "REDIS_URL http scheme", env: env("REDIS_URL", "http://cache:6379"), wantErr: []string{`IDEMPOTENCY_REDIS_URL: want a redis:// or rediss:// URL, got scheme "http"`}},
+		{name: "REDIS_URL unix socket", env: env("REDIS_URL", "unix:///tmp/redis.sock"), wantErr: []string{`IDEMPOTENCY_REDIS_URL: want a redis:// or rediss:// URL, got scheme "unix"`}},
+		{name: "REDIS_URL host:port without scheme", env: env("REDIS_URL", "//cache:6379"), wantErr: []string{"IDEMPOTENCY_REDIS_URL: want a redis:// or rediss:// URL, got no scheme"}},
+		{name: "REDIS_URL empty", env: env("REDIS_URL", ""), wantErr: []string{"IDEMPOTENCY_REDIS_URL: want a redis:// or rediss:// URL, got no scheme"}},
+		{name: "REDIS_URL bad db", env: env("REDIS_URL", "redis://cache:6379/zero"), wantErr: []string{`IDEMPOTENCY_REDIS_URL: redis: invalid database number: "zero"`}},
+		{name: "REDIS_URL negative db", env: env("REDIS_URL", "redis://cache:6379/-1"), wantErr: []string{"IDEMPOTENCY_REDIS_URL: database number must not be negative, got -1"}},
+		{name: "REDIS_URL unknown option", env: env("REDIS_URL", "redis://cache:6379/0?colour=blue"), wantErr: []string{"IDEMPOTENCY_REDIS_URL: redis: unexpected option: colour"}},
+		{name: "REDIS_URL unparsable", env: env("REDIS_URL", "redis://[::1"), wantErr: []string{"IDEMPOTENCY_REDIS_URL: not a valid URL: missing ']' in host"}},
+
+		// REDIS_CLUSTER_ADDRS
+		{
+			name: "REDIS_CLUSTER_ADDRS two nodes",
+			env:  env("REDIS_CLUSTER_ADDRS", "node-a:7000,10.0.0.2:7001,[::1]:7002"),
+			want: func(s *idempotency.Settings) {
+				s.RedisClusterAddrs = []string{"node-a:7000", "10.0.0.2:7001", "[::1]:7002"}
+			},
+		},
+		{
+			name: "REDIS_CLUSTER_ADDRS spaces and empty entries",
+			env:  env("REDIS_CLUSTER_ADDRS", " node-a:7000 , ,node-b:7001, "),
+			want: func(s *idempotency.Settings) { s.RedisClusterAddrs = []string{"node-a:7000", "node-b:7001"} },
+		},
+		{name: "REDIS_CLUSTER_ADDRS empty", env: env("REDIS_CLUSTER_ADDRS", "")},
+		{name: "REDIS_CLUSTER_ADDRS missing port", env: env("REDIS_CLUSTER_ADDRS", "node-a:7000,node-b"), wantErr: []string{`IDEMPOTENCY_REDIS_CLUSTER_ADDRS: entry "node-b": want host:port (missing port in address)`}},
+		{name: "REDIS_CLUSTER_ADDRS missing host", env: env("REDIS_CLUSTER_ADDRS", ":7000"), wantErr: []string{`IDEMPOTENCY_REDIS_CLUSTER_ADDRS: entry ":7000": want host:port with a host`}},
+		{name: "REDIS_CLUSTER_ADDRS bad port", env: env("REDIS_CLUSTER_ADDRS", "node-a:http"), wantErr: []string{`IDEMPOTENCY_REDIS_CLUSTER_ADDRS: entry "node-a:http": port "http" is not a number from 1 to 65535`}},
+		{name: "REDIS_CLUSTER_ADDRS port 0", env: env("REDIS_CLUSTER_ADDRS", "node-a:0"), wantErr: []string{`IDEMPOTENCY_REDIS_CLUSTER_ADDRS: entry "node-a:0": port "0"`}},
+
+		// KEY_PREFIX
+		{name: "KEY_PREFIX set", env: env("KEY_PREFIX", "shop:idem:"), want: func(s *idempotency.Settings) { s.KeyPrefix = "shop:idem:" }},
+		{name: "KEY_PREFIX empty", env: env("KEY_PREFIX", ""), want: func(s *idempotency.Settings) { s.KeyPrefix = "" }},
+
+		// DEFAULT_TTL, MIN_TTL, MAX_TTL
+		{name: "DEFAULT_TTL 24h", env: env("DEFAULT_TTL", "24h"), want: func(s *idempotency.Settings) { s.DefaultTTL = 24 * time.Hour }},
+		{name: "DEFAULT_TTL not a duration", env: env("DEFAULT_TTL", "1d"), wantErr: []string{`IDEMPOTENCY_DEFAULT_TTL: "1d" is not a duration`}},
+		{name: "DEFAULT_TTL below MIN_TTL", env: env("DEFAULT_TTL", "500ms"), wantErr: []string{"IDEMPOTENCY_DEFAULT_TTL: must be within IDEMPOTENCY_MIN_TTL and IDEMPOTENCY_MAX_TTL [1s, 720h0m0s], got 500ms"}},
+		{name: "DEFAULT_TTL above MAX_TTL", env: env("DEFAULT_TTL", "721h"), wantErr: []string{"IDEMPOTENCY_DEFAULT_TTL: must be within", "got 721h0m0s"}},
+		{name: "MIN_TTL 100ms", env: env("MIN_TTL", "100ms"), want: func(s *idempotency.Settings) { s.MinTTL = 100 * time.Millisecond }},
+		{name: "MIN_TTL zero", env: env("MIN_TTL", "0s"), wantErr: []string{"IDEMPOTENCY_MIN_TTL: must be at least 1ms, got 0s"}},
+		{name: "MIN_TTL above DEFAULT_TTL", env: env("MIN_TTL", "2h"), wantErr: []string{"IDEMPOTENCY_DEFAULT_TTL: must be within IDEMPOTENCY_MIN_TTL and IDEMPOTENCY_MAX_TTL [2h0m0s, 720h0m0s], got 1h0m0s"}},
+		{name: "MIN_TTL empty", env: env("MIN_TTL", ""), wantErr: []string{`IDEMPOTENCY_MIN_TTL: "" is not a duration`}},
+		{name: "MAX_TTL 48h", env: env("MAX_TTL", "48h"), want: func(s *idempotency.Settings) { s.MaxTTL = 48 * time.Hour }},
+		{
+			name:    "MAX_TTL below MIN_TTL",
+			env:     map[string]string{"IDEMPOTENCY_MAX_TTL": "500ms", "IDEMPOTENCY_DEFAULT_TTL": "1s"},
+			wantErr: []string{"IDEMPOTENCY_MAX_TTL: must not be shorter than IDEMPOTENCY_MIN_TTL (1s), got 500ms"},
+		},
+		{name: "MAX_TTL not a duration", env: env("MAX_TTL", "30 days"), wantErr: []string{`IDEMPOTENCY_MAX_TTL: "30 days" is not a duration`}},
+
+		// OPERATION_TTLS
+		{
+			name: "OPERATION_TTLS two entries",
+			env:  env("OPERATION_TTLS", "payment.charge:24h,order.create:1h"),
+			want: func(s *idempotency.Settings) {
+				s.OperationTTLS = idempotency.OperationTTLs{"payment.charge": 24 * time.Hour, "order.create": time.Hour}
+			},
+		},
+		{
+			name: "OPERATION_TTLS spaces and empty entries",
+			env:  env("OPERATION_TTLS", " payment.charge : 24h , ,order.create:1h, "),
+			want: func(s *idempotency.Settings) {
+				s.OperationTTLS = idempotency.OperationTTLs{"payment.charge": 24 * time.Hour, "order.create": time.Hour}
+			},
+		},
+		{name: "OPERATION_TTLS empty", env: env("OPERATION_TTLS", "")},
+		{name: "OPERATION_TTLS only commas", env: env("OPERATION_TTLS", " , ,")},
+		{name: "OPERATION_TTLS entry without colon", env: env("OPERATION_TTLS", "payment.charge:24h,order.create"), wantErr: []string{`IDEMPOTENCY_OPERATION_TTLS: entry "order.create": want operation:duration`}},
+		{name: "OPERATION_TTLS bad duration", env: env("OPERATION_TTLS", "payment.charge:1d"), wantErr: []string{`IDEMPOTENCY_OPERATION_TTLS: entry "payment.charge:1d": "1d" is not a duration`}},
+		{name: "OPERATION_TTLS two colons", env: env("OPERATION_TTLS", "payment:charge:1h"), wantErr: []string{`IDEMPOTENCY_OPERATION_TTLS: entry "payment:charge:1h": "charge:1h" is not a duration`}},
+		{name: "OPERATION_TTLS duplicate operation", env: env("OPERATION_TTLS", "payment.charge:24h,payment.charge:1h"), wantErr: []string{`IDEMPOTENCY_OPERATION_TTLS: entry "payment.charge:1h": operation "payment.charge" appears more than once`}},
+		{name: "OPERATION_TTLS bad operation", env: env("OPERATION_TTLS", "payment charge:1h"), wantErr: []string{`IDEMPOTENCY_OPERATION_TTLS: operation "payment charge" has byte 0x20 at offset 7`}},
+		{name: "OPERATION_TTLS empty operation", env: env("OPERATION_TTLS", ":1h"), wantErr: []string{`IDEMPOTENCY_OPERATION_TTLS: operation "": operation is empty`}},
+		{name: "OPERATION_TTLS below MIN_TTL", env: env("OPERATION_TTLS", "payment.charge:500ms"), wantErr: []string{`IDEMPOTENCY_OPERATION_TTLS: operation "payment.charge": TTL 500ms is not within IDEMPOTENCY_MIN_TTL and IDEMPOTENCY_MAX_TTL [1s, 720h0m0s]`}},
+		{name: "OPERATION_TTLS above MAX_TTL", env: env("OPERATION_TTLS", "payment.charge:721h"), wantErr: []string{`IDEMPOTENCY_OPERATION_TTLS: operation "payment.charge": TTL 721h0m0s is not within`}},
+		{name: "OPERATION_TTLS negative", env: env("OPERATION_TTLS", "payment.charge:-1h"), wantErr: []string{`IDEMPOTENCY_OPERATION_TTLS: operation "payment.charge": TTL -1h0m0s is not within`}},
+		{
+			name: "OPERATION_TTLS bounds follow MIN_TTL and MAX_TTL",
+			env:  map[string]string{"IDEMPOTENCY_OPERATION_TTLS": "payment.charge:500ms", "IDEMPOTENCY_MIN_TTL": "100ms"},
+			want: func(s *idempotency.Settings) {
+				s.MinTTL = 100 * time.Millisecond
+				s.OperationTTLS = idempotency.OperationTTLs{"payment.charge": 500 * time.Millisecond}
+			},
+		},
+
+		// IN_FLIGHT
+		{name: "IN_FLIGHT raise", env: env("IN_FLIGHT", "raise"), want: func(s *idempotency.Settings) { s.InFlight = coordinator.InFlightRaise }},
+		{name: "IN_FLIGHT run", env: env("IN_FLIGHT", "run"), want: func(s *idempotency.Settings) { s.InFlight = coordinator.InFlightRun }},
+		{name: "IN_FLIGHT wait", env: env("IN_FLIGHT", "wait")},
+		{name: "IN_FLIGHT empty means wait", env: env("IN_FLIGHT", "")},
+		{name: "IN_FLIGHT unknown", env: env("IN_FLIGHT", "queue"), wantErr: []string{"IDEMPOTENCY_IN_FLIGHT", `"queue"`, "accepted values are wait, raise, run"}},
+		{name: "IN_FLIGHT wrong case", env: env("IN_FLIGHT", "Wait"), wantErr: []string{"IDEMPOTENCY_IN_FLIGHT", "accepted values are wait, raise, run"}},
+
+		// LEASE
+		{name: "LEASE 2s", env: env("LEASE", "2s"), want: func(s *idempotency.Settings) { s.Lease = 2 * time.Second }},
+		{name: "LEASE 1ms", env: env("LEASE", "1ms"), want: func(s *idempotency.Settings) { s.Lease = time.Millisecond }},
+		{name: "LEASE zero", env: env("LEASE", "0s"), wantErr: []string{"IDEMPOTENCY_LEASE: must be at least 1ms, got 0s"}},
+		{name: "LEASE below 1ms", env: env("LEASE", "500us"), wantErr: []string{"IDEMPOTENCY_LEASE: must be at least 1ms, got 500µs"}},
+		{name: "LEASE without unit", env: env("LEASE", "30"), wantErr: []string{`IDEMPOTENCY_LEASE: "30" is not a duration; use a Go duration such as 500ms, 30s or 1h30m`}},
+		{name: "LEASE empty", env: env("LEASE", ""), wantErr: []string{`IDEMPOTENCY_LEASE: "" is not a duration`}},
+
+		// RENEW_INTERVAL
+		{name: "RENEW_INTERVAL 5s", env: env("RENEW_INTERVAL", "5s"), want: func(s *idempotency.Settings) { s.RenewInterval = 5 * time.Second }},
+		{name: "RENEW_INTERVAL 0 means derived", env: env("RENEW_INTERVAL", "0")},
+		{name: "RENEW_INTERVAL equal to LEASE", env: env("RENEW_INTERVAL", "30s"), wantErr: []string{"IDEMPOTENCY_RENEW_INTERVAL: must be shorter than IDEMPOTENCY_LEASE (30s), got 30s"}},
+		{
+			name:    "RENEW_INTERVAL longer than a shorter LEASE",
+			env:     map[string]string{"IDEMPOTENCY_LEASE": "10s", "IDEMPOTENCY_RENEW_INTERVAL": "15s"},
+			wantErr: []string{"IDEMPOTENCY_RENEW_INTERVAL: must be shorter than IDEMPOTENCY_LEASE (10s), got 15s"},
+		},
+		{name: "RENEW_INTERVAL negative", env: env("RENEW_INTERVAL", "-1s"), wantErr: []string{"IDEMPOTENCY_RENEW_INTERVAL: must not be negative (0s means a third of the lease), got -1s"}},
+		{name: "RENEW_INTERVAL empty", env: env("RENEW_INTERVAL", ""), wantErr: []string{`IDEMPOTENCY_RENEW_INTERVAL: "" is not a duration`}},
+
+		// WAIT_TIMEOUT
+		{name: "WAIT_TIMEOUT 2m", env: env("WAIT_TIMEOUT", "2m"), want: func(s *idempotency.Settings) { s.WaitTimeout = 2 * time.Minute }},
+		{name: "WAIT_TIMEOUT longer than LEASE", env: env("WAIT_TIMEOUT", "90s"), want: func(s *idempotency.Settings) { s.WaitTimeout = 90 * time.Second }},
+		{name: "WAIT_TIMEOUT 0 means derived", env: env("WAIT_TIMEOUT", "0s")},
+		{name: "WAIT_TIMEOUT negative", env: env("WAIT_TIMEOUT", "-1s"), wantErr: []string{"IDEMPOTENCY_WAIT_TIMEOUT: must not be negative (0s means one lease), got -1s"}},
+		{name: "WAIT_TIMEOUT not a duration", env: env("WAIT_TIMEOUT", "forever"), wantErr: []string{`IDEMPOTENCY_WAIT_TIMEOUT: "forever" is not a duration`}},
+
+		// POLL_INTERVAL
+		{name: "POLL_INTERVAL 50ms", env: env("POLL_INTERVAL", "50ms"), want: func(s *idempotency.Settings) { s.PollInterval = 50 * time.Millisecond }},
+		{name: "POLL_INTERVAL zero", env: env("POLL_INTERVAL", "0s"), wantErr: []string{"IDEMPOTENCY_POLL_INTERVAL: must be positive, got 0s"}},
+		{name: "POLL_INTERVAL negative", env: env("POLL_INTERVAL", "-10ms"), wantErr: []string{"IDEMPOTENCY_POLL_INTERVAL: must be positive, got -10ms"}},
+
+		// ON_STORAGE_ERROR
+		{name: "ON_STORAGE_ERROR raise", env: env("ON_STORAGE_ERROR", "raise"), want: func(s *idempotency.Settings) { s.OnStorageError = coordinator.StorageErrorRaise }},
+		{name: "ON_STORAGE_ERROR run", env: env("ON_STORAGE_ERROR", "run")},
+		{name: "ON_STORAGE_ERROR empty means run", env: env("ON_STORAGE_ERROR", "")},
+		{name: "ON_STORAGE_ERROR unknown", env: env("ON_STORAGE_ERROR", "fail"), wantErr: []string{"IDEMPOTENCY_ON_STORAGE_ERROR", `"fail"`, "accepted values are run, raise"}},
+		{name: "ON_STORAGE_ERROR wrong case", env: env("ON_STORAGE_ERROR", "RAISE"), wantErr: []string{"IDEMPOTENCY_ON_STORAGE_ERROR", "run, raise"}},
+
+		// STORAGE_TIMEOUT
+		{name: "STORAGE_TIMEOUT 250ms", env: env("STORAGE_TIMEOUT", "250ms"), want: func(s *idempotency.Settings) { s.StorageTimeout = 250 * time.Millisecond }},
+		{name: "STORAGE_TIMEOUT zero", env: env("STORAGE_TIMEOUT", "0s"), wantErr: []string{"IDEMPOTENCY_STORAGE_TIMEOUT: must be positive, got 0s"}},
+		{name: "STORAGE_TIMEOUT not a duration", env: env("STORAGE_TIMEOUT", "1 second"), wantErr: []string{`IDEMPOTENCY_STORAGE_TIMEOUT: "1 second" is not a duration`}},
+
+		// MAX_RESULT_BYTES
+		{name: "MAX_RESULT_BYTES 65536", env: env("MAX_RESULT_BYTES", "65536"), want: func(s *idempotency.Settings) { s.MaxResultBytes = 65536 }},
+		{name: "MAX_RESULT_BYTES zero", env: env("MAX_RESULT_BYTES", "0"), wantErr: []string{"IDEMPOTENCY_MAX_RESULT_BYTES: must be positive, got 0"}},
+		{name: "MAX_RESULT_BYTES negative", env: env("MAX_RESULT_BYTES", "-1"), wantErr: []string{"IDEMPOTENCY_MAX_RESULT_BYTES: must be positive, got -1"}},
+		{name: "MAX_RESULT_BYTES with unit", env: env("MAX_RESULT_BYTES", "1MB"), wantErr: []string{`IDEMPOTENCY_MAX_RESULT_BYTES: "1MB" is not an integer`}},
+		{name: "MAX_RESULT_BYTES out of range", env: env("MAX_RESULT_BYTES", "99999999999999999999"), wantErr: []string{`IDEMPOTENCY_MAX_RESULT_BYTES: "99999999999999999999" is out of range`}},
+
+		// METRICS_ENABLED
+		{name: "METRICS_ENABLED false", env: env("METRICS_ENABLED", "false"), want: func(s *idempotency.Settings) { s.MetricsEnabled = false }},
+		{name: "METRICS_ENABLED not a boolean", env: env("METRICS_ENABLED", "off"), wantErr: []string{`IDEMPOTENCY_METRICS_ENABLED: "off" is not a boolean`}},
+
+		// METRICS_NAMESPACE
+		{name: "METRICS_NAMESPACE shop", env: env("METRICS_NAMESPACE", "shop"), want: func(s *idempotency.Settings) { s.MetricsNamespace = "shop" }},
+		{name: "METRICS_NAMESPACE with underscore and digit", env: env("METRICS_NAMESPACE", "_my_app2"), want: func(s *idempotency.Settings) { s.MetricsNamespace = "_my_app2" }},
+		{name: "METRICS_NAMESPACE empty", env: env("METRICS_NAMESPACE", "")},
+		{name: "METRICS_NAMESPACE dash", env: env("METRICS_NAMESPACE", "my-app"), wantErr: []string{`IDEMPOTENCY_METRICS_NAMESPACE: "my-app" is not a Prometheus name`}},
+		{name: "METRICS_NAMESPACE leading digit", env: env("METRICS_NAMESPACE", "2fast"), wantErr: []string{`IDEMPOTENCY_METRICS_NAMESPACE: "2fast" is not a Prometheus name`}},
+		{name: "METRICS_NAMESPACE colon", env: env("METRICS_NAMESPACE", "shop:api"), wantErr: []string{`IDEMPOTENCY_METRICS_NAMESPACE: "shop:api" is not a Prometheus name`}},
+
+		// LOG_KEYS
+		{name: "LOG_KEYS plain", env: env("LOG_KEYS", "plain"), want: func(s *idempotency.Settings) { s.LogKeys = observability.KeyPlain }},
+		{name: "LOG_KEYS omitted", env: env("LOG_KEYS", "omitted"), want: func(s *idempotency.Settings) { s.LogKeys = observability.KeyOmitted }},
+		{name: "LOG_KEYS hashed", env: env("LOG_KEYS", "hashed")},
+		{name: "LOG_KEYS empty means hashed", env: env("LOG_KEYS", "")},
+		{name: "LOG_KEYS unknown", env: env("LOG_KEYS", "sha256"), wantErr: []string{"IDEMPOTENCY_LOG_KEYS", `"sha256"`, "accepted values are hashed, plain, omitted"}},
+
+		// Several at once.
+		{
+			name: "every variable set",
+			env: map[string]string{
+				"IDEMPOTENCY_ENABLED":             "false",
+				"IDEMPOTENCY_REDIS_URL":           "redis://cache:6379/3",
+				"IDEMPOTENCY_REDIS_CLUSTER_ADDRS": "node-a:7000",
+				"IDEMPOTENCY_KEY_PREFIX":          "p:",
+				"IDEMPOTENCY_DEFAULT_TTL":         "2h",
+				"IDEMPOTENCY_MIN_TTL":             "1m",
+				"IDEMPOTENCY_MAX_TTL":             "48h",
+				"IDEMPOTENCY_OPERATION_TTLS":      "a.b:3h",
+				"IDEMPOTENCY_IN_FLIGHT":           "run",
+				"IDEMPOTENCY_LEASE":               "9s",
+				"IDEMPOTENCY_RENEW_INTERVAL":      "2s",
+				"IDEMPOTENCY_WAIT_TIMEOUT":        "5s",
+				"IDEMPOTENCY_POLL_INTERVAL":       "20ms",
+				"IDEMPOTENCY_ON_STORAGE_ERROR":    "raise",
+				"IDEMPOTENCY_STORAGE_TIMEOUT":     "300ms",
+				"IDEMPOTENCY_MAX_RESULT_BYTES":    "4096",
+				"IDEMPOTENCY_METRICS_ENABLED":     "false",
+				"IDEMPOTENCY_METRICS_NAMESPACE":   "shop",
+				"IDEMPOTENCY_LOG_KEYS":            "omitted",
+			},
+			want: func(s *idempotency.Settings) {
+				*s = idempotency.Settings{
+					Enabled:           false,
+					RedisURL:          "redis://cache:6379/3",
+					RedisClusterAddrs: []string{"node-a:7000"},
+					KeyPrefix:         "p:",
+					DefaultTTL:        2 * time.Hour,
+					MinTTL:            time.Minute,
+					MaxTTL:            48 * time.Hour,
+					OperationTTLS:     idempotency.OperationTTLs{"a.b": 3 * time.Hour},
+					InFlight:          coordinator.InFlightRun,
+					Lease:             9 * time.Second,
+					RenewInterval:     2 * time.Second,
+					WaitTimeout:       5 * time.Second,
+					PollInterval:      20 * time.Millisecond,
+					OnStorageError:    coordinator.StorageErrorRaise,
+					StorageTimeout:    300 * time.Millisecond,
+					MaxResultBytes:    4096,
+					MetricsEnabled:    false,
+					MetricsNamespace:  "shop",
+					LogKeys:           observability.KeyOmitted,
+				}
+			},
+		},
+		{
+			name: "every parse error is reported at once",
+			env: map[string]string{
+				"IDEMPOTENCY_ENABLED":          "yes",
+				"IDEMPOTENCY_LEASE":            "abc",
+				"IDEMPOTENCY_ON_STORAGE_ERROR": "fail",
+			},
+			wantErr: []string{"IDEMPOTENCY_ENABLED", "IDEMPOTENCY_LEASE", "IDEMPOTENCY_ON_STORAGE_ERROR"},
+		},
+		{
+			name: "every validation error is reported at once",
+			env: map[string]string{
+				"IDEMPOTENCY_LEASE":            "0s",
+				"IDEMPOTENCY_MAX_RESULT_BYTES": "0",
+				"IDEMPOTENCY_REDIS_URL":        "http://cache",
+				"IDEMPOTENCY_OPERATION_TTLS":   "a:1ms,b:1ms",
+			},
+			wantErr: []string{
+				"idempotency: invalid settings:",
+				"IDEMPOTENCY_LEASE:",
+				"IDEMPOTENCY_MAX_RESULT_BYTES:",
+				"IDEMPOTENCY_REDIS_URL:",
+				`IDEMPOTENCY_OPERATION_TTLS: operation "a"`,
+				`IDEMPOTENCY_OPERATION_TTLS: operation "b"`,
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			clearEnv(t)
+			for k, v := range tt.env {
+				t.Setenv(k, v)
+			}
+			got, err := idempotency.LoadSettings()
+			if len(tt.wantErr) > 0 {
+				if err == nil {
+					t.Fatalf("LoadSettings() = %+v, nil; want an error containing %q", got, tt.wantErr)
+				}
+				for _, sub := range tt.wantErr {
+					if !strings.Contains(err.Error(), sub) {
+						t.Errorf("LoadSettings() error = %q\nwant it to contain %q", err, sub)
+					}
+				}
+				if !reflect.DeepEqual(got, idempotency.Settings{}) {
+					t.Errorf("LoadSettings() returned %+v with its error; want the zero Settings", got)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("LoadSettings() error = %v", err)
+			}
+			want := contractDefaults()
+			if tt.want != nil {
+				tt.want(&want)
+			}
+			if !reflect.DeepEqual(got, want) {
+				t.Errorf("LoadSettings() =\n%+v\nwant\n%+v", got, want)
+			}
+			// What Validate accepts, coordinator.New accepts.
+			if _, err := coordinator.New(&recordingStore{}, got.CoordinatorOptions()...); err != nil {
+				t.Errorf("coordinator.New(store, CoordinatorOptions()...) error = %v", err)
+			}
+		})
+	}
+}
+
+// env returns one IDEMPOTENCY_ variable.
+func env(name, value string) map[string]string {
+	return map[string]string{"IDEMPOTENCY_" + name: value}
+}
+
+func TestLoadSettingsRedisURLErrorHidesPassword(t *testing.T) {
+	for _, raw := range []string{
+		"redis://:hunter2@cache:6379/zero",
+		"redis://app:hunter2@cache:6379/0?colour=blue",
+		"redis://app:hunter2@[::1",
+		"http://app:hunter2@cache:6379",
+	} {
+		clearEnv(t)
+		t.Setenv("IDEMPOTENCY_REDIS_URL", raw)
+		_, err := idempotency.LoadSettings()
+		if err == nil {
+			t.Fatalf("REDIS_URL=%s: LoadSettings() error = nil, want one", raw)
+		}
+		if strings.Contains(err.Error(), "hunter2") {
+			t.Errorf("REDIS_URL=%s: LoadSettings() error = %q, which shows the password", raw, err)
+		}
+	}
+}
+
+func TestSettingsStringHidesPassword(t *testing.T) {
+	s := idempotency.DefaultSettings()
+	s.RedisURL = "rediss://app:hunter2@cache:6380/1"
+	got := s.String()
+	if strings.Contains(got, "hunter2") || !strings.Contains(got, "rediss://app:xxxxx@cache:6380/1") {
+		t.Errorf("String() = %s; want the URL with its password redacted", got)
+	}
+	if got2 := fmt.Sprintf("%+v", s); got2 != got {
+		t.Errorf("%%+v = %s; want String()", got2)
+	}
+	s.RedisURL = "redis://app:hunter2@[::1"
+	if got := s.String(); strings.Contains(got, "hunter2") {
+		t.Errorf("String() = %s; shows the password of an invalid URL", got)
+	}
+}
+
+func TestDefaultSettings(t *testing.T) {
+	if got, want := idempotency.DefaultSettings(), contractDefaults(); !reflect.DeepEqual(got, want) {
+		t.Errorf("DefaultSettings() =\n%+v\nwant\n%+v", got, want)
+	}
+	if err := idempotency.DefaultSettings().Validate(); err != nil {
+		t.Errorf("DefaultSettings().Validate() = %v", err)
+	}
+}
+
+func TestValidateZeroSettings(t *testing.T) {
+	err := idempotency.Settings{}.Validate()
+	if err == nil {
+		t.Fatal("Settings{}.Validate() = nil, want an error")
+	}
+	for _, sub := range []string{
+		"IDEMPOTENCY_REDIS_URL:",
+		"IDEMPOTENCY_MIN_TTL: must be at least 1ms, got 0s",
+		"IDEMPOTENCY_LEASE: must be at least 1ms, got 0s",
+		"IDEMPOTENCY_POLL_INTERVAL:",
+		"IDEMPOTENCY_STORAGE_TIMEOUT:",
+		"IDEMPOTENCY_MAX_RESULT_BYTES:",
+	} {
+		if !strings.Contains(err.Error(), sub) {
+			t.Errorf("Settings{}.Validate() = %q\nwant it to contain %q", err, sub)
+		}
+	}
+}
+
+func TestValidateModesSetInCode(t *testing.T) {
+	s := idempotency.DefaultSettings()
+	s.InFlight = "queue"
+	s.OnStorageError = "fail"
+	s.LogKeys = "sha256"
+	err := s.Validate()
+	if err == nil {
+		t.Fatal("Validate() = nil, want an error")
+	}
+	for _, sub := range []string{
+		"IDEMPOTENCY_IN_FLIGHT: unknown in-flight mode \"queue\": accepted values are wait, raise, run",
+		"IDEMPOTENCY_ON_STORAGE_ERROR: unknown on-storage-error mode \"fail\": accepted values are run, raise",
+		"IDEMPOTENCY_LOG_KEYS: unknown key logging mode \"sha256\": accepted values are hashed, plain, omitted",
+	} {
+		if !strings.Contains(err.Error(), sub) {
+			t.Errorf("Validate() = %q\nwant it to contain %q", err, sub)
+		}
+	}
+
+	// The zero modes are the defaults.
+	s = idempotency.DefaultSettings()
+	s.InFlight, s.OnStorageError, s.LogKeys = "", "", ""
+	if err := s.Validate(); err != nil {
+		t.Errorf("Validate() with zero modes = %v, want nil", err)
+	}
+}
+
+func TestOperationTTLsText(t *testing.T) {
+	var m idempotency.OperationTTLs
+	if err := m.UnmarshalText([]byte("order.create:1h, payment.charge:24h")); err != nil {
+		t.Fatal(err)
+	}
+	const want = "order.create:1h0m0s,payment.charge:24h0m0s"
+	if got := m.String(); got != want {
+		t.Errorf("String() = %q, want %q", got, want)
+	}
+	var back idempotency.OperationTTLs
+	if err := back.UnmarshalText([]byte(m.String())); err != nil || !reflect.DeepEqual(back, m) {
+		t.Errorf("UnmarshalText(String()) = %v, %v; want %v", back, err, m)
+	}
+	if got := idempotency.OperationTTLs(nil).String(); got != "" {
+		t.Errorf("nil String() = %q, want \"\"", got)
+	}
+}
+
+// TestCoordinatorOptions checks that the settings reach the coordinator: the
+// modes and lease through its accessors, the TTLs and the lease through the
+// writes it makes to the store.
+func TestCoordinatorOptions(t *testing.T) {
+	defer goleak.VerifyNone(t)
+
+	s := idempotency.DefaultSettings()
+	s.InFlight = coordinator.InFlightRaise
+	s.OnStorageError = coordinator.StorageErrorRaise
+	s.Lease = 2 * time.Second
+	s.DefaultTTL = 2 * time.Hour
+	s.OperationTTLS = idempotency.OperationTTLs{"payment.charge": 24 * time.Hour}
+	if err := s.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	store := &recordingStore{}
+	c, err := coordinator.New(store, s.CoordinatorOptions()...)
+	if err != nil {
+		t.Fatalf("coordinator.New() error = %v", err)
+	}
+	if !c.Enabled() || c.InFlight() != coordinator.InFlightRaise || c.OnStorageError() != coordinator.StorageErrorRaise || c.Lease() != 2*time.Second {
+		t.Errorf("coordinator: enabled %v, in-flight %q, on-storage-error %q, lease %v; want true, raise, raise, 2s",
+			c.Enabled(), c.InFlight(), c.OnStorageError(), c.Lease())
+	}
+
+	ok := func(context.Context) ([]byte, error) { return []byte(`"ok"`), nil }
+	for _, tc := range []struct {
+		op  string
+		ttl time.Duration
+	}{
+		{"payment.charge", 24 * time.Hour}, // OPERATION_TTLS
+		{"order.create", 2 * time.Hour},    // DEFAULT_TTL
+	} {
+		if _, err := c.Execute(t.Context(), coordinator.Call{Operation: tc.op, Key: "k1"}, ok); err != nil {
+			t.Fatalf("Execute(%s) error = %v", tc.op, err)
+		}
+		if got := store.reserveTTL(tc.op); got != 2*time.Second {
+			t.Errorf("%s: reserved with TTL %v, want the lease 2s", tc.op, got)
+		}
+		if got := store.completeTTL(tc.op); got != tc.ttl {
+			t.Errorf("%s: completed with TTL %v, want %v", tc.op, got, tc.ttl)
+		}
+	}
+
+	// The kill switch: the action runs, the store is not touched.
+	s.Enabled = false
+	store = &recordingStore{}
+	c, err = coordinator.New(store, s.CoordinatorOptions()...)
+	if err != nil {
+		t.Fatalf("coordinator.New() error = %v", err)
+	}
+	if _, err := c.Execute(t.Context(), coordinator.Call{Operation: "payment.charge", Key: "k1"}, ok); err != nil {
+		t.Fatalf("Execute() with Enabled false error = %v", err)
+	}
+	if n := store.calls(); n != 0 {
+		t.Errorf("Enabled false: %d store calls, want 0", n)
+	}
+}
+
+// recordingStore is a coordinator.Store where every reservation succeeds; it
+// records the TTLs it is given, per operation.
+type recordingStore struct {
+	mu       sync.Mutex
+	n        int
+	reserve  map[string]time.Duration
+	complete map[string]time.Duration
+}
+
+var _ coordinator.Store = (*recordingStore)(nil)
+
+func (r *recordingStore) Reserve(_ context.Context, key coordinator.Key, w coordinator.Write) (coordinator.Record, bool, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.n++
+	if r.reserve == nil {
+		r.reserve = map[string]time.Duration{}
+	}
+	r.reserve[key.Operation] = w.TTL
+	return coordinator.Record{}, true, nil
+}
+
+func (r *recordingStore) Get(context.Context, coordinator.Key) (coordinator.Record, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.n++
+	return coordinator.Record{}, nil
+}
+
+func (r *recordingStore) Complete(_ context.Context, key coordinator.Key, _ string, _ []byte, ttl time.Duration) (bool, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.n++
+	if r.complete == nil {
+		r.complete = map[string]time.Duration{}
+	}
+	r.complete[key.Operation] = ttl
+	return true, nil
+}
+
+func (r *recordingStore) Release(context.Context, coordinator.Key, string) (bool, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.n++
+	return true, nil
+}
+
+func (r *recordingStore) Renew(context.Context, coordinator.Key, string, time.Duration) (bool, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.n++
+	return true, nil
+}
+
+func (r *recordingStore) reserveTTL(op string) time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.reserve[op]
+}
+
+func (r *recordingStore) completeTTL(op string) time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.complete[op]
+}
+
+func (r *recordingStore) calls() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.n
+}
