@@ -41,12 +41,13 @@ func contractDefaults() idempotency.Settings {
 }
 
 // clearEnv unsets every IDEMPOTENCY_* variable for the rest of the test (the
-// developer's shell or CI may set some) and restores them afterwards.
+// developer's shell or CI may set some) and restores them afterwards. The
+// test harness's own IDEMPOTENCY_TEST_* variables are left alone.
 func clearEnv(t *testing.T) {
 	t.Helper()
 	for _, kv := range os.Environ() {
 		name, _, _ := strings.Cut(kv, "=")
-		if strings.HasPrefix(name, "IDEMPOTENCY_") {
+		if strings.HasPrefix(name, "IDEMPOTENCY_") && !strings.HasPrefix(name, "IDEMPOTENCY_TEST_") {
 			t.Setenv(name, "") // registers the restore
 			if err := os.Unsetenv(name); err != nil {
 				t.Fatal(err)
@@ -487,7 +488,7 @@ func TestOperationTTLsText(t *testing.T) {
 // modes and lease through its accessors, the TTLs and the lease through the
 // writes it makes to the store.
 func TestCoordinatorOptions(t *testing.T) {
-	defer goleak.VerifyNone(t)
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent()) // shared test Redis servers may be running
 
 	s := idempotency.DefaultSettings()
 	s.InFlight = coordinator.InFlightRaise

@@ -1,0 +1,26 @@
+// Package idemfxtest has fx options for tests of apps that use
+// idempotency.Module: an in-memory store in place of Redis, a store that
+// fails on demand, and settings overrides. Use them with go.uber.org/fx/fxtest,
+// whose package name this one avoids:
+//
+//	import (
+//		"go.uber.org/fx"
+//		"go.uber.org/fx/fxtest"
+//
+//		"github.com/idemkit/idempotency"
+//		"github.com/idemkit/idempotency/coordinator/memstore"
+//		idemfxtest "github.com/idemkit/idempotency/fxtest"
+//	)
+//
+//	var store *memstore.Store
+//	app := fxtest.New(t,
+//		idempotency.Module,
+//		idemfxtest.MemoryStore(),
+//		idemfxtest.Settings(func(s *idempotency.Settings) { s.InFlight = coordinator.InFlightRaise }),
+//		fx.Populate(&store),
+//		yourModule,
+//	)
+//
+// No Redis server is needed: with MemoryStore or FailingStore the module's
+// Redis client is never built.
+package idemfxtest

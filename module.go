@@ -1,0 +1,166 @@
+package idempotency
+
+import (
+	"context"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/fx"
+	"go.uber.org/zap"
+
+	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/observability"
+)
+
+// RedisClientName is the fx name under which Module looks for an app's own
+// Redis client; see UseRedisClient.
+const RedisClientName = "idempotency.redis"
+
+// ObserversGroup is the fx value group from which Module adds observers of
+// the app's own to the coordinator, beside its metrics and logs:
+//
+//	fx.Provide(fx.Annotate(newAuditObserver,
+//		fx.As(new(coordinator.Observer)),
+//		fx.ResultTags(`group:"idempotency.observers"`)))
+const ObserversGroup = "idempotency.observers"
+
+// Module is the fx module of the library. Add it to an app:
+//
+//	fx.New(idempotency.Module, ...)
+//
+// and inject *coordinator.Coordinator wherever an operation must run once
+// per key. Module provides:
+//
+//   - Settings, loaded from the IDEMPOTENCY_* environment (LoadSettings).
+//     Invalid settings stop the app with an error that names the variable.
+//   - coordinator.Store: the Redis store. Unless the app supplies its own
+//     client (UseRedisClient), Module builds one from the settings, pings it
+//     on start and closes it on stop. An unreachable Redis does not stop the
+//     app: it is logged as a warning naming the address, and each call then
+//     follows IDEMPOTENCY_ON_STORAGE_ERROR.
+//   - *coordinator.Coordinator, configured by the settings.
+//
+// It uses the app's *zap.Logger and prometheus.Registerer when the graph has
+// them (a no-op logger and prometheus.DefaultRegisterer otherwise). Note that
+// fx matches types exactly: an app that provides a *prometheus.Registry must
+// also provide it as a prometheus.Registerer (fx.As) for Module to find it.
+// Building Module in many apps in one process (one fxtest app per test) is
+// fine: metrics registered by an earlier app are reused, not registered
+// twice.
+var Module = fx.Module("idempotency",
+	fx.Provide(
+		provideSettings,
+		provideStore,
+		provideCoordinator,
+	),
+	fx.Provide(fx.Private, provideObserver),
+)
+
+// UseRedisClient points Module at a Redis client the app already has in its
+// graph, of type C (*redis.Client, *redis.ClusterClient,
+// redis.UniversalClient, ...), instead of building one from
+// IDEMPOTENCY_REDIS_URL. The app owns that client: Module neither pings nor
+// closes it. One line:
+//
+//	fx.New(idempotency.Module, idempotency.UseRedisClient[*redis.Client](), ...)
+func UseRedisClient[C redis.UniversalClient]() fx.Option {
+	return fx.Provide(fx.Annotate(
+		func(c C) redis.UniversalClient { return c },
+		fx.ResultTags(`name:"`+RedisClientName+`"`),
+	))
+}
+
+// SettingsOverride changes the module's settings after they are loaded; an
+// app or a test provides it to the SettingsOverrides value group (the fxtest
+// package's Settings option does). The changed settings are validated again.
+// Overrides run in no guaranteed order, so two should not set one field.
+type SettingsOverride func(*Settings)
+
+// SettingsOverrides is the fx value group of SettingsOverride values.
+const SettingsOverrides = "idempotency.settings"
+
+// SettingsBaseName is the fx name of an optional Settings value that Module
+// starts from instead of the environment (the fxtest package's DefaultSettings
+// option supplies it).
+const SettingsBaseName = "idempotency.settings.base"
+
+type settingsParams struct {
+	fx.In
+
+	Base      *Settings          `name:"idempotency.settings.base" optional:"true"`
+	Overrides []SettingsOverride `group:"idempotency.settings"`
+}
+
+func provideSettings(p settingsParams) (Settings, error) {
+	var s Settings
+	if p.Base != nil {
+		s = *p.Base
+	} else {
+		var err error
+		if s, err = LoadSettings(); err != nil {
+			return Settings{}, err
+		}
+	}
+	if len(p.Overrides) == 0 {
+		return s, nil
+	}
+	for _, o := range p.Overrides {
+		o(&s)
+	}
+	return s, s.Validate()
+}
+
+type storeParams struct {
+	fx.In
+
+	Lifecycle fx.Lifecycle
+	Settings  Settings
+	Logger    *zap.Logger           `optional:"true"`
+	Client    redis.UniversalClient `name:"idempotency.redis" optional:"true"`
+}
+
+func provideStore(p storeParams) (coordinator.Store, error) {
+	if p.Client != nil {
+		return NewStore(p.Settings, p.Client), nil
+	}
+	if err := p.Settings.Validate(); err != nil {
+		return nil, err
+	}
+	client, err := NewRedisClient(p.Settings)
+	if err != nil {
+		return nil, err
+	}
+	logger := p.Logger
+	if logger == nil {
+		logger = zap.NewNop()
+	}
+	p.Lifecycle.Append(fx.Hook{
+		OnStart: func(ctx context.Context) error {
+			ping(ctx, client, p.Settings, logger)
+			return nil
+		},
+		OnStop: func(context.Context) error { return client.Close() },
+	})
+	return NewStore(p.Settings, client), nil
+}
+
+type observerParams struct {
+	fx.In
+
+	Settings   Settings
+	Logger     *zap.Logger            `optional:"true"`
+	Registerer prometheus.Registerer  `optional:"true"`
+	Extra      []coordinator.Observer `group:"idempotency.observers"`
+}
+
+func provideObserver(p observerParams) (coordinator.Observer, error) {
+	obs, err := NewObserver(p.Settings, p.Logger, p.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	return observability.Multi(append([]coordinator.Observer{obs}, p.Extra...)...), nil
+}
+
+func provideCoordinator(s Settings, store coordinator.Store, obs coordinator.Observer) (*coordinator.Coordinator, error) {
+	return NewCoordinator(s, store, obs)
+}

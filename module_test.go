@@ -1,0 +1,277 @@
+package idempotency_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/fx"
+	"go.uber.org/fx/fxtest"
+	"go.uber.org/goleak"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/coordinator/faultstore"
+	"github.com/idemkit/idempotency/coordinator/memstore"
+	idemfxtest "github.com/idemkit/idempotency/fxtest"
+	"github.com/idemkit/idempotency/internal/redistest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(redistest.Main(m)) }
+
+// registry returns a fresh Prometheus registry, provided to the graph as the
+// prometheus.Registerer interface (the type Module looks for).
+func registry() (*prometheus.Registry, fx.Option) {
+	reg := prometheus.NewRegistry()
+	return reg, fx.Supply(fx.Annotate(reg, fx.As(new(prometheus.Registerer))))
+}
+
+func charge(runs *atomic.Int64) func(context.Context) (string, error) {
+	return func(context.Context) (string, error) {
+		n := runs.Add(1)
+		return "ch_" + string(rune('0'+n)), nil
+	}
+}
+
+func TestModuleCoordinatesThroughRedis(t *testing.T) {
+	clearEnv(t)
+	opts := redistest.ServerOptions(t)
+	prefix := redistest.Prefix(t)
+	t.Setenv("IDEMPOTENCY_REDIS_URL", "redis://"+opts.Addr+"/0")
+	t.Setenv("IDEMPOTENCY_KEY_PREFIX", prefix)
+	_, regOpt := registry()
+	var c *coordinator.Coordinator
+	var s idempotency.Settings
+	app := fxtest.New(t, idempotency.Module, regOpt, fx.Populate(&c, &s))
+	app.RequireStart()
+	defer app.RequireStop()
+
+	if s.KeyPrefix != prefix {
+		t.Fatalf("settings not from the environment: prefix %q", s.KeyPrefix)
+	}
+	var runs atomic.Int64
+	call := coordinator.Call{Operation: "payment.charge", Key: "fx-1"}
+	a, err := coordinator.Do(t.Context(), c, call, charge(&runs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := coordinator.Do(t.Context(), c, call, charge(&runs))
+	if err != nil || a != b || runs.Load() != 1 {
+		t.Fatalf("a=%q b=%q err=%v runs=%d", a, b, err, runs.Load())
+	}
+	client := redistest.Server(t)
+	if n, err := client.Exists(t.Context(), prefix+"payment.charge:fx-1").Result(); err != nil || n != 1 {
+		t.Fatalf("the record is not in Redis under the prefix: %d, %v", n, err)
+	}
+}
+
+func TestModuleWithMemoryStoreNeedsNoRedis(t *testing.T) {
+	clearEnv(t)
+	t.Setenv("IDEMPOTENCY_REDIS_URL", "redis://127.0.0.1:1/0") // never dialled
+	_, regOpt := registry()
+	var c *coordinator.Coordinator
+	var mem *memstore.Store
+	app := fxtest.New(t, idempotency.Module, idemfxtest.MemoryStore(), regOpt, fx.Populate(&c, &mem))
+	app.RequireStart()
+	defer app.RequireStop()
+	var runs atomic.Int64
+	for range 2 {
+		if _, err := coordinator.Do(t.Context(), c, coordinator.Call{Operation: "op", Key: "k"}, charge(&runs)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if runs.Load() != 1 || mem.Len() != 1 {
+		t.Fatalf("runs=%d records=%d", runs.Load(), mem.Len())
+	}
+}
+
+// The original pull request's scenario, end to end through fx: Redis is
+// unreachable and one key is used twice.
+func TestModuleStoreDown(t *testing.T) {
+	for _, mode := range []string{"", "raise"} {
+		t.Run("ON_STORAGE_ERROR="+mode, func(t *testing.T) {
+			clearEnv(t)
+			t.Setenv("IDEMPOTENCY_REDIS_URL", "redis://127.0.0.1:1/0?max_retries=-1&dial_timeout=100ms")
+			t.Setenv("IDEMPOTENCY_ON_STORAGE_ERROR", mode)
+			reg, regOpt := registry()
+			core, logs := observer.New(zap.WarnLevel)
+			var c *coordinator.Coordinator
+			app := fxtest.New(t, idempotency.Module, regOpt, fx.Supply(zap.New(core)), fx.Populate(&c))
+			app.RequireStart() // an unreachable Redis does not stop the app
+			defer app.RequireStop()
+
+			warned := logs.FilterMessageSnippet("redis is unreachable").All()
+			if len(warned) != 1 || warned[0].ContextMap()["redis_addr"] != "127.0.0.1:1" {
+				t.Fatalf("start-up warning naming the address: %+v", warned)
+			}
+			var runs atomic.Int64
+			for range 2 {
+				start := time.Now()
+				_, err := coordinator.Do(t.Context(), c, coordinator.Call{Operation: "payment.charge", Key: "down"}, charge(&runs))
+				if mode == "raise" {
+					if !errors.Is(err, coordinator.ErrStorage) {
+						t.Fatalf("err = %v, want ErrStorage", err)
+					}
+				} else if err != nil {
+					t.Fatal(err)
+				}
+				if d := time.Since(start); d > time.Second {
+					t.Fatalf("a call took %v with Redis down", d)
+				}
+			}
+			want := map[string]int64{"": 2, "raise": 0}[mode]
+			if runs.Load() != want {
+				t.Fatalf("the action ran %d times, want %d", runs.Load(), want)
+			}
+			errs, err := reg.Gather()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := counterValue(errs, "idempotency_errors_total", map[string]string{"operation": "payment.charge", "error_type": "storage_reserve_error"}); got != 2 {
+				t.Fatalf("storage_reserve_error counter = %v, want 2", got)
+			}
+		})
+	}
+}
+
+func TestModuleRefusesInvalidSettings(t *testing.T) {
+	for name, env := range map[string][2]string{
+		"IDEMPOTENCY_ON_STORAGE_ERROR": {"IDEMPOTENCY_ON_STORAGE_ERROR", "ignore"},
+		"IDEMPOTENCY_IN_FLIGHT":        {"IDEMPOTENCY_IN_FLIGHT", "block"},
+		"IDEMPOTENCY_LEASE":            {"IDEMPOTENCY_LEASE", "0s"},
+		"IDEMPOTENCY_REDIS_URL":        {"IDEMPOTENCY_REDIS_URL", "http://localhost"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			clearEnv(t)
+			t.Setenv(env[0], env[1])
+			var c *coordinator.Coordinator
+			app := fx.New(idempotency.Module, fx.NopLogger, fx.Populate(&c))
+			err := app.Err()
+			if err == nil || !strings.Contains(err.Error(), name) {
+				t.Fatalf("err = %v, want it to name %s", err, name)
+			}
+		})
+	}
+}
+
+func TestModuleUsesTheAppsRedisClient(t *testing.T) {
+	clearEnv(t)
+	t.Setenv("IDEMPOTENCY_REDIS_URL", "redis://127.0.0.1:1/0") // ignored: the app's client wins
+	prefix := redistest.Prefix(t)
+	t.Setenv("IDEMPOTENCY_KEY_PREFIX", prefix)
+	client := redistest.Server(t)
+	_, regOpt := registry()
+	var c *coordinator.Coordinator
+	app := fxtest.New(t,
+		fx.Supply(client),
+		idempotency.Module,
+		idempotency.UseRedisClient[*redis.Client](),
+		regOpt, fx.Populate(&c))
+	app.RequireStart()
+	var runs atomic.Int64
+	if _, err := coordinator.Do(t.Context(), c, coordinator.Call{Operation: "op", Key: "app-client"}, charge(&runs)); err != nil {
+		t.Fatal(err)
+	}
+	app.RequireStop()
+	// The module does not close a client it does not own.
+	if err := client.Ping(t.Context()).Err(); err != nil {
+		t.Fatalf("the app's client was closed: %v", err)
+	}
+	if n, _ := client.Exists(t.Context(), prefix+"op:app-client").Result(); n != 1 {
+		t.Fatal("the record is not in the app's Redis")
+	}
+}
+
+func TestModuleClosesTheClientItBuilt(t *testing.T) {
+	clearEnv(t)
+	t.Setenv("IDEMPOTENCY_REDIS_URL", "redis://"+redistest.ServerOptions(t).Addr+"/0")
+	t.Setenv("IDEMPOTENCY_KEY_PREFIX", redistest.Prefix(t))
+	_, regOpt := registry()
+	var store coordinator.Store
+	app := fxtest.New(t, idempotency.Module, regOpt, fx.Populate(&store))
+	app.RequireStart()
+	app.RequireStop()
+	_, err := store.Get(t.Context(), coordinator.Key{Operation: "op", Key: "k"})
+	if !errors.Is(err, redis.ErrClosed) {
+		t.Fatalf("after stop: %v, want redis: client is closed", err)
+	}
+}
+
+func TestFxtestHelpers(t *testing.T) {
+	clearEnv(t)
+	t.Setenv("IDEMPOTENCY_IN_FLIGHT", "block") // ignored under DefaultSettings
+	_, regOpt := registry()
+	var c *coordinator.Coordinator
+	var fs *faultstore.Store
+	app := fxtest.New(t, idempotency.Module,
+		idemfxtest.DefaultSettings(),
+		idemfxtest.FailingStore(),
+		idemfxtest.Settings(func(s *idempotency.Settings) { s.OnStorageError = coordinator.StorageErrorRaise }),
+		regOpt, fx.Populate(&c, &fs))
+	app.RequireStart()
+	defer app.RequireStop()
+	if c.OnStorageError() != coordinator.StorageErrorRaise || c.InFlight() != coordinator.InFlightWait {
+		t.Fatalf("modes: %v, %v", c.OnStorageError(), c.InFlight())
+	}
+	fs.Fail(coordinator.MethodReserve, nil)
+	var runs atomic.Int64
+	_, err := coordinator.Do(t.Context(), c, coordinator.Call{Operation: "op", Key: "k"}, charge(&runs))
+	if !errors.Is(err, coordinator.ErrStorage) || runs.Load() != 0 {
+		t.Fatalf("err=%v runs=%d", err, runs.Load())
+	}
+}
+
+func TestFxtestSettingsAreValidated(t *testing.T) {
+	clearEnv(t)
+	_, regOpt := registry()
+	var c *coordinator.Coordinator
+	app := fx.New(idempotency.Module, fx.NopLogger, idemfxtest.MemoryStore(),
+		idemfxtest.Settings(func(s *idempotency.Settings) { s.Lease = 0 }), regOpt, fx.Populate(&c))
+	if err := app.Err(); err == nil || !strings.Contains(err.Error(), "IDEMPOTENCY_LEASE") {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+// Two apps in one process on the default registerer: no duplicate
+// registration error, and both count into the same series.
+func TestTwoAppsInOneProcess(t *testing.T) {
+	clearEnv(t)
+	for i := range 2 {
+		var c *coordinator.Coordinator
+		app := fxtest.New(t, idempotency.Module, idemfxtest.MemoryStore(), fx.Populate(&c))
+		app.RequireStart()
+		if _, err := coordinator.Do(t.Context(), c, coordinator.Call{Operation: "two.apps", Key: "k"}, func(context.Context) (int, error) { return i, nil }); err != nil {
+			t.Fatal(err)
+		}
+		app.RequireStop()
+	}
+	mfs, err := prometheus.DefaultGatherer.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := counterValue(mfs, "idempotency_requests_total", map[string]string{"operation": "two.apps", "outcome": "miss"}); got != 2 {
+		t.Fatalf("misses across two apps = %v, want 2", got)
+	}
+}
+
+func TestEveryDocumentedMetricIsScraped(t *testing.T) {
+	clearEnv(t)
+	t.Setenv("IDEMPOTENCY_OPERATION_TTLS", "payment.charge:24h")
+	reg, regOpt := registry()
+	app := fxtest.New(t, idempotency.Module, idemfxtest.MemoryStore(), regOpt, fx.Invoke(func(*coordinator.Coordinator) {}))
+	app.RequireStart()
+	defer app.RequireStop()
+	for _, name := range documentedMetrics(t) {
+		if n, err := testutil.GatherAndCount(reg, name); err != nil || n == 0 {
+			t.Errorf("%s: %d series, %v; want pre-initialised series", name, n, err)
+		}
+	}
+}

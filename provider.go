@@ -1,0 +1,140 @@
+package idempotency
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/observability"
+	"github.com/idemkit/idempotency/redisrepo"
+)
+
+// The constructors in this file are what Module wires. They are exported so
+// that the library works without fx too:
+//
+//	s, err := idempotency.LoadSettings()
+//	client, err := idempotency.NewRedisClient(s)
+//	obs, err := idempotency.NewObserver(s, logger, prometheus.DefaultRegisterer)
+//	c, err := idempotency.NewCoordinator(s, idempotency.NewStore(s, client), obs)
+
+// NewRedisClient returns the Redis client the settings describe, without
+// connecting: a *redis.ClusterClient over RedisClusterAddrs when that is set,
+// else a *redis.Client for RedisURL. In cluster mode the user name, password
+// and TLS (rediss://) of RedisURL apply to every node, and its host and
+// database are ignored (a cluster has database 0 only). The caller owns the
+// client and closes it.
+func NewRedisClient(s Settings) (redis.UniversalClient, error) {
+	opts, err := redis.ParseURL(s.RedisURL)
+	if err != nil {
+		return nil, fmt.Errorf("IDEMPOTENCY_REDIS_URL: %w", redactURLError(err, s.RedisURL))
+	}
+	if len(s.RedisClusterAddrs) == 0 {
+		return redis.NewClient(opts), nil
+	}
+	return redis.NewClusterClient(&redis.ClusterOptions{
+		Addrs:        s.RedisClusterAddrs,
+		Username:     opts.Username,
+		Password:     opts.Password,
+		TLSConfig:    opts.TLSConfig,
+		DialTimeout:  opts.DialTimeout,
+		ReadTimeout:  opts.ReadTimeout,
+		WriteTimeout: opts.WriteTimeout,
+		PoolSize:     opts.PoolSize,
+		MaxRetries:   opts.MaxRetries,
+	}), nil
+}
+
+// redactURLError keeps a password out of an error message.
+func redactURLError(err error, rawURL string) error {
+	msg := err.Error()
+	if i := strings.Index(rawURL, "://"); i >= 0 {
+		if at := strings.LastIndex(rawURL, "@"); at > i {
+			if colon := strings.Index(rawURL[i+3:at], ":"); colon >= 0 {
+				pw := rawURL[i+3+colon+1 : at]
+				if pw != "" {
+					msg = strings.ReplaceAll(msg, pw, "xxxxx")
+				}
+			}
+		}
+	}
+	return fmt.Errorf("%s", msg)
+}
+
+// RedisAddr describes where client points, for log lines: the address of a
+// single server or the seed nodes of a cluster. It never includes a password.
+func RedisAddr(client redis.UniversalClient) string {
+	switch c := client.(type) {
+	case *redis.Client:
+		return c.Options().Addr
+	case *redis.ClusterClient:
+		return strings.Join(c.Options().Addrs, ",")
+	default:
+		return fmt.Sprintf("%T", client)
+	}
+}
+
+// NewStore returns the Redis store over client, with the settings' key
+// prefix.
+func NewStore(s Settings, client redisrepo.Client) *redisrepo.Store {
+	return redisrepo.New(client, redisrepo.WithKeyPrefix(s.KeyPrefix))
+}
+
+// NewObserver returns the observer the settings describe: zap log lines on
+// logger (nil: none), and, when MetricsEnabled, Prometheus metrics registered
+// on reg (nil: prometheus.DefaultRegisterer) under MetricsNamespace, with the
+// operations of OperationTTLS pre-initialised. Building it twice on one
+// registerer is not an error; the second counts into the first's metrics.
+func NewObserver(s Settings, logger *zap.Logger, reg prometheus.Registerer) (*observability.Observer, error) {
+	opts := []observability.Option{
+		observability.WithLogger(logger),
+		observability.WithKeyLogging(s.LogKeys),
+	}
+	if s.MetricsEnabled {
+		if reg == nil {
+			reg = prometheus.DefaultRegisterer
+		}
+		ops := make([]string, 0, len(s.OperationTTLS))
+		for op := range s.OperationTTLS {
+			ops = append(ops, op)
+		}
+		opts = append(opts,
+			observability.WithRegisterer(reg),
+			observability.WithNamespace(s.MetricsNamespace),
+			observability.WithOperations(ops...))
+	}
+	return observability.New(opts...)
+}
+
+// NewCoordinator returns the coordinator the settings describe, over store,
+// reporting to obs (nil: nothing). It returns an error when the settings are
+// invalid.
+func NewCoordinator(s Settings, store coordinator.Store, obs coordinator.Observer) (*coordinator.Coordinator, error) {
+	if err := s.Validate(); err != nil {
+		return nil, err
+	}
+	return coordinator.New(store, append(s.CoordinatorOptions(), coordinator.WithObserver(obs))...)
+}
+
+// pingTimeout bounds the start-up ping of a Redis client the module built.
+const pingTimeout = 3 * time.Second
+
+// ping checks client at start-up. An unreachable Redis is not fatal: calls
+// follow IDEMPOTENCY_ON_STORAGE_ERROR until it is back, so it is only logged.
+func ping(ctx context.Context, client redis.UniversalClient, s Settings, logger *zap.Logger) {
+	ctx, cancel := context.WithTimeout(ctx, pingTimeout)
+	defer cancel()
+	if err := client.Ping(ctx).Err(); err != nil {
+		logger.Warn("idempotency: redis is unreachable at start-up; calls follow IDEMPOTENCY_ON_STORAGE_ERROR until it is back",
+			zap.String("redis_addr", RedisAddr(client)),
+			zap.Stringer("on_storage_error", s.OnStorageError),
+			zap.Error(fmt.Errorf("ping redis: %w", err)))
+		return
+	}
+	logger.Info("idempotency: redis is reachable", zap.String("redis_addr", RedisAddr(client)))
+}
