@@ -1,0 +1,73 @@
+// Package idemhttp is net/http middleware that speaks the Idempotency-Key
+// header (the IETF httpapi draft, as Stripe uses it): a client that retries a
+// POST with the same key gets the first response again instead of a second
+// charge.
+//
+//	c, _ := coordinator.New(store)
+//	idem := idemhttp.Middleware(c, idemhttp.WithKeyScope(tenantOf))
+//	mux := http.NewServeMux()
+//	mux.Handle("POST /payments", idem(http.HandlerFunc(createPayment)))
+//
+// # Requests
+//
+// Requests with a method of WithMethods (POST and PATCH by default) and an
+// Idempotency-Key header are protected. The key is the header's value, raw
+// (abc) or as an RFC 8941 quoted string ("abc", with \" and \\ escapes), 1 to
+// 255 visible ASCII characters. A request without the header passes through
+// unprotected unless WithKeyRequired(true); one with a malformed key or two
+// headers gets 400.
+//
+// The key is stored under an operation name and scoped to the caller:
+//
+//   - The operation is WithOperation, else WithOperationFunc, else the ServeMux
+//     pattern that matched (http.Request.Pattern) mapped by OperationName
+//     ("POST /payments/{id}" → "POST.payments.id"), else DefaultOperation
+//     ("http"). The pattern is only known when the middleware wraps the
+//     route's handler inside the mux (mux.Handle(pattern, idem(h))), not when
+//     it wraps the whole mux.
+//   - The scope comes from WithKeyScope (a tenant or user ID). The stored key
+//     is a hash of the scope followed by the client's key, so two callers who
+//     send the same key never see each other's response. Without the hook all
+//     callers share one key space: set it on any API with more than one
+//     client.
+//
+// The request's fingerprint is the SHA-256 of its method, path, query and
+// body (read up to WithMaxBodyBytes, 1 MiB, and handed to the handler
+// intact), plus the headers of WithFingerprintHeaders. The same key with a
+// different fingerprint is refused with 422.
+//
+// # Responses
+//
+// The handler runs inside the coordinator with a buffering ResponseWriter.
+// Once it returns, its response is stored (status, the allow-listed headers
+// of DefaultReplayHeaders or WithReplayHeaders, and the body) and sent to
+// the client with every header it set. Later requests with the key get the
+// stored response plus "Idempotent-Replayed: true". Set-Cookie, Authorization,
+// Proxy-Authorization, Cookie, hop-by-hop headers, Content-Length and Date are
+// never stored, whatever the allow-list says.
+//
+// Responses are not stored, but still sent, when the store policy refuses
+// their status (DefaultStorePolicy refuses 429 and 5xx; see WithStorePolicy),
+// when the body is larger than WithMaxResponseBytes (1 MiB), when the handler
+// flushes (streaming) or hijacks the connection. The key is then released and
+// a retry runs the handler again; oversized, streamed and hijacked responses
+// are reported by the coordinator as record_validation_error. A handler that
+// panics has sent nothing unless it streamed; the key is released and the
+// panic goes on to net/http.
+//
+// # Errors
+//
+// The middleware's own refusals are RFC 9457 problem details
+// (application/problem+json, see Problem and WithProblemWriter):
+//
+//	400 ProblemKeyMissing, ProblemKeyInvalid, ProblemBodyUnreadable
+//	401 ProblemCallerUnknown     the scope hook returned an error
+//	409 ProblemInProgress        the first request still runs; Retry-After
+//	413 ProblemBodyTooLarge
+//	422 ProblemKeyReuse
+//	503 ProblemStoreUnavailable  the store failed and the coordinator fails closed; Retry-After
+//
+// Whether a second request waits for the first or gets 409 at once, and
+// whether a store outage gives 503 or runs the handler unprotected, are the
+// coordinator's in-flight and on-storage-error modes.
+package idemhttp

@@ -1,0 +1,253 @@
+package idemhttp
+
+import (
+	"fmt"
+	"net/http"
+	"slices"
+	"time"
+
+	"github.com/idemkit/idempotency/coordinator"
+)
+
+// Defaults of the options.
+const (
+	// DefaultMaxBodyBytes is the largest request body the middleware reads to
+	// fingerprint a request (WithMaxBodyBytes): 1 MiB.
+	DefaultMaxBodyBytes = 1 << 20
+	// DefaultMaxResponseBytes is the largest response body the middleware
+	// buffers and stores (WithMaxResponseBytes): 1 MiB, the coordinator's
+	// default result limit.
+	DefaultMaxResponseBytes = coordinator.DefaultMaxResultBytes
+	// DefaultOperation is the operation name of a request that has no route
+	// pattern (the middleware wraps a whole mux, not one route) when neither
+	// WithOperation nor WithOperationFunc names one.
+	DefaultOperation = "http"
+)
+
+// An Option configures the middleware; pass options to Middleware.
+type Option interface{ apply(*config) }
+
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
+
+type config struct {
+	methods        []string
+	required       bool
+	operation      string
+	operationFunc  func(*http.Request) string
+	scope          func(*http.Request) (string, error)
+	maxBody        int64
+	fpHeaders      []string
+	maxResponse    int
+	replayHeaders  []string
+	storePolicy    func(status int) bool
+	ttl            time.Duration
+	problemWriter  func(http.ResponseWriter, *http.Request, Problem)
+	replaySet      map[string]bool // canonical names of replayHeaders
+	methodSet      map[string]bool
+	fpHeadersCanon []string // sorted canonical names of fpHeaders
+}
+
+func defaultConfig() config {
+	return config{
+		methods:       []string{http.MethodPost, http.MethodPatch},
+		maxBody:       DefaultMaxBodyBytes,
+		maxResponse:   DefaultMaxResponseBytes,
+		replayHeaders: DefaultReplayHeaders(),
+		storePolicy:   DefaultStorePolicy,
+	}
+}
+
+// WithMethods sets the request methods the middleware protects; requests with
+// other methods pass through untouched. Methods are compared exactly (they
+// are case-sensitive in HTTP). Default POST and PATCH. Middleware panics when
+// the list is empty.
+func WithMethods(methods ...string) Option {
+	ms := slices.Clone(methods)
+	return optionFunc(func(c *config) { c.methods = ms })
+}
+
+// WithKeyRequired(true) answers a protected request without an
+// Idempotency-Key header with 400 (problem type ProblemKeyMissing) instead of
+// passing it through unprotected. Default false.
+func WithKeyRequired(required bool) Option {
+	return optionFunc(func(c *config) { c.required = required })
+}
+
+// WithOperation names the operation of every request the middleware
+// protects, in place of the route pattern. The name must satisfy
+// coordinator.ValidateOperation; Middleware panics otherwise. The last of
+// WithOperation and WithOperationFunc wins.
+func WithOperation(name string) Option {
+	return optionFunc(func(c *config) { c.operation, c.operationFunc = name, nil })
+}
+
+// WithOperationFunc names the operation of each protected request. Its result
+// is mapped to the operation rules with OperationName; an empty result means
+// the route pattern, then DefaultOperation. The last of WithOperation and
+// WithOperationFunc wins; nil removes the function.
+func WithOperationFunc(f func(*http.Request) string) Option {
+	return optionFunc(func(c *config) { c.operation, c.operationFunc = "", f })
+}
+
+// WithKeyScope sets the hook that tells whose request it is (the tenant, the
+// account, the user), so that keys of different callers never meet: the
+// stored key is derived from the scope and the client's key, and a caller
+// who sends another caller's key gets their own fresh response, never the
+// other's. When the hook returns an error the request is refused with 401
+// (problem type ProblemCallerUnknown) and the handler does not run.
+//
+// Without a scope hook (the default) every caller shares one key space per
+// operation: anyone who learns or guesses another client's key receives that
+// client's stored response. Set it on every multi-tenant API.
+func WithKeyScope(scope func(*http.Request) (string, error)) Option {
+	return optionFunc(func(c *config) { c.scope = scope })
+}
+
+// WithMaxBodyBytes sets the largest request body the middleware reads to
+// fingerprint a protected request; a larger body is refused with 413
+// (problem type ProblemBodyTooLarge) before the handler runs. Default
+// DefaultMaxBodyBytes (1 MiB). Middleware panics when n is not positive.
+func WithMaxBodyBytes(n int64) Option {
+	return optionFunc(func(c *config) { c.maxBody = n })
+}
+
+// WithFingerprintHeaders adds request headers to the fingerprint, which is
+// otherwise the method, path, query and body. A key reused with another value
+// of one of these headers is refused with 422. Default none.
+func WithFingerprintHeaders(names ...string) Option {
+	ns := slices.Clone(names)
+	return optionFunc(func(c *config) { c.fpHeaders = ns })
+}
+
+// WithMaxResponseBytes sets the largest response body that is buffered and
+// stored. A handler that writes more has its response streamed to the client
+// as it writes it, and not stored: the key is released, so a retry runs the
+// handler again, and the coordinator reports a record_validation_error.
+// Default DefaultMaxResponseBytes (1 MiB). The coordinator's own limit
+// (coordinator.WithMaxResultBytes) applies to the stored envelope (body plus
+// status and headers) too. Middleware panics when n is not positive.
+func WithMaxResponseBytes(n int) Option {
+	return optionFunc(func(c *config) { c.maxResponse = n })
+}
+
+// WithReplayHeaders sets the response headers that are stored and replayed,
+// replacing DefaultReplayHeaders. Set-Cookie, Authorization and the other
+// headers listed in the package documentation are never stored: Middleware
+// panics when names includes one.
+func WithReplayHeaders(names ...string) Option {
+	ns := slices.Clone(names)
+	return optionFunc(func(c *config) { c.replayHeaders = ns })
+}
+
+// WithStorePolicy sets which response statuses are stored and replayed. A
+// response whose status the policy refuses is still sent to its client, but
+// the key is released, so a retry runs the handler again. Default
+// DefaultStorePolicy; nil also means DefaultStorePolicy.
+func WithStorePolicy(store func(status int) bool) Option {
+	return optionFunc(func(c *config) { c.storePolicy = store })
+}
+
+// WithTTL sets how long stored responses are kept (coordinator.Call.TTL).
+// Default 0: the coordinator's TTL for the operation, else its default TTL.
+// A TTL outside the coordinator's bounds fails every protected request with
+// 500. Middleware panics when d is negative.
+func WithTTL(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.ttl = d })
+}
+
+// WithProblemWriter sets the function that writes the middleware's error
+// responses, for APIs with their own error format. The middleware has set
+// Retry-After on w where the problem calls for it. Default WriteProblem
+// (RFC 9457 application/problem+json); nil also means WriteProblem.
+func WithProblemWriter(write func(w http.ResponseWriter, r *http.Request, p Problem)) Option {
+	return optionFunc(func(c *config) { c.problemWriter = write })
+}
+
+// DefaultReplayHeaders returns the response headers that are stored and
+// replayed by default: those that describe the stored body or the created
+// resource. Headers that describe one response on one connection (Date,
+// Content-Length, X-Request-Id, rate-limit counters) and credentials are not
+// among them.
+func DefaultReplayHeaders() []string {
+	return []string{
+		"Cache-Control",
+		"Content-Disposition",
+		"Content-Encoding",
+		"Content-Language",
+		"Content-Location",
+		"Content-Type",
+		"ETag",
+		"Expires",
+		"Last-Modified",
+		"Link",
+		"Location",
+		"Vary",
+	}
+}
+
+// DefaultStorePolicy is the default store policy: every status is stored
+// except 429 Too Many Requests and the 5xx server errors, which say "try
+// again" rather than describe the outcome of the request.
+func DefaultStorePolicy(status int) bool {
+	return status != http.StatusTooManyRequests && status < 500
+}
+
+// neverReplayed reports whether the response header k (canonical) is never
+// stored, whatever the allow-list says: credentials, and headers that belong
+// to one message on one connection.
+func neverReplayed(k string) bool {
+	switch k {
+	case "Authorization", "Proxy-Authorization", "Proxy-Authenticate", "Cookie", "Set-Cookie", "Set-Cookie2",
+		"Connection", "Keep-Alive", "Transfer-Encoding", "Te", "Trailer", "Upgrade", "Content-Length", "Date",
+		ReplayedHeader:
+		return true
+	}
+	return false
+}
+
+func (c *config) validate() error {
+	if len(c.methods) == 0 {
+		return fmt.Errorf("WithMethods: no methods")
+	}
+	c.methodSet = make(map[string]bool, len(c.methods))
+	for _, m := range c.methods {
+		c.methodSet[m] = true
+	}
+	if c.operation != "" {
+		if err := coordinator.ValidateOperation(c.operation); err != nil {
+			return fmt.Errorf("WithOperation: %w", err)
+		}
+	}
+	if c.maxBody <= 0 {
+		return fmt.Errorf("WithMaxBodyBytes(%d): must be positive", c.maxBody)
+	}
+	if c.maxResponse <= 0 {
+		return fmt.Errorf("WithMaxResponseBytes(%d): must be positive", c.maxResponse)
+	}
+	if c.ttl < 0 {
+		return fmt.Errorf("WithTTL(%v): must not be negative", c.ttl)
+	}
+	c.replaySet = make(map[string]bool, len(c.replayHeaders))
+	for _, h := range c.replayHeaders {
+		k := http.CanonicalHeaderKey(h)
+		if neverReplayed(k) {
+			return fmt.Errorf("WithReplayHeaders: %s is never replayed", k)
+		}
+		c.replaySet[k] = true
+	}
+	c.fpHeadersCanon = nil
+	for _, h := range c.fpHeaders {
+		c.fpHeadersCanon = append(c.fpHeadersCanon, http.CanonicalHeaderKey(h))
+	}
+	slices.Sort(c.fpHeadersCanon)
+	c.fpHeadersCanon = slices.Compact(c.fpHeadersCanon)
+	if c.storePolicy == nil {
+		c.storePolicy = DefaultStorePolicy
+	}
+	if c.problemWriter == nil {
+		c.problemWriter = func(w http.ResponseWriter, _ *http.Request, p Problem) { WriteProblem(w, p) }
+	}
+	return nil
+}
