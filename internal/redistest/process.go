@@ -1,0 +1,153 @@
+package redistest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// startTimeout bounds how long a redis-server may take to answer PING.
+const startTimeout = 10 * time.Second
+
+// proc is a redis-server process.
+type proc struct {
+	port int
+	dir  string
+	cmd  *exec.Cmd
+	done chan struct{} // closed when the process has exited
+}
+
+func (p *proc) addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(p.port)) }
+
+// startServer starts redis-server in dir, on port, or on a free port when
+// port is 0 (trying again with another port when the one it picked was taken
+// in the meantime). extra are more arguments. It returns once the server
+// answers PING.
+func startServer(dir string, port int, extra ...string) (*proc, error) {
+	pick := port == 0
+	cluster := len(extra) > 0
+	var err error
+	for range 5 {
+		if pick {
+			if port, err = freePort(cluster); err != nil {
+				return nil, err
+			}
+		}
+		var p *proc
+		p, err = spawn(dir, port, extra)
+		if err == nil {
+			return p, nil
+		}
+		if !pick {
+			break
+		}
+	}
+	return nil, err
+}
+
+// spawn starts one redis-server and waits for it to answer PING.
+func spawn(dir string, port int, extra []string) (*proc, error) {
+	logPath := filepath.Join(dir, "redis-"+strconv.Itoa(port)+".log")
+	args := append([]string{
+		"--port", strconv.Itoa(port),
+		"--bind", "127.0.0.1",
+		"--save", "",
+		"--appendonly", "no",
+		"--dir", dir,
+		"--logfile", logPath,
+	}, extra...)
+	cmd := exec.Command("redis-server", args...)
+	cmd.Dir = dir
+	cmd.SysProcAttr = sysProcAttr()
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start redis-server: %w", err)
+	}
+	p := &proc{port: port, dir: dir, cmd: cmd, done: make(chan struct{})}
+	go func() {
+		_ = cmd.Wait()
+		close(p.done)
+	}()
+
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	defer cancel()
+	opts := &redis.Options{Addr: p.addr(), MaxRetries: -1, DialerRetries: 1, DialTimeout: 200 * time.Millisecond}
+	for {
+		err := ping(ctx, opts)
+		if err == nil {
+			return p, nil
+		}
+		select {
+		case <-p.done:
+			return nil, fmt.Errorf("redis-server on port %d exited: %s", port, tail(logPath))
+		case <-ctx.Done():
+			p.kill()
+			return nil, fmt.Errorf("redis-server on port %d did not answer PING within %v: %v; log: %s",
+				port, startTimeout, err, tail(logPath))
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// kill stops the process and waits for it to exit.
+func (p *proc) kill() {
+	_ = p.cmd.Process.Kill()
+	<-p.done
+}
+
+// ping sends one PING with a client of its own, which tries once: no retry,
+// one dial.
+func ping(ctx context.Context, opts *redis.Options) error {
+	o := *opts
+	o.MaxRetries, o.DialerRetries = -1, 1
+	c := redis.NewClient(&o)
+	defer c.Close()
+	return c.Ping(ctx).Err()
+}
+
+// freePort returns a TCP port on 127.0.0.1 that nothing listens on. With
+// bus, port+10000 (the cluster bus port of a cluster node) is free too.
+func freePort(bus bool) (int, error) {
+	for range 100 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0, fmt.Errorf("find a free port: %w", err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		if !bus {
+			_ = l.Close()
+			return port, nil
+		}
+		if port+10000 > 65535 {
+			_ = l.Close()
+			continue
+		}
+		l2, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port+10000)))
+		_ = l.Close()
+		if err != nil {
+			continue
+		}
+		_ = l2.Close()
+		return port, nil
+	}
+	return 0, errors.New("find a free port: none found")
+}
+
+// tail returns the end of the file at path, for error messages.
+func tail(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "(no log: " + err.Error() + ")"
+	}
+	if len(b) > 2000 {
+		b = b[len(b)-2000:]
+	}
+	return string(b)
+}

@@ -1,0 +1,180 @@
+package redisrepo_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/internal/redistest"
+	"github.com/idemkit/idempotency/redisrepo"
+)
+
+// calls returns one call of every Store method on key, each returning its
+// error, with the method it should name in a *coordinator.StorageError.
+func calls(s *redisrepo.Store, key coordinator.Key) []struct {
+	method coordinator.Method
+	call   func(ctx context.Context) error
+} {
+	return []struct {
+		method coordinator.Method
+		call   func(ctx context.Context) error
+	}{
+		{coordinator.MethodReserve, func(ctx context.Context) error {
+			_, _, err := s.Reserve(ctx, key, pendingWrite(token(), "", time.Minute))
+			return err
+		}},
+		{coordinator.MethodGet, func(ctx context.Context) error { _, err := s.Get(ctx, key); return err }},
+		{coordinator.MethodComplete, func(ctx context.Context) error {
+			_, err := s.Complete(ctx, key, "t", []byte("r"), time.Minute)
+			return err
+		}},
+		{coordinator.MethodRelease, func(ctx context.Context) error { _, err := s.Release(ctx, key, "t"); return err }},
+		{coordinator.MethodRenew, func(ctx context.Context) error { _, err := s.Renew(ctx, key, "t", time.Minute); return err }},
+	}
+}
+
+// noRetries returns opts with go-redis's retries off: no retry of a failed
+// command (MaxRetries -1) and one dial per connection attempt (DialerRetries
+// 1; go-redis v9.23 otherwise dials 5 times, 100ms apart, which makes every
+// call on a dead server take 400ms or more).
+func noRetries(opts *redis.Options) *redis.Options {
+	opts.MaxRetries = -1
+	opts.DialerRetries = 1
+	opts.DialTimeout = 200 * time.Millisecond
+	return opts
+}
+
+// TestUnreachable: a server nobody listens on (the original pull request's
+// scenario: 127.0.0.1:1, retries off) gives a *coordinator.StorageError
+// within milliseconds from every method.
+func TestUnreachable(t *testing.T) {
+	c := redis.NewClient(noRetries(&redis.Options{Addr: "127.0.0.1:1"}))
+	defer c.Close()
+	s := redisrepo.New(c)
+	key := coordinator.Key{Operation: "op", Key: "k"}
+	for _, m := range calls(s, key) {
+		start := time.Now()
+		err := m.call(context.Background())
+		d := time.Since(start)
+		if d > 100*time.Millisecond {
+			t.Errorf("%s took %v against an unreachable server, want milliseconds", m.method, d)
+		}
+		t.Logf("%s: %v after %v", m.method, err, d)
+		checkStorageError(t, string(m.method), err, m.method)
+	}
+	if _, err := s.Inspect(context.Background(), key, key); err == nil || errors.Is(err, redis.Nil) {
+		t.Errorf("Inspect against an unreachable server: %v, want an error", err)
+	}
+	if _, err := s.Forget(context.Background(), key); err == nil {
+		t.Errorf("Forget against an unreachable server: nil error")
+	}
+	if err := s.LoadScripts(context.Background()); err == nil {
+		t.Errorf("LoadScripts against an unreachable server: nil error")
+	}
+}
+
+// TestServerKilledMidCall kills redis-server between Reserve and Complete:
+// every call fails with a *coordinator.StorageError (no panic, no hang), and
+// after a restart on the same port the first call works (the restarted
+// server has neither the data nor the scripts cached).
+//
+// The client has retries off. Note that go-redis stops dialing after
+// PoolSize failed dials in a row and then fails every call at once until a
+// probe, once a second, reaches the server again: a client that failed that
+// often may fail for up to a second after the server is back.
+func TestServerKilledMidCall(t *testing.T) {
+	ctx := context.Background()
+	in := redistest.Start(t)
+	c := redis.NewClient(noRetries(in.Options()))
+	defer c.Close()
+	s := redisrepo.New(c)
+	key := coordinator.Key{Operation: "op", Key: "killed"}
+	tok := token()
+	mustReserve(t, s, key, pendingWrite(tok, "", time.Minute))
+
+	in.Stop(t)
+	start := time.Now()
+	_, err := s.Complete(ctx, key, tok, []byte("r"), time.Minute)
+	checkStorageError(t, "Complete on a killed server", err, coordinator.MethodComplete)
+	for _, m := range calls(s, key) {
+		checkStorageError(t, string(m.method)+" on a killed server", m.call(ctx), m.method)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("the calls on a killed server took %v", d)
+	}
+
+	in.Restart(t)
+	rec, err := s.Get(ctx, key)
+	if err != nil {
+		t.Fatalf("first Get after the restart: %v", err)
+	}
+	if in.Kind() == redistest.KindRedisServer && rec.State != coordinator.StateAbsent {
+		t.Errorf("Get after the restart = %+v, want absent (redis-server kept nothing)", rec)
+	}
+	if ok, err := s.Complete(ctx, key, tok, []byte("r"), time.Minute); err != nil {
+		t.Errorf("Complete after the restart: %v", err)
+	} else if in.Kind() == redistest.KindRedisServer && ok {
+		t.Errorf("Complete after the restart = true: the reservation did not survive, want false (lease lost)")
+	}
+	mustReserve(t, s, coordinator.Key{Operation: "op", Key: "after-restart"}, pendingWrite(token(), "", time.Minute))
+
+	// A restart that no call saw: the pooled connections are dead, and the
+	// first call still works.
+	in.Stop(t)
+	in.Restart(t)
+	if _, err := s.Get(ctx, key); err != nil {
+		t.Errorf("first Get after an unseen restart: %v", err)
+	}
+}
+
+// fakeScripter answers every script call with reply.
+type fakeScripter struct {
+	redis.Scripter
+	reply func() *redis.Cmd
+}
+
+func (f fakeScripter) EvalSha(ctx context.Context, sha string, keys []string, args ...any) *redis.Cmd {
+	return f.reply()
+}
+
+func (f fakeScripter) Eval(ctx context.Context, script string, keys []string, args ...any) *redis.Cmd {
+	return f.reply()
+}
+
+// TestNilNeverEscapes: whatever go-redis returns, the Store never returns
+// redis.Nil, and a reply of a shape the scripts never send is an error, not a
+// panic and not a record.
+func TestNilNeverEscapes(t *testing.T) {
+	key := coordinator.Key{Operation: "op", Key: "k"}
+	for _, tc := range []struct {
+		name  string
+		reply func() *redis.Cmd
+	}{
+		{"redis.Nil", func() *redis.Cmd { return redis.NewCmdResult(nil, redis.Nil) }},
+		{"wrapped redis.Nil", func() *redis.Cmd { return redis.NewCmdResult(nil, errors.Join(errors.New("x"), redis.Nil)) }},
+		{"string", func() *redis.Cmd { return redis.NewCmdResult("OK", nil) }},
+		{"integer 7", func() *redis.Cmd { return redis.NewCmdResult(int64(7), nil) }},
+		{"short array", func() *redis.Cmd { return redis.NewCmdResult([]any{int64(1)}, nil) }},
+		{"array of the wrong types", func() *redis.Cmd {
+			return redis.NewCmdResult([]any{"1", int64(2), nil, "r", "ttl"}, nil)
+		}},
+		{"unknown state", func() *redis.Cmd { return redis.NewCmdResult([]any{int64(9), "", "", "", int64(1)}, nil) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := redisrepo.New(fakeScripter{reply: tc.reply})
+			for _, m := range calls(s, key) {
+				checkStorageError(t, string(m.method), m.call(context.Background()), m.method)
+			}
+			if _, err := s.Inspect(context.Background(), key); err == nil || errors.Is(err, redis.Nil) {
+				t.Errorf("Inspect: %v, want an error that is not redis.Nil", err)
+			}
+			if _, err := s.Forget(context.Background(), key); errors.Is(err, redis.Nil) {
+				t.Errorf("Forget: %v matches redis.Nil", err)
+			}
+		})
+	}
+}
