@@ -7,7 +7,7 @@ GO ?= go
 STATICCHECK_VERSION ?= v0.8.2
 STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
-.PHONY: all build test lint fmt-check vet staticcheck bench tidy-check ci
+.PHONY: all build test lint fmt-check vet staticcheck bench tidy-check ci demo
 
 all: build
 
@@ -41,3 +41,9 @@ tidy-check:
 	$(GO) mod tidy -diff
 
 ci: lint test
+
+# Starts examples/fxapp on a free port (embedded Redis), sends it 20 concurrent
+# duplicate payments and a key reuse, prints the statuses and the ledger, and
+# stops it. Fails unless the ledger shows exactly one charge.
+demo:
+	GO=$(GO) bash scripts/demo.sh
