@@ -2,6 +2,7 @@ package redisrepo_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -88,5 +89,40 @@ func TestNoScriptFallback(t *testing.T) {
 	keys := []coordinator.Key{key, {Operation: "op", Key: "other"}}
 	if _, err := s.Inspect(ctx, keys...); err != nil {
 		t.Errorf("Inspect without the script cached: %v", err)
+	}
+}
+
+// TestNoScriptFallbackCluster: bulk calls on a cluster whose masters lost
+// their script cache fall back to EVAL in a second pipeline.
+func TestNoScriptFallbackCluster(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Cluster(t)
+	if redistest.ClusterKind(t) != redistest.KindRedisServer {
+		t.Skip("flushes the script cache: only on a cluster the tests started")
+	}
+	s := newStore(t, c)
+	var keys []coordinator.Key
+	for i := range 50 {
+		k := newKey("noscript-" + strings.Repeat("x", i))
+		keys = append(keys, k)
+		mustReserve(t, s, k, pendingWrite(token(), "", time.Minute))
+	}
+	if err := c.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	infos, err := s.Inspect(ctx, keys...)
+	if err != nil {
+		t.Fatalf("Inspect without the script cached: %v", err)
+	}
+	for _, in := range infos {
+		if in.State != coordinator.StatePending {
+			t.Fatalf("Inspect: %+v, want pending", in)
+		}
+	}
+	if err := c.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.Forget(ctx, keys...); err != nil || n != len(keys) {
+		t.Fatalf("Forget without the script cached = %d, %v", n, err)
 	}
 }

@@ -55,6 +55,12 @@ func ClusterAddrs(t testing.TB) []string {
 	return append([]string(nil), sharedCluster(t).addrs...)
 }
 
+// ClusterKind returns what serves Cluster: KindRedisServer or KindExternal.
+func ClusterKind(t testing.TB) Kind {
+	t.Helper()
+	return sharedCluster(t).kind
+}
+
 func sharedCluster(t testing.TB) *cluster {
 	t.Helper()
 	if os.Getenv(EnvClusterAddrs) == "" {

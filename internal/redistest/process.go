@@ -80,9 +80,13 @@ func spawn(dir string, port int, extra []string) (*proc, error) {
 	defer cancel()
 	opts := &redis.Options{Addr: p.addr(), MaxRetries: -1, DialerRetries: 1, DialTimeout: 200 * time.Millisecond}
 	for {
-		err := ping(ctx, opts)
+		// Wait for the port before the first PING: go-redis logs every
+		// failed dial.
+		err := listening(p.addr())
 		if err == nil {
-			return p, nil
+			if err = ping(ctx, opts); err == nil {
+				return p, nil
+			}
 		}
 		select {
 		case <-p.done:
@@ -94,6 +98,15 @@ func spawn(dir string, port int, extra []string) (*proc, error) {
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
+}
+
+// listening reports whether something accepts connections at addr.
+func listening(addr string) error {
+	c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
+	if err != nil {
+		return err
+	}
+	return c.Close()
 }
 
 // kill stops the process and waits for it to exit.

@@ -9,6 +9,7 @@ import (
 // from: EnvURL, else redis-server, else miniredis.
 func TestStandaloneSources(t *testing.T) {
 	ctx := context.Background()
+	t.Setenv(EnvURL, "")
 	t.Run("URL", func(t *testing.T) {
 		own, err := startStandalone()
 		if err != nil {
