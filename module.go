@@ -84,6 +84,28 @@ const SettingsOverrides = "idempotency.settings"
 // option supplies it).
 const SettingsBaseName = "idempotency.settings.base"
 
+// OverrideSettings changes the module's settings after they are loaded. The
+// argument is a function func(*Settings), or an fx constructor that returns a
+// SettingsOverride and takes whatever it needs from the graph (e.g. the
+// address of a server the app starts itself):
+//
+//	idempotency.OverrideSettings(func(s *idempotency.Settings) { s.InFlight = coordinator.InFlightRaise })
+//	idempotency.OverrideSettings(func(r *EmbeddedRedis) idempotency.SettingsOverride {
+//		return func(s *idempotency.Settings) { s.RedisURL = r.URL() }
+//	})
+//
+// The changed settings are validated again. Overrides run in no guaranteed
+// order, so two should not set one field.
+func OverrideSettings(change any) fx.Option {
+	if f, ok := change.(func(*Settings)); ok {
+		change = SettingsOverride(f)
+	}
+	if o, ok := change.(SettingsOverride); ok {
+		return fx.Supply(fx.Annotate(o, fx.ResultTags(`group:"`+SettingsOverrides+`"`)))
+	}
+	return fx.Provide(fx.Annotate(change, fx.ResultTags(`group:"`+SettingsOverrides+`"`)))
+}
+
 type settingsParams struct {
 	fx.In
 

@@ -27,26 +27,37 @@ import (
 // connecting: a *redis.ClusterClient over RedisClusterAddrs when that is set,
 // else a *redis.Client for RedisURL. In cluster mode the user name, password
 // and TLS (rediss://) of RedisURL apply to every node, and its host and
-// database are ignored (a cluster has database 0 only). The caller owns the
-// client and closes it.
+// database are ignored (a cluster has database 0 only). The client fails fast
+// when Redis is down: one dial attempt per connection, and a dial timeout of
+// at most IDEMPOTENCY_STORAGE_TIMEOUT. The caller owns the client and closes
+// it.
 func NewRedisClient(s Settings) (redis.UniversalClient, error) {
 	opts, err := redis.ParseURL(s.RedisURL)
 	if err != nil {
 		return nil, fmt.Errorf("IDEMPOTENCY_REDIS_URL: %w", redactURLError(err, s.RedisURL))
 	}
+	// Fail fast when Redis is down: every call is bounded by the storage
+	// timeout anyway, and go-redis's default of five dial attempts 100ms apart
+	// would spend most of that budget before the call can follow
+	// IDEMPOTENCY_ON_STORAGE_ERROR.
+	opts.DialerRetries = 1
+	if opts.DialTimeout == 0 || opts.DialTimeout > s.StorageTimeout && s.StorageTimeout > 0 {
+		opts.DialTimeout = s.StorageTimeout
+	}
 	if len(s.RedisClusterAddrs) == 0 {
 		return redis.NewClient(opts), nil
 	}
 	return redis.NewClusterClient(&redis.ClusterOptions{
-		Addrs:        s.RedisClusterAddrs,
-		Username:     opts.Username,
-		Password:     opts.Password,
-		TLSConfig:    opts.TLSConfig,
-		DialTimeout:  opts.DialTimeout,
-		ReadTimeout:  opts.ReadTimeout,
-		WriteTimeout: opts.WriteTimeout,
-		PoolSize:     opts.PoolSize,
-		MaxRetries:   opts.MaxRetries,
+		Addrs:         s.RedisClusterAddrs,
+		Username:      opts.Username,
+		Password:      opts.Password,
+		TLSConfig:     opts.TLSConfig,
+		DialTimeout:   opts.DialTimeout,
+		ReadTimeout:   opts.ReadTimeout,
+		WriteTimeout:  opts.WriteTimeout,
+		PoolSize:      opts.PoolSize,
+		MaxRetries:    opts.MaxRetries,
+		DialerRetries: opts.DialerRetries,
 	}), nil
 }
 

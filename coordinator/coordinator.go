@@ -189,7 +189,9 @@ func (x *exec) reserved(ctx context.Context) (Result, error) {
 			se := x.storageFailed(ctx, ErrorStorageReserve, MethodReserve, err)
 			return x.onStorageError(ctx, se)
 		}
-		if written {
+		if written || rec.State == StatePending && rec.Token == x.token {
+			// The second case is our own reservation, met again because a
+			// client retried the call after losing the first reply.
 			return x.runReserved(ctx)
 		}
 	settle:
@@ -309,6 +311,9 @@ func (x *exec) runReserved(ctx context.Context) (Result, error) {
 	case err != nil:
 		x.storageFailed(ctx, ErrorStorageSave, MethodComplete, err)
 		x.release(ctx) // let waiters take over now rather than after the lease
+	case !ok && x.completedByUs(ctx):
+		// A client retried the call after losing the first reply.
+		x.observe(ctx, Event{Kind: EventStored})
 	case !ok:
 		x.observe(ctx, Event{Kind: EventError, ErrorType: ErrorLeaseLost,
 			Err: fmt.Errorf("%w: %s was taken over before completion; the result is not stored", ErrLeaseLost, x.key)})
@@ -317,6 +322,13 @@ func (x *exec) runReserved(ctx context.Context) (Result, error) {
 	}
 	x.c.kick(x.key)
 	return Result{Value: payload}, nil
+}
+
+// completedByUs reports whether the key holds the result this call
+// completed: a refused completion is checked before it is called a lost lease.
+func (x *exec) completedByUs(ctx context.Context) bool {
+	rec, err := x.storeGet(context.WithoutCancel(ctx))
+	return err == nil && rec.State == StateCompleted && rec.Token == x.token
 }
 
 // release gives the reservation up, best effort.
@@ -365,7 +377,7 @@ func (x *exec) unreserved(ctx context.Context) (Result, error) {
 	case err != nil:
 		x.storageFailed(ctx, ErrorStorageSave, MethodReserve, err)
 		return own, nil
-	case written:
+	case written, winner.State == StateCompleted && winner.Token == x.token:
 		x.observe(ctx, Event{Kind: EventStored})
 		return own, nil
 	}

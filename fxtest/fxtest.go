@@ -40,8 +40,7 @@ func FailingStore() fx.Option {
 // Settings options may be given; they run in no guaranteed order, so let
 // each set different fields.
 func Settings(change func(*idempotency.Settings)) fx.Option {
-	return fx.Supply(fx.Annotate(idempotency.SettingsOverride(change),
-		fx.ResultTags(`group:"`+idempotency.SettingsOverrides+`"`)))
+	return idempotency.OverrideSettings(change)
 }
 
 // DefaultSettings makes the module ignore the IDEMPOTENCY_* environment and

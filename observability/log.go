@@ -88,7 +88,7 @@ func lineOf(e coordinator.Event) (zapcore.Level, string) {
 	case coordinator.EventMiss:
 		return zap.DebugLevel, msgMiss
 	case coordinator.EventInFlight:
-		return zap.InfoLevel, msgInFlight
+		return zap.DebugLevel, msgInFlight
 	case coordinator.EventWaited:
 		if e.Outcome == coordinator.WaitTimeout {
 			return zap.WarnLevel, msgWaited
