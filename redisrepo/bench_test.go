@@ -163,3 +163,76 @@ func BenchmarkComplete(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkDo is a whole coordinator.Do over Redis next to the raw go-redis
+// commands a hand-written idempotency check would send on the same server:
+// for a replay one GET (impl=raw) against one Reserve script (impl=idemkit);
+// for a first execution SET NX then SET (impl=raw) against Reserve then
+// Complete (impl=idemkit). Both sides make the same number of round trips; the
+// difference is the scripts' work, the engine and the JSON codec.
+func BenchmarkDo(b *testing.B) {
+	ctx := context.Background()
+	s, c := benchStore(b)
+	co, err := coordinator.New(s)
+	if err != nil {
+		b.Fatal(err)
+	}
+	type charge struct {
+		ID     string `json:"id"`
+		Amount int    `json:"amount"`
+	}
+	action := func(context.Context) (charge, error) { return charge{ID: "ch_1", Amount: 1999}, nil }
+	prefix := redistest.Prefix(b)
+
+	b.Run("case=replay/impl=idemkit", func(b *testing.B) {
+		call := coordinator.Call{Operation: "payment.charge", Key: "bench-replay"}
+		if _, err := coordinator.Do(ctx, co, call, action); err != nil {
+			b.Fatal(err)
+		}
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := coordinator.Do(ctx, co, call, action); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("case=replay/impl=raw", func(b *testing.B) {
+		key := prefix + "raw-replay"
+		if err := c.Set(ctx, key, result, time.Hour).Err(); err != nil {
+			b.Fatal(err)
+		}
+		b.ReportAllocs()
+		for b.Loop() {
+			if v, err := c.Get(ctx, key).Bytes(); err != nil || len(v) == 0 {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("case=first/impl=idemkit", func(b *testing.B) {
+		run := strconv.FormatInt(time.Now().UnixNano(), 36) // new keys for every -count round
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			i++
+			call := coordinator.Call{Operation: "payment.charge", Key: "bench-first-" + run + "-" + strconv.Itoa(i), TTL: time.Minute}
+			if _, err := coordinator.Do(ctx, co, call, action); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("case=first/impl=raw", func(b *testing.B) {
+		run := strconv.FormatInt(time.Now().UnixNano(), 36)
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			i++
+			key := prefix + "raw-first-" + run + "-" + strconv.Itoa(i)
+			if ok, err := c.SetNX(ctx, key, "pending", 30*time.Second).Result(); err != nil || !ok {
+				b.Fatal(ok, err)
+			}
+			if err := c.Set(ctx, key, result, time.Minute).Err(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}

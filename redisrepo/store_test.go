@@ -28,7 +28,7 @@ func TestKey(t *testing.T) {
 }
 
 // TestRecordFormat pins the HASH that the scripts write: format version 1.
-// A change here is a change of the format, which docs/redis-layout.md
+// A change here is a change of the format, which docs/architecture.md (Redis layout)
 // describes; old readers must keep reading what new writers write.
 func TestRecordFormat(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c redis.UniversalClient) {
