@@ -145,9 +145,6 @@ func provideStore(p storeParams) (coordinator.Store, error) {
 	if p.Client != nil {
 		return NewStore(p.Settings, p.Client), nil
 	}
-	if err := p.Settings.Validate(); err != nil {
-		return nil, err
-	}
 	client, err := NewRedisClient(p.Settings)
 	if err != nil {
 		return nil, err
@@ -183,6 +180,11 @@ func provideObserver(p observerParams) (coordinator.Observer, error) {
 	return observability.Multi(append([]coordinator.Observer{obs}, p.Extra...)...), nil
 }
 
-func provideCoordinator(s Settings, store coordinator.Store, obs coordinator.Observer) (*coordinator.Coordinator, error) {
-	return NewCoordinator(s, store, obs)
+func provideCoordinator(lc fx.Lifecycle, s Settings, store coordinator.Store, obs coordinator.Observer) (*coordinator.Coordinator, error) {
+	c, err := NewCoordinator(s, store, obs)
+	if err != nil {
+		return nil, err
+	}
+	lc.Append(fx.StopHook(c.Close))
+	return c, nil
 }

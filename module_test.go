@@ -293,3 +293,18 @@ func TestOverrideSettingsFromTheGraph(t *testing.T) {
 		t.Fatalf("lease %v, in-flight %v", c.Lease(), c.InFlight())
 	}
 }
+
+// docs/configuration.md: with UseRedisClient, IDEMPOTENCY_REDIS_URL is
+// ignored. An app whose deployment leaves it empty (a Helm value: "") cannot
+// start: LoadSettings validates it before the module knows it has a client.
+func TestModuleWithTheAppsClientIgnoresAnEmptyRedisURL(t *testing.T) {
+	clearEnv(t)
+	t.Setenv("IDEMPOTENCY_REDIS_URL", "")
+	client := redistest.Server(t)
+	_, regOpt := registry()
+	var c *coordinator.Coordinator
+	app := fx.New(fx.NopLogger, fx.Supply(client), idempotency.Module, idempotency.UseRedisClient[*redis.Client](), regOpt, fx.Populate(&c))
+	if err := app.Err(); err != nil {
+		t.Fatalf("the app's own client is used, yet start-up fails on the ignored variable: %v", err)
+	}
+}

@@ -28,8 +28,9 @@ import (
 // else a *redis.Client for RedisURL. In cluster mode the user name, password
 // and TLS (rediss://) of RedisURL apply to every node, and its host and
 // database are ignored (a cluster has database 0 only). The client fails fast
-// when Redis is down: one dial attempt per connection, and a dial timeout of
-// at most IDEMPOTENCY_STORAGE_TIMEOUT. The caller owns the client and closes
+// when Redis is down (one dial attempt per connection, a dial timeout of at
+// most IDEMPOTENCY_STORAGE_TIMEOUT) and honours context deadlines
+// (ContextTimeoutEnabled), so the storage timeout bounds every call. The caller owns the client and closes
 // it.
 func NewRedisClient(s Settings) (redis.UniversalClient, error) {
 	opts, err := redis.ParseURL(s.RedisURL)
@@ -41,6 +42,10 @@ func NewRedisClient(s Settings) (redis.UniversalClient, error) {
 	// would spend most of that budget before the call can follow
 	// IDEMPOTENCY_ON_STORAGE_ERROR.
 	opts.DialerRetries = 1
+	// Without this go-redis bounds socket reads and writes by its own
+	// ReadTimeout (5s) and ignores the context's deadline, so
+	// IDEMPOTENCY_STORAGE_TIMEOUT would not bound a call on a hung Redis.
+	opts.ContextTimeoutEnabled = true
 	if opts.DialTimeout == 0 || opts.DialTimeout > s.StorageTimeout && s.StorageTimeout > 0 {
 		opts.DialTimeout = s.StorageTimeout
 	}
@@ -48,16 +53,17 @@ func NewRedisClient(s Settings) (redis.UniversalClient, error) {
 		return redis.NewClient(opts), nil
 	}
 	return redis.NewClusterClient(&redis.ClusterOptions{
-		Addrs:         s.RedisClusterAddrs,
-		Username:      opts.Username,
-		Password:      opts.Password,
-		TLSConfig:     opts.TLSConfig,
-		DialTimeout:   opts.DialTimeout,
-		ReadTimeout:   opts.ReadTimeout,
-		WriteTimeout:  opts.WriteTimeout,
-		PoolSize:      opts.PoolSize,
-		MaxRetries:    opts.MaxRetries,
-		DialerRetries: opts.DialerRetries,
+		Addrs:                 s.RedisClusterAddrs,
+		Username:              opts.Username,
+		Password:              opts.Password,
+		TLSConfig:             opts.TLSConfig,
+		DialTimeout:           opts.DialTimeout,
+		ReadTimeout:           opts.ReadTimeout,
+		WriteTimeout:          opts.WriteTimeout,
+		PoolSize:              opts.PoolSize,
+		MaxRetries:            opts.MaxRetries,
+		DialerRetries:         opts.DialerRetries,
+		ContextTimeoutEnabled: true,
 	}), nil
 }
 

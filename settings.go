@@ -47,7 +47,8 @@ type Settings struct {
 	// RedisURL (REDIS_URL, default redis://localhost:6379/0) is the Redis
 	// server: redis:// or rediss:// (TLS), with an optional user and
 	// password, and the database number as the path. Query parameters are
-	// go-redis client options (redis.ParseURL), e.g. ?dial_timeout=2s.
+	// go-redis client options (redis.ParseURL), e.g. ?dial_timeout=2s. Set
+	// but empty means the default.
 	RedisURL string `split_words:"true" default:"redis://localhost:6379/0" desc:"Redis server: redis:// or rediss:// (TLS) URL, with password and database number"`
 
 	// RedisClusterAddrs (REDIS_CLUSTER_ADDRS, default empty) lists the
@@ -215,6 +216,11 @@ func loadEnv() (Settings, error) {
 		return Settings{}, invalidSettings(errs)
 	}
 	s.RedisClusterAddrs = splitList(s.RedisClusterAddrs)
+	if s.RedisURL == "" {
+		// Set but empty (an unset Helm value, say) means the default, as it
+		// does for the modes.
+		s.RedisURL = DefaultSettings().RedisURL
+	}
 	return s, nil
 }
 

@@ -98,7 +98,7 @@ func TestLoadSettings(t *testing.T) {
 		{name: "REDIS_URL http scheme", env: env("REDIS_URL", "http://cache:6379"), wantErr: []string{`IDEMPOTENCY_REDIS_URL: want a redis:// or rediss:// URL, got scheme "http"`}},
 		{name: "REDIS_URL unix socket", env: env("REDIS_URL", "unix:///tmp/redis.sock"), wantErr: []string{`IDEMPOTENCY_REDIS_URL: want a redis:// or rediss:// URL, got scheme "unix"`}},
 		{name: "REDIS_URL host:port without scheme", env: env("REDIS_URL", "//cache:6379"), wantErr: []string{"IDEMPOTENCY_REDIS_URL: want a redis:// or rediss:// URL, got no scheme"}},
-		{name: "REDIS_URL empty", env: env("REDIS_URL", ""), wantErr: []string{"IDEMPOTENCY_REDIS_URL: want a redis:// or rediss:// URL, got no scheme"}},
+		{name: "REDIS_URL empty means the default", env: env("REDIS_URL", "")},
 		{name: "REDIS_URL bad db", env: env("REDIS_URL", "redis://cache:6379/zero"), wantErr: []string{`IDEMPOTENCY_REDIS_URL: redis: invalid database number: "zero"`}},
 		{name: "REDIS_URL negative db", env: env("REDIS_URL", "redis://cache:6379/-1"), wantErr: []string{"IDEMPOTENCY_REDIS_URL: database number must not be negative, got -1"}},
 		{name: "REDIS_URL unknown option", env: env("REDIS_URL", "redis://cache:6379/0?colour=blue"), wantErr: []string{"IDEMPOTENCY_REDIS_URL: redis: unexpected option: colour"}},

@@ -3,6 +3,7 @@ package coordinator
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"time"
 )
 
@@ -85,7 +86,7 @@ func DoWithCodec[T any](ctx context.Context, c *Coordinator, call Call, codec Co
 		if err != nil {
 			return nil, nil, err
 		}
-		b, encErr := codec.Encode(v)
+		b, encErr := safeEncode(codec, v)
 		return b, encErr, nil
 	}
 	decode := func(b []byte) error {
@@ -104,6 +105,18 @@ func DoWithCodec[T any](ctx context.Context, c *Coordinator, call Call, codec Co
 		return stored, nil
 	}
 	return own, nil
+}
+
+// safeEncode encodes v, turning a panic of the codec into an error: the
+// action has run, and nothing may raise after that (encoding/json panics on,
+// for one, a struct that embeds a nil *time.Time).
+func safeEncode[T any](codec Codec[T], v T) (b []byte, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			b, err = nil, fmt.Errorf("codec panicked: %v", p)
+		}
+	}()
+	return codec.Encode(v)
 }
 
 // Execute is the byte-level form of Do: the action returns its encoded

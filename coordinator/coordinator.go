@@ -20,6 +20,8 @@ type Coordinator struct {
 
 	mu    sync.Mutex
 	polls map[Key]*poll
+	loops int        // running poll loops; guarded by mu
+	idle  *sync.Cond // on mu: broadcast when loops drops to 0
 }
 
 // New returns a Coordinator over store. It returns an error, and no
@@ -38,7 +40,23 @@ func New(store Store, opts ...Option) (*Coordinator, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Coordinator{store: store, cfg: cfg, obs: cfg.observer, polls: make(map[Key]*poll)}, nil
+	c := &Coordinator{store: store, cfg: cfg, obs: cfg.observer, polls: make(map[Key]*poll)}
+	c.idle = sync.NewCond(&c.mu)
+	return c, nil
+}
+
+// Close waits until the poll loops that waiting callers shared have exited.
+// A loop stops when its last waiter leaves, and exits once its read in flight
+// returns, within one storage timeout; Close lets an application (the fx
+// module does it on stop) or a test with goleak wait for that. It does not
+// stop calls in progress, and the Coordinator stays usable. It returns nil.
+func (c *Coordinator) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for c.loops > 0 {
+		c.idle.Wait()
+	}
+	return nil
 }
 
 // Enabled reports whether the coordinator protects calls (see WithEnabled).
@@ -184,9 +202,16 @@ func (x *exec) reserved(ctx context.Context) (Result, error) {
 		rec, written, err := x.storeReserve(ctx, w)
 		if err != nil {
 			if ctx.Err() != nil {
+				// The caller hung up. The script may have run with its
+				// reply lost: give the key back rather than leave it
+				// reserved for a lease.
+				x.release(ctx)
 				return Result{}, ctx.Err()
 			}
 			se := x.storageFailed(ctx, ErrorStorageReserve, MethodReserve, err)
+			if x.c.cfg.onStorageError == StorageErrorRaise && replyMayBeLost(err) {
+				x.release(ctx)
+			}
 			return x.onStorageError(ctx, se)
 		}
 		if written || rec.State == StatePending && rec.Token == x.token {
@@ -253,13 +278,31 @@ func (x *exec) onStorageError(ctx context.Context, se *StorageError) (Result, er
 		// Best effort, and only where nobody else wrote: the store just
 		// failed, and another caller may have reserved in the meantime.
 		w := Write{State: StateCompleted, Token: x.token, Fingerprint: x.fp, Result: payload, TTL: x.ttl}
-		if _, written, err := x.storeReserve(context.WithoutCancel(ctx), w); err != nil {
+		rec, written, err := x.storeReserve(context.WithoutCancel(ctx), w)
+		switch {
+		case err != nil:
 			x.storageFailed(ctx, ErrorStorageSave, MethodReserve, err)
-		} else if written {
+		case written, rec.State == StateCompleted && rec.Token == x.token:
 			x.observe(ctx, Event{Kind: EventStored})
+		case rec.State == StatePending && rec.Token == x.token:
+			// Our own reservation, made by the Reserve whose reply was
+			// lost: complete it.
+			if ok, err := x.storeComplete(context.WithoutCancel(ctx), payload); err != nil {
+				x.storageFailed(ctx, ErrorStorageSave, MethodComplete, err)
+			} else if ok {
+				x.observe(ctx, Event{Kind: EventStored})
+			}
+			x.c.kick(x.key)
 		}
 	}
 	return Result{Value: payload}, nil
+}
+
+// replyMayBeLost reports whether a failed store call may have been carried
+// out with its reply lost: a timeout, as opposed to a refused connection.
+func replyMayBeLost(err error) bool {
+	var timeout interface{ Timeout() bool }
+	return errors.Is(err, context.DeadlineExceeded) || errors.As(err, &timeout) && timeout.Timeout()
 }
 
 // storable reports whether payload may be stored, reporting why not.

@@ -6,8 +6,13 @@ import (
 )
 
 // Observer receives the coordinator's events. Observe is called
-// synchronously on the caller's goroutine, from many goroutines at once, so it
-// must be safe for concurrent use and quick. The package observability turns
+// synchronously, from many goroutines at once, so it must be safe for
+// concurrent use and quick. Most events come on the caller's goroutine; a
+// renewal's events come from the call's renewer, and a shared poll loop's from
+// that loop, with the context of the waiter that started it. One call may
+// report several outcomes: a waiter reports in_flight, then hit (or miss when
+// it takes over); a run-mode call that adopts a concurrent result reports
+// miss, then hit; an unprotected run reports unprotected, not miss. The package observability turns
 // events into Prometheus metrics and zap log lines; NopObserver discards them.
 type Observer interface {
 	Observe(ctx context.Context, e Event)

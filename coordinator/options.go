@@ -74,7 +74,8 @@ func WithOnStorageError(m StorageErrorMode) Option {
 }
 
 // WithLease sets the reservation's lease: how long a key stays reserved by a
-// caller that stopped renewing it (crashed). Default 30s; at least 1ms.
+// caller that stopped renewing it (crashed). Default 30s; at least 1ms;
+// rounded down to the millisecond, as are the TTLs.
 func WithLease(d time.Duration) Option { return optionFunc(func(c *config) { c.lease = d }) }
 
 // WithRenewInterval sets how often a running action's lease is renewed.
@@ -145,6 +146,14 @@ func (c *config) validate() error {
 	}
 	if c.observer == nil {
 		c.observer = NopObserver{}
+	}
+	// Stores take whole milliseconds (Redis PEXPIRE).
+	c.lease = c.lease.Truncate(time.Millisecond)
+	c.defaultTTL = c.defaultTTL.Truncate(time.Millisecond)
+	c.minTTL = c.minTTL.Truncate(time.Millisecond)
+	c.maxTTL = c.maxTTL.Truncate(time.Millisecond)
+	for op, ttl := range c.operationTTLs {
+		c.operationTTLs[op] = ttl.Truncate(time.Millisecond)
 	}
 	if c.lease < time.Millisecond {
 		bad("lease %v: must be at least 1ms", c.lease)

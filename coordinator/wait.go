@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"context"
+	"errors"
 	"time"
 )
 
@@ -13,6 +14,7 @@ type poll struct {
 	done   chan struct{} // closed when rec/err are set
 	rec    Record        // the first record that is not pending
 	err    error         // or the store failure that ended the loop
+	ttl    time.Duration // the holder's remaining lease at the last read; guarded by Coordinator.mu
 	cancel context.CancelFunc
 	exited chan struct{}
 }
@@ -27,7 +29,7 @@ func (x *exec) wait(ctx context.Context, deadline time.Time, last Record) (Recor
 	defer func() {
 		x.observe(ctx, Event{Kind: EventWaited, Duration: time.Since(start), Outcome: outcome})
 	}()
-	p := c.joinPoll(ctx, x)
+	p := c.joinPoll(ctx, x, last)
 	defer c.leavePoll(x.key, p)
 
 	timer := time.NewTimer(time.Until(deadline))
@@ -46,15 +48,21 @@ func (x *exec) wait(ctx context.Context, deadline time.Time, last Record) (Recor
 		}
 		return p.rec, p.err
 	case <-ctx.Done():
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			// The caller's deadline is the wait bound here: the key is
+			// still in progress, which is what the caller needs to hear.
+			outcome = WaitTimeout
+			return Record{}, &InProgressError{Key: x.key, RetryAfter: c.lastTTL(p)}
+		}
 		outcome = WaitCanceled
 		return Record{}, ctx.Err()
 	case <-timer.C:
 		outcome = WaitTimeout
-		return Record{}, &InProgressError{Key: x.key, RetryAfter: last.TTL}
+		return Record{}, &InProgressError{Key: x.key, RetryAfter: c.lastTTL(p)}
 	}
 }
 
-func (c *Coordinator) joinPoll(ctx context.Context, x *exec) *poll {
+func (c *Coordinator) joinPoll(ctx context.Context, x *exec, last Record) *poll {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if p, ok := c.polls[x.key]; ok {
@@ -62,14 +70,34 @@ func (c *Coordinator) joinPoll(ctx context.Context, x *exec) *poll {
 		return p
 	}
 	pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	p := &poll{refs: 1, kick: make(chan struct{}, 1), done: make(chan struct{}), cancel: cancel, exited: make(chan struct{})}
+	p := &poll{refs: 1, kick: make(chan struct{}, 1), done: make(chan struct{}), cancel: cancel, exited: make(chan struct{}), ttl: last.TTL}
 	c.polls[x.key] = p
-	go c.runPoll(pctx, x, p)
+	c.loops++
+	go func() {
+		defer func() {
+			c.mu.Lock()
+			c.loops--
+			if c.loops == 0 {
+				c.idle.Broadcast()
+			}
+			c.mu.Unlock()
+		}()
+		c.runPoll(pctx, x, p)
+	}()
 	return p
 }
 
-// leavePoll drops a waiter; the last one stops the loop and waits for it, so
-// no goroutine outlives the calls that needed it.
+func (c *Coordinator) lastTTL(p *poll) time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return p.ttl
+}
+
+// leavePoll drops a waiter; the last one stops the loop. It does not wait
+// for the loop to exit: a read in flight may take up to the storage timeout
+// (go-redis bounds a read by the deadline, not by cancellation), and a
+// cancelled caller returns at once. The loop is the Coordinator's: Close
+// waits for it.
 func (c *Coordinator) leavePoll(key Key, p *poll) {
 	c.mu.Lock()
 	p.refs--
@@ -80,7 +108,6 @@ func (c *Coordinator) leavePoll(key Key, p *poll) {
 	c.mu.Unlock()
 	if last {
 		p.cancel()
-		<-p.exited
 	}
 }
 
@@ -129,6 +156,9 @@ func (c *Coordinator) runPoll(ctx context.Context, x *exec, p *poll) {
 			close(p.done)
 			return
 		}
+		c.mu.Lock()
+		p.ttl = rec.TTL
+		c.mu.Unlock()
 		interval = min(interval*2, maxInterval)
 		if !timer.Stop() {
 			select {

@@ -20,18 +20,25 @@ func Store(s coordinator.Store) fx.Option {
 // MemoryStore replaces the module's store with a fresh in-memory one
 // (memstore), and provides that *memstore.Store to the graph so a test can
 // fx.Populate it and look inside.
+// Each app gets its own store, even when one option value is reused.
 func MemoryStore() fx.Option {
-	s := memstore.New()
-	return fx.Options(Store(s), fx.Supply(s))
+	return fx.Options(
+		fx.Provide(func() *memstore.Store { return memstore.New() }),
+		fx.Decorate(func(s *memstore.Store) coordinator.Store { return s }),
+	)
 }
 
 // FailingStore replaces the module's store with an in-memory one behind a
 // faultstore wrapper, and provides the *faultstore.Store (to arm failures:
 // Fail, FailOnce, FailTimes, Before) and the *memstore.Store behind it.
 func FailingStore() fx.Option {
-	mem := memstore.New()
-	fs := faultstore.Wrap(mem)
-	return fx.Options(Store(fs), fx.Supply(fs, mem))
+	return fx.Options(
+		fx.Provide(
+			func() *memstore.Store { return memstore.New() },
+			func(mem *memstore.Store) *faultstore.Store { return faultstore.Wrap(mem) },
+		),
+		fx.Decorate(func(fs *faultstore.Store) coordinator.Store { return fs }),
+	)
 }
 
 // Settings changes the module's settings after they are loaded from the

@@ -46,7 +46,7 @@
 // (the default) or neither; unless the key is logged plain, it is also
 // replaced in error messages. Error lines carry error_type, the store method
 // when there is one, and the error. Routine events (hit, miss, stored, each
-// store call) are logged at Debug, a collision at Info, an unprotected run,
+// store call, a collision) are logged at Debug, an unprotected run,
 // a wait timeout, a failed lease renewal and a key reuse at Warn, and the
 // other errors at Error.
 //

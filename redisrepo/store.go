@@ -16,6 +16,11 @@ import (
 // *redis.ClusterClient, *redis.Ring and every redis.UniversalClient satisfy
 // it. A Client that also has a Pipeline method (all of those do) lets the
 // bulk operator calls, Inspect and Forget, send their scripts in one pipeline.
+//
+// Build the client with ContextTimeoutEnabled: true. Without it go-redis
+// bounds socket reads by its own ReadTimeout (5s by default) and ignores the
+// context's deadline, so the coordinator's storage timeout would not bound a
+// call on a hung Redis. idempotency.NewRedisClient sets it.
 type Client interface {
 	redis.Scripter
 }
