@@ -12,10 +12,12 @@
 //
 // Requests with a method of WithMethods (POST and PATCH by default) and an
 // Idempotency-Key header are protected. The key is the header's value, raw
-// (abc) or as an RFC 8941 quoted string ("abc", with \" and \\ escapes), 1 to
-// 255 visible ASCII characters. A request without the header passes through
-// unprotected unless WithKeyRequired(true); one with a malformed key or two
-// headers gets 400.
+// (abc) or as an RFC 8941 quoted string ("abc", with \" and \\ escapes, and
+// optional parameters, which are ignored: "abc";v=1), 1 to 255 visible ASCII
+// characters. A request without the header passes through unprotected unless
+// WithKeyRequired(true); one with a malformed key or two headers gets 400.
+// When the coordinator is disabled (the kill switch), every request passes
+// through untouched, whatever its header.
 //
 // The key is stored under an operation name and scoped to the caller:
 //
@@ -29,7 +31,8 @@
 //     is a hash of the scope followed by the client's key, so two callers who
 //     send the same key never see each other's response. Without the hook all
 //     callers share one key space: set it on any API with more than one
-//     client.
+//     client. Callers with equal scopes share one key space too, the empty
+//     scope included: return typed scopes ("tenant:42", "user:42").
 //
 // The request's fingerprint is the SHA-256 of its method, path, query and
 // body (read up to WithMaxBodyBytes, 1 MiB, and handed to the handler
@@ -43,8 +46,19 @@
 // of DefaultReplayHeaders or WithReplayHeaders, and the body) and sent to
 // the client with every header it set. Later requests with the key get the
 // stored response plus "Idempotent-Replayed: true". Set-Cookie, Authorization,
-// Proxy-Authorization, Cookie, hop-by-hop headers, Content-Length and Date are
-// never stored, whatever the allow-list says.
+// Proxy-Authorization, Cookie, hop-by-hop headers, Content-Length, Date and
+// trailers are never stored, whatever the allow-list says.
+//
+// The ResponseWriter treats headers as net/http's does. The handler's header
+// map starts with the headers middleware outside this one set; what goes out
+// is the map as it was when the status was set (by WriteHeader, or the first
+// Write or Flush), so later changes are not sent, except the values of
+// declared trailers (the Trailer header, http.TrailerPrefix), which follow
+// the body. Only what the handler did to the outer headers is stored: values
+// it added are added, on a replay, to those outer middleware sets on that
+// request, and headers it replaced or removed are replaced or removed. A
+// Content-Type is sniffed as net/http sniffs it (not with a Content-Encoding,
+// nor when the handler set it to nil).
 //
 // Responses are not stored, but still sent, when the store policy refuses
 // their status (DefaultStorePolicy refuses 429 and 5xx; see WithStorePolicy),
@@ -61,7 +75,7 @@
 // (application/problem+json, see Problem and WithProblemWriter):
 //
 //	400 ProblemKeyMissing, ProblemKeyInvalid, ProblemBodyUnreadable
-//	401 ProblemCallerUnknown     the scope hook returned an error
+//	401 ProblemCallerUnknown     the scope hook returned an error; WWW-Authenticate of WithAuthChallenge
 //	409 ProblemInProgress        the first request still runs; Retry-After
 //	413 ProblemBodyTooLarge
 //	422 ProblemKeyReuse

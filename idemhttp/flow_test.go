@@ -249,6 +249,45 @@ func TestProblemWriter(t *testing.T) {
 	}
 }
 
+// A failing scope hook gives 401, with the WWW-Authenticate challenge of
+// WithAuthChallenge (RFC 9110 requires one on a 401), set before the problem
+// writer runs; the handler does not run.
+func TestAuthChallenge(t *testing.T) {
+	c, _ := newCoordinator(t)
+	noScope := idemhttp.WithKeyScope(func(*http.Request) (string, error) { return "", errors.New("no session") })
+	var p payments
+	t.Run("none by default", func(t *testing.T) {
+		w := send(route("POST /payments", &p, idemhttp.Middleware(c, noScope)), "POST", "/payments", "k", `{}`)
+		problemOf(t, w, http.StatusUnauthorized, idemhttp.ProblemCallerUnknown)
+		if v, ok := w.Header()["Www-Authenticate"]; ok {
+			t.Fatalf("WWW-Authenticate = %q without WithAuthChallenge", v)
+		}
+	})
+	t.Run("WithAuthChallenge", func(t *testing.T) {
+		var seen string
+		mux := route("POST /payments", &p, idemhttp.Middleware(c, noScope,
+			idemhttp.WithAuthChallenge(`Bearer realm="api"`),
+			idemhttp.WithProblemWriter(func(w http.ResponseWriter, r *http.Request, p idemhttp.Problem) {
+				seen = w.Header().Get("WWW-Authenticate")
+				idemhttp.WriteProblem(w, p)
+			})))
+		w := send(mux, "POST", "/payments", "k", `{}`)
+		problemOf(t, w, http.StatusUnauthorized, idemhttp.ProblemCallerUnknown)
+		if got := w.Header().Values("WWW-Authenticate"); len(got) != 1 || got[0] != `Bearer realm="api"` || seen != got[0] {
+			t.Fatalf("WWW-Authenticate = %q (problem writer saw %q), want Bearer realm=\"api\"", got, seen)
+		}
+		// Other refusals carry no challenge.
+		w = send(mux, "POST", "/payments", "a b", `{}`)
+		problemOf(t, w, http.StatusBadRequest, idemhttp.ProblemKeyInvalid)
+		if v := w.Header().Get("WWW-Authenticate"); v != "" {
+			t.Fatalf("400 carries WWW-Authenticate %q", v)
+		}
+	})
+	if p.n() != 0 {
+		t.Fatalf("handler ran %d times, want 0", p.n())
+	}
+}
+
 // Through a real server: 20 concurrent duplicates run the handler once, and
 // every response is the same.
 func TestConcurrentDuplicates(t *testing.T) {

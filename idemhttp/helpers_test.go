@@ -151,6 +151,27 @@ func retryAfterAtLeast1(t *testing.T, w *httptest.ResponseRecorder) {
 	}
 }
 
+// post sends one POST /payments with key through a real server and returns
+// the response with its body read. The client asks for no transparent gzip.
+func post(t *testing.T, srv *httptest.Server, key string) (*http.Response, []byte) {
+	t.Helper()
+	req, _ := http.NewRequest("POST", srv.URL+"/payments", strings.NewReader(`{}`))
+	req.Header.Set(idemhttp.KeyHeader, key)
+	req.Header.Set("Accept-Encoding", "identity")
+	resp, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp, b
+}
+
+// direct serves h at POST /payments without the middleware, for comparison.
+func direct(h http.Handler) *httptest.Server {
+	return httptest.NewServer(route("POST /payments", h, func(h http.Handler) http.Handler { return h }))
+}
+
 func isReplay(w *httptest.ResponseRecorder) bool {
 	return w.Header().Get(idemhttp.ReplayedHeader) == "true"
 }

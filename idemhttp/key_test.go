@@ -22,7 +22,23 @@ func TestInvalidKeyIs400(t *testing.T) {
 		{"unterminated", `"abc`},
 		{"bad escape", `"a\b"`},
 		{"text after quote", `"abc"x`},
-		{"parameters", `"abc";p=1`},
+		{"parameter without a name", `"abc";=1`},
+		{"parameter with an upper-case name", `"abc";P=1`},
+		{"parameter without a value", `"abc";p=`},
+		{"parameters without a semicolon", `"abc" ;p=1`},
+		{"space before =", `"abc";p =1`},
+		{"bad escape in a parameter", `"abc";p="a\b"`},
+		{"unterminated parameter string", `"abc";p="x`},
+		{"bad boolean", `"abc";p=?2`},
+		{"unterminated byte sequence", `"abc";p=:aGk=`},
+		{"bad byte sequence", `"abc";p=:a b:`},
+		{"integer too long", `"abc";p=1234567890123456`},
+		{"decimal with a trailing dot", `"abc";p=1.`},
+		{"decimal without an integer part", `"abc";p=-.5`},
+		{"decimal with 4 fraction digits", `"abc";p=1.2345`},
+		{"two dots", `"abc";p=1.2.3`},
+		{"text after a parameter", `"abc";p=1 x`},
+		{"trailing semicolon", `"abc";`},
 		{"list", `"a", "b"`},
 		{"space in quotes", `"a b"`},
 		{"long quoted", `"` + strings.Repeat("k", coordinator.MaxKeyLen+1) + `"`},
@@ -86,6 +102,30 @@ func TestQuotedKeyEqualsRawKey(t *testing.T) {
 	}
 	if p.n() != 4 {
 		t.Fatalf("handler ran %d times, want 4", p.n())
+	}
+}
+
+// RFC 8941 parameters after a quoted key are checked and ignored: they do
+// not change the key.
+func TestQuotedKeyParametersAreIgnored(t *testing.T) {
+	c, _ := newCoordinator(t)
+	var p payments
+	mux := route("POST /payments", &p, idemhttp.Middleware(c))
+	first := send(mux, "POST", "/payments", "abc", `{}`)
+	for _, key := range []string{
+		`"abc";p=1`,
+		`"abc";p`,
+		`"abc"; a=1;b=?0;*c=-12.5;d="x;\"y";e=:aGk=:;f=tok/en:1;g=?1`,
+		`"abc";a-b.c_d*=*`,
+		`"abc";p=123456789012345;q=123456789012.123`,
+	} {
+		w := send(mux, "POST", "/payments", key, `{}`)
+		if !isReplay(w) || w.Body.String() != first.Body.String() {
+			t.Errorf("%s: %d %s replayed %v; want the replay of abc", key, w.Code, w.Body, isReplay(w))
+		}
+	}
+	if p.n() != 1 {
+		t.Fatalf("handler ran %d times, want 1", p.n())
 	}
 }
 
@@ -254,6 +294,8 @@ func TestMiddlewarePanicsOnBadConfiguration(t *testing.T) {
 		{"negative TTL", c, idemhttp.WithTTL(-1)},
 		{"Set-Cookie replayed", c, idemhttp.WithReplayHeaders("Content-Type", "set-cookie")},
 		{"Authorization replayed", c, idemhttp.WithReplayHeaders("Authorization")},
+		{"trailer replayed", c, idemhttp.WithReplayHeaders(http.TrailerPrefix + "X-Checksum")},
+		{"challenge with a newline", c, idemhttp.WithAuthChallenge("Bearer\r\nX-Evil: 1")},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			defer func() {

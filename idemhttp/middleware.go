@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -36,9 +37,14 @@ var errNotStored = errors.New("idemhttp: response not stored by the store policy
 // the store policy allows, stored and sent; retries get the stored status,
 // body and allow-listed headers with "Idempotent-Replayed: true". Refusals are
 // problem+json: 400 for a missing or malformed key, 401 when the scope hook
-// fails, 413 for a body over WithMaxBodyBytes, 409 with Retry-After while the
-// first request runs, 422 for a key reused for another request, 503 with
-// Retry-After when the store fails and c fails closed.
+// fails (with WithAuthChallenge's WWW-Authenticate), 413 for a body over
+// WithMaxBodyBytes, 409 with Retry-After while the first request runs, 422 for
+// a key reused for another request, 503 with Retry-After when the store fails
+// and c fails closed.
+//
+// When c is disabled (coordinator.WithEnabled(false), the kill switch) the
+// middleware steps aside: every request goes to the handler as it came, with
+// no key check, scope hook, body limit or buffering.
 //
 // A handler that panics has sent nothing (unless it streamed); the key is
 // released and the panic goes on to net/http. Middleware panics when c is nil
@@ -69,7 +75,10 @@ type handler struct {
 }
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if !h.cfg.methodSet[r.Method] {
+	if !h.c.Enabled() || !h.cfg.methodSet[r.Method] {
+		// The kill switch (coordinator.WithEnabled(false)) steps aside
+		// entirely: no key check, scope hook, body cap or buffering can
+		// refuse or alter a request the handler would serve.
 		h.next.ServeHTTP(w, r)
 		return
 	}
@@ -98,6 +107,9 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if h.cfg.scope != nil {
 		scope, err := h.cfg.scope(r)
 		if err != nil {
+			if h.cfg.challenge != "" {
+				w.Header().Set("WWW-Authenticate", h.cfg.challenge)
+			}
 			h.fail(w, r, problem(ProblemCallerUnknown, http.StatusUnauthorized,
 				"The caller could not be identified, so the idempotency key cannot be scoped to it.", err))
 			return
@@ -116,10 +128,6 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	r = r.WithContext(r.Context()) // a shallow copy: the caller's request keeps its Body
 	r.Body = io.NopCloser(bytes.NewReader(body))
-	if !h.c.Enabled() {
-		h.next.ServeHTTP(w, r) // the kill switch: the header is still checked, nothing is stored
-		return
-	}
 
 	var own *response
 	resp, err := coordinator.DoWithCodec(r.Context(), h.c, call, h.codec, func(ctx context.Context) (*response, error) {
@@ -230,24 +238,40 @@ func retryAfter(d time.Duration) string {
 	return strconv.FormatInt(max(s, 1), 10)
 }
 
-// writeLive sends the response the handler just produced, with every header
-// it set.
+// writeLive sends the response the handler just produced, as net/http would
+// have sent it: the header as it was when the status was set (outer
+// middleware's headers as the handler left them, deleted ones included),
+// then the body, then the trailers.
 func writeLive(w http.ResponseWriter, resp *response) {
-	if resp.sent {
-		return
+	if !resp.sent {
+		setHeader(w.Header(), resp.header)
+		w.WriteHeader(resp.status)
+		if len(resp.body) > 0 {
+			_, _ = w.Write(resp.body)
+		}
 	}
-	copyHeader(w.Header(), resp.header)
-	w.WriteHeader(resp.status)
-	if len(resp.body) > 0 {
-		_, _ = w.Write(resp.body)
+	// Set after the body, these go out as trailers: declared ones because
+	// the header sent had them in Trailer, the others by their
+	// http.TrailerPrefix.
+	for k, vs := range resp.trailer {
+		w.Header()[k] = vs
 	}
 }
 
 // writeReplay sends a stored response: its status, body and allow-listed
-// headers, marked as a replay.
+// headers, marked as a replay. The headers outer middleware set on this
+// request stay, as the handler's did on the first: stored values the handler
+// added are added to them, and headers it replaced or removed are replaced or
+// removed.
 func writeReplay(w http.ResponseWriter, resp *response) {
-	copyHeader(w.Header(), resp.header)
-	w.Header().Set(ReplayedHeader, "true")
+	h := w.Header()
+	for k, vs := range resp.replace {
+		h[k] = slices.Clone(vs) // nil stays nil: a suppressed header
+	}
+	for k, vs := range resp.add {
+		h[k] = append(h[k], vs...)
+	}
+	h.Set(ReplayedHeader, "true")
 	w.WriteHeader(resp.status)
 	if len(resp.body) > 0 && bodyAllowed(resp.status) {
 		_, _ = w.Write(resp.body)

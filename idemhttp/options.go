@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/idemkit/idempotency/coordinator"
@@ -37,6 +38,7 @@ type config struct {
 	operation      string
 	operationFunc  func(*http.Request) string
 	scope          func(*http.Request) (string, error)
+	challenge      string
 	maxBody        int64
 	fpHeaders      []string
 	maxResponse    int
@@ -96,13 +98,31 @@ func WithOperationFunc(f func(*http.Request) string) Option {
 // stored key is derived from the scope and the client's key, and a caller
 // who sends another caller's key gets their own fresh response, never the
 // other's. When the hook returns an error the request is refused with 401
-// (problem type ProblemCallerUnknown) and the handler does not run.
+// (problem type ProblemCallerUnknown, with the WithAuthChallenge challenge)
+// and the handler does not run.
+//
+// Scopes are compared as strings: every caller whose hook returns the same
+// scope shares one key space, and the empty scope "" is one scope like any
+// other, shared by all callers that get it. Return typed scopes
+// ("tenant:42", "user:42") when IDs of different kinds can be equal.
 //
 // Without a scope hook (the default) every caller shares one key space per
 // operation: anyone who learns or guesses another client's key receives that
 // client's stored response. Set it on every multi-tenant API.
 func WithKeyScope(scope func(*http.Request) (string, error)) Option {
 	return optionFunc(func(c *config) { c.scope = scope })
+}
+
+// WithAuthChallenge sets the WWW-Authenticate challenge of the 401 that
+// refuses a request whose scope hook (WithKeyScope) fails, e.g.
+// `Bearer realm="api"`. RFC 9110 requires a 401 to carry one, and only the
+// application knows its authentication scheme: set this, or keep
+// authentication (which answers with its own challenge) before the
+// middleware so that the hook does not fail. The header is set on the
+// ResponseWriter before the problem writer runs. Default "": none. Middleware
+// panics when the challenge holds control characters.
+func WithAuthChallenge(challenge string) Option {
+	return optionFunc(func(c *config) { c.challenge = challenge })
 }
 
 // WithMaxBodyBytes sets the largest request body the middleware reads to
@@ -204,7 +224,7 @@ func neverReplayed(k string) bool {
 		ReplayedHeader:
 		return true
 	}
-	return false
+	return strings.HasPrefix(k, http.TrailerPrefix)
 }
 
 func (c *config) validate() error {
@@ -225,6 +245,9 @@ func (c *config) validate() error {
 	}
 	if c.maxResponse <= 0 {
 		return fmt.Errorf("WithMaxResponseBytes(%d): must be positive", c.maxResponse)
+	}
+	if strings.ContainsFunc(c.challenge, func(r rune) bool { return r < ' ' && r != '\t' || r == 0x7f }) {
+		return fmt.Errorf("WithAuthChallenge(%q): control characters", c.challenge)
 	}
 	if c.ttl < 0 {
 		return fmt.Errorf("WithTTL(%v): must not be negative", c.ttl)

@@ -17,8 +17,9 @@ const (
 	// ProblemKeyInvalid (400): the Idempotency-Key header is malformed: not 1
 	// to 255 visible ASCII characters, a broken quoted string, or sent twice.
 	ProblemKeyInvalid = problemBase + "key-invalid"
-	// ProblemCallerUnknown (401): the key scope hook (WithKeyScope) could not
-	// tell whose request it is.
+	// ProblemCallerUnknown (401, with the WWW-Authenticate challenge of
+	// WithAuthChallenge when set): the key scope hook (WithKeyScope) could
+	// not tell whose request it is.
 	ProblemCallerUnknown = problemBase + "caller-unknown"
 	// ProblemBodyTooLarge (413): the request body is larger than
 	// WithMaxBodyBytes allows.
