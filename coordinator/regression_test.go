@@ -34,12 +34,12 @@ func TestCodecPanicAfterTheActionRanIsNotRaised(t *testing.T) {
 				charged++ // the effect happens here
 				return withNilEmbedded{ID: "ch_1"}, nil
 			}
-			do := func() (v withNilEmbedded, err error, panicked any) {
+			do := func() (v withNilEmbedded, panicked any, err error) {
 				defer func() { panicked = recover() }()
 				v, err = coordinator.Do(t.Context(), f.c, call("enc-panic"), action)
-				return v, err, nil
+				return v, nil, err
 			}
-			v, err, p := do()
+			v, p, err := do()
 			if p != nil {
 				t.Fatalf("Do panicked after the action ran (charged %d): %v; DESIGN §3.1.7: nothing raises after the action ran", charged, p)
 			}
