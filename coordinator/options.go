@@ -57,8 +57,8 @@ func defaultConfig() config {
 	}
 }
 
-// WithEnabled(false) is the kill switch: every call just runs the action;
-// nothing is read, written or reported. Default true.
+// WithEnabled sets the kill switch: with false every call just runs the
+// action, and nothing is read, written or reported. Default true.
 func WithEnabled(enabled bool) Option { return optionFunc(func(c *config) { c.enabled = enabled }) }
 
 // WithInFlight sets what a second caller does while the first holds the key.

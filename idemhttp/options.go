@@ -70,9 +70,9 @@ func WithMethods(methods ...string) Option {
 	return optionFunc(func(c *config) { c.methods = ms })
 }
 
-// WithKeyRequired(true) answers a protected request without an
-// Idempotency-Key header with 400 (problem type ProblemKeyMissing) instead of
-// passing it through unprotected. Default false.
+// WithKeyRequired sets whether a protected request without an
+// Idempotency-Key header is answered with 400 (problem type ProblemKeyMissing)
+// instead of passed through unprotected. Default false.
 func WithKeyRequired(required bool) Option {
 	return optionFunc(func(c *config) { c.required = required })
 }
