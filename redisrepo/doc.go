@@ -56,7 +56,9 @@
 // slot, one script call per slot, sent in one pipeline: one round trip per
 // node, and never a CROSSSLOT error.
 //
-// Errors: a failed call to Redis (the network, a timeout, a cancelled
-// context, a server error) is a *coordinator.StorageError naming the method,
-// which unwraps to the go-redis error.
+// Errors: a failed call to Redis by one of the five Store methods (the
+// network, a timeout, a cancelled context, a server error) is a
+// *coordinator.StorageError naming the method, which unwraps to the go-redis
+// error. The operator calls (Inspect, Forget, LoadScripts) return the go-redis
+// error wrapped with the call's name.
 package redisrepo

@@ -47,12 +47,11 @@ local function read(key)
 end
 
 -- owned reports whether key holds a readable pending record owned by token.
+-- It reads the record exactly as read does, so that the owner scripts never
+-- act on a record that Get and Reserve call unreadable.
 local function owned(key, token)
-  if keytype(key) ~= 'hash' then
-    return false
-  end
-  local f = redis.call('HMGET', key, 'v', 'state', 'token')
-  return f[1] == VERSION and f[2] == 'pending' and f[3] == token
+  local st, tok = read(key)
+  return st == PENDING and tok == token
 end
 
 -- pttl returns the remaining time to live of key in milliseconds, or 0 when

@@ -196,7 +196,13 @@ func millis(d time.Duration) (int64, error) {
 	if d <= 0 {
 		return 0, fmt.Errorf("redisrepo: time to live %v is not positive", d)
 	}
-	return int64((d + time.Millisecond - 1) / time.Millisecond), nil
+	// Round up without overflowing: d+999999ns overflows near MaxInt64, and
+	// a negative PEXPIRE deletes the key.
+	ms := int64(d / time.Millisecond)
+	if d%time.Millisecond != 0 {
+		ms++
+	}
+	return ms, nil
 }
 
 // errNilReply replaces redis.Nil, which no script of this package returns:

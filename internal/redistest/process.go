@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -84,7 +85,10 @@ func spawn(dir string, port int, extra []string) (*proc, error) {
 		// failed dial.
 		err := listening(p.addr())
 		if err == nil {
-			if err = ping(ctx, opts); err == nil {
+			// Our process must be the one answering: a redis-server that
+			// lost the race for its port exits, and another server may
+			// be listening there.
+			if err = pingPID(ctx, opts, cmd.Process.Pid); err == nil {
 				return p, nil
 			}
 		}
@@ -117,12 +121,21 @@ func (p *proc) kill() {
 
 // ping sends one PING with a client of its own, which tries once: no retry,
 // one dial.
-func ping(ctx context.Context, opts *redis.Options) error {
+// pingPID pings the server at opts and checks that it is process pid.
+func pingPID(ctx context.Context, opts *redis.Options, pid int) error {
 	o := *opts
 	o.MaxRetries, o.DialerRetries = -1, 1
 	c := redis.NewClient(&o)
 	defer c.Close()
-	return c.Ping(ctx).Err()
+	info, err := c.Info(ctx, "server").Result()
+	if err != nil {
+		return err
+	}
+	want := fmt.Sprintf("process_id:%d\r\n", pid)
+	if !strings.Contains(info, want) {
+		return fmt.Errorf("the server on %s is not the redis-server we started (pid %d)", o.Addr, pid)
+	}
+	return nil
 }
 
 // freePort returns a TCP port on 127.0.0.1 that nothing listens on. With
@@ -163,4 +176,13 @@ func tail(path string) string {
 		b = b[len(b)-2000:]
 	}
 	return string(b)
+}
+
+// ping checks that a server answers at opts.
+func ping(ctx context.Context, opts *redis.Options) error {
+	o := *opts
+	o.MaxRetries, o.DialerRetries = -1, 1
+	c := redis.NewClient(&o)
+	defer c.Close()
+	return c.Ping(ctx).Err()
 }

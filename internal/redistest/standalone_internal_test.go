@@ -2,7 +2,10 @@ package redistest
 
 import (
 	"context"
+	"strconv"
 	"testing"
+
+	"github.com/alicebob/miniredis/v2"
 )
 
 // TestStandaloneSources checks where the shared standalone server comes
@@ -48,4 +51,26 @@ func TestStandaloneSources(t *testing.T) {
 			t.Error(err)
 		}
 	})
+}
+
+// A redis-server that cannot bind its port exits; spawn must not take the
+// server that holds the port for its own.
+func TestSpawnRefusesAForeignServer(t *testing.T) {
+	if !haveBinary("redis-server") {
+		t.Skip("redistest: no redis-server on PATH: nothing to spawn")
+	}
+	port, err := freePort(false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	foreign := miniredis.NewMiniRedis()
+	if err := foreign.StartAddr("127.0.0.1:" + strconv.Itoa(port)); err != nil {
+		t.Skipf("could not take port %d: %v", port, err)
+	}
+	defer foreign.Close()
+	p, err := spawn(t.TempDir(), port, nil)
+	if err == nil {
+		p.kill()
+		t.Fatal("spawn succeeded on a port another server holds")
+	}
 }
