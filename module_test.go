@@ -3,6 +3,7 @@ package idempotency_test
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -310,5 +311,34 @@ func TestModuleWithTheAppsClientIgnoresAnEmptyRedisURL(t *testing.T) {
 	app := fx.New(fx.NopLogger, fx.Supply(client), idempotency.Module, idempotency.UseRedisClient[*redis.Client](), regOpt, fx.Populate(&c))
 	if err := app.Err(); err != nil {
 		t.Fatalf("the app's own client is used, yet start-up fails on the ignored variable: %v", err)
+	}
+}
+
+func TestModuleOnARedisCluster(t *testing.T) {
+	clearEnv(t)
+	addrs := redistest.ClusterAddrs(t) // skips without redis-server, fails with IDEMPOTENCY_TEST_REQUIRE_REDIS=1
+	prefix := redistest.Prefix(t)
+	t.Setenv("IDEMPOTENCY_REDIS_CLUSTER_ADDRS", strings.Join(addrs, ","))
+	t.Setenv("IDEMPOTENCY_KEY_PREFIX", prefix)
+	_, regOpt := registry()
+	var c *coordinator.Coordinator
+	app := fxtest.New(t, idempotency.Module, regOpt, fx.Populate(&c))
+	app.RequireStart()
+	defer app.RequireStop()
+	var runs atomic.Int64
+	for i := range 20 { // keys spread over the masters
+		call := coordinator.Call{Operation: "payment.charge", Key: "cluster-" + strconv.Itoa(i)}
+		for range 2 {
+			if _, err := coordinator.Do(t.Context(), c, call, charge(&runs)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if runs.Load() != 20 {
+		t.Fatalf("runs = %d, want one per key", runs.Load())
+	}
+	cluster := redistest.Cluster(t)
+	if n, err := cluster.Exists(t.Context(), prefix+"payment.charge:cluster-7").Result(); err != nil || n != 1 {
+		t.Fatalf("record not on the cluster: %d, %v", n, err)
 	}
 }
