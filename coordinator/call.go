@@ -79,32 +79,39 @@ func Do[T any](ctx context.Context, c *Coordinator, call Call, action func(conte
 
 // DoWithCodec is Do with codec in place of JSON.
 func DoWithCodec[T any](ctx context.Context, c *Coordinator, call Call, codec Codec[T], action func(context.Context) (T, error)) (T, error) {
-	var own, stored T
-	run := func(ctx context.Context) (payload []byte, unstorable, err error) {
-		v, err := action(ctx)
-		own = v
-		if err != nil {
-			return nil, nil, err
-		}
-		b, encErr := safeEncode(codec, v)
-		return b, encErr, nil
+	a := &typedAction[T]{codec: codec, fn: action}
+	res, err := c.execute(ctx, call, a)
+	if err == nil && res.Replayed {
+		return a.stored, nil
 	}
-	decode := func(b []byte) error {
-		v, err := codec.Decode(b)
-		if err != nil {
-			return err
-		}
-		stored = v
-		return nil
-	}
-	res, err := c.execute(ctx, call, run, decode)
+	return a.own, err
+}
+
+// typedAction is the action of one Do call: one allocation for the action,
+// its codec and both results, where closures would cost four.
+type typedAction[T any] struct {
+	codec       Codec[T]
+	fn          func(context.Context) (T, error)
+	own, stored T
+}
+
+func (a *typedAction[T]) run(ctx context.Context) ([]byte, error, error) {
+	v, err := a.fn(ctx)
+	a.own = v
 	if err != nil {
-		return own, err
+		return nil, nil, err
 	}
-	if res.Replayed {
-		return stored, nil
+	b, encErr := safeEncode(a.codec, v)
+	return b, encErr, nil
+}
+
+func (a *typedAction[T]) decode(b []byte) error {
+	v, err := a.codec.Decode(b)
+	if err != nil {
+		return err
 	}
-	return own, nil
+	a.stored = v
+	return nil
 }
 
 // safeEncode encodes v, turning a panic of the codec into an error: the
@@ -124,12 +131,18 @@ func safeEncode[T any](codec Codec[T], v T) (b []byte, err error) {
 // middleware needs that for its replay header). Every stored result is
 // replayed as it is; the errors are those of Do.
 func (c *Coordinator) Execute(ctx context.Context, call Call, action func(context.Context) ([]byte, error)) (Result, error) {
-	run := func(ctx context.Context) ([]byte, error, error) {
-		b, err := action(ctx)
-		return b, nil, err
-	}
-	return c.execute(ctx, call, run, nil)
+	return c.execute(ctx, call, byteAction(action))
 }
+
+// byteAction is the action of Execute: every stored result is replayed.
+type byteAction func(context.Context) ([]byte, error)
+
+func (f byteAction) run(ctx context.Context) ([]byte, error, error) {
+	b, err := f(ctx)
+	return b, nil, err
+}
+
+func (byteAction) decode([]byte) error { return nil }
 
 // Lease describes the reservation under which an action runs; see
 // LeaseFromContext.

@@ -71,19 +71,20 @@ func (c *Coordinator) OnStorageError() StorageErrorMode { return c.cfg.onStorage
 // Lease returns the reservation lease.
 func (c *Coordinator) Lease() time.Duration { return c.cfg.lease }
 
-// runFunc runs the action: payload is its encoded result, unstorable an
-// error that keeps the payload from being stored (an encoding failure), err
-// the action's own error.
-type runFunc func(ctx context.Context) (payload []byte, unstorable, err error)
-
-// decodeFunc checks (and keeps) a stored result; nil accepts every result.
-type decodeFunc func([]byte) error
+// runner is a call's action: run runs it (payload is its encoded result,
+// unstorable an error that keeps the payload from being stored, such as an
+// encoding failure, err the action's own error); decode checks, and keeps, a
+// stored result.
+type runner interface {
+	run(ctx context.Context) (payload []byte, unstorable, err error)
+	decode(stored []byte) error
+}
 
 // maxRounds bounds the reserve loop: heals and takeovers that keep losing
 // races end in ErrInProgress instead of looping.
 const maxRounds = 64
 
-func (c *Coordinator) execute(ctx context.Context, call Call, run runFunc, decode decodeFunc) (Result, error) {
+func (c *Coordinator) execute(ctx context.Context, call Call, act runner) (Result, error) {
 	if err := ValidateOperation(call.Operation); err != nil {
 		return Result{}, err
 	}
@@ -100,14 +101,11 @@ func (c *Coordinator) execute(ctx context.Context, call Call, run runFunc, decod
 		return Result{}, err
 	}
 	if call.Key == "" || !c.cfg.enabled {
-		payload, _, err := run(ctx)
+		payload, _, err := act.run(ctx)
 		return Result{Value: payload}, err
 	}
 	key := Key{Operation: call.Operation, Key: call.Key}
-	if decode == nil {
-		decode = func([]byte) error { return nil }
-	}
-	x := &exec{c: c, key: key, fp: call.Fingerprint, ttl: ttl, token: newToken(), run: run, decode: decode}
+	x := &exec{c: c, key: key, fp: call.Fingerprint, ttl: ttl, token: newToken(), act: act}
 	if c.cfg.inFlight == InFlightRun {
 		return x.unreserved(ctx)
 	}
@@ -136,18 +134,19 @@ func (c *Coordinator) resolveTTL(call Call) (time.Duration, error) {
 func newToken() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never returns an error
-	return hex.EncodeToString(b[:])
+	var h [32]byte
+	hex.Encode(h[:], b[:])
+	return string(h[:])
 }
 
 // exec is the state of one protected call.
 type exec struct {
-	c      *Coordinator
-	key    Key
-	fp     string
-	ttl    time.Duration
-	token  string
-	run    runFunc
-	decode decodeFunc
+	c     *Coordinator
+	key   Key
+	fp    string
+	ttl   time.Duration
+	token string
+	act   runner
 }
 
 func (x *exec) observe(ctx context.Context, e Event) {
@@ -177,7 +176,7 @@ func (x *exec) reuse(ctx context.Context, rec Record) error {
 func (x *exec) readable(ctx context.Context, rec Record) bool {
 	var err error
 	if rec.State == StateCompleted {
-		if err = x.decode(rec.Result); err == nil {
+		if err = x.act.decode(rec.Result); err == nil {
 			return true
 		}
 		err = fmt.Errorf("idempotency: stored result of %s cannot be decoded: %w", x.key, err)
@@ -270,7 +269,7 @@ func (x *exec) onStorageError(ctx context.Context, se *StorageError) (Result, er
 		return Result{}, se
 	}
 	x.observe(ctx, Event{Kind: EventUnprotected, Method: se.Method, Err: se})
-	payload, unstorable, err := x.run(ctx)
+	payload, unstorable, err := x.act.run(ctx)
 	if err != nil {
 		return Result{}, err
 	}
@@ -334,7 +333,7 @@ func (x *exec) runReserved(ctx context.Context) (Result, error) {
 			x.release(ctx)
 		}
 	}()
-	payload, unstorable, err := x.run(actx)
+	payload, unstorable, err := x.act.run(actx)
 	returned = true
 	lost := r.stop()
 
@@ -406,7 +405,7 @@ func (x *exec) unreserved(ctx context.Context) (Result, error) {
 		x.observe(ctx, Event{Kind: EventInFlight, Mode: InFlightRun})
 	}
 	x.observe(ctx, Event{Kind: EventMiss})
-	payload, unstorable, err := x.run(ctx)
+	payload, unstorable, err := x.act.run(ctx)
 	if err != nil {
 		return Result{}, err
 	}
@@ -434,7 +433,7 @@ func (x *exec) unreserved(ctx context.Context) (Result, error) {
 			Err: fmt.Errorf("%w: a concurrent caller stored another request under %s; keeping our own result", ErrKeyReuse, x.key)})
 		return own, nil
 	}
-	if x.decode(winner.Result) != nil {
+	if x.act.decode(winner.Result) != nil {
 		return own, nil
 	}
 	return x.hit(ctx, winner)

@@ -5,50 +5,49 @@ import (
 	"time"
 )
 
-// timed runs one store call under the storage timeout and reports its
-// latency.
-func timed[R any](x *exec, ctx context.Context, m Method, f func(context.Context) (R, error)) (R, error) {
+// begin starts one store call under the storage timeout; end reports its
+// latency. (No closure per call: these run on every request.)
+func (x *exec) begin(ctx context.Context) (context.Context, context.CancelFunc, time.Time) {
 	sctx, cancel := context.WithTimeout(ctx, x.c.cfg.storageTimeout)
-	defer cancel()
-	start := time.Now()
-	r, err := f(sctx)
-	x.observe(ctx, Event{Kind: EventStorageCall, Method: m, Duration: time.Since(start), Err: err})
-	return r, err
+	return sctx, cancel, time.Now()
 }
 
-type reserved struct {
-	rec     Record
-	written bool
+func (x *exec) end(ctx context.Context, cancel context.CancelFunc, start time.Time, m Method, err error) {
+	cancel()
+	x.observe(ctx, Event{Kind: EventStorageCall, Method: m, Duration: time.Since(start), Err: err})
 }
 
 func (x *exec) storeReserve(ctx context.Context, w Write) (Record, bool, error) {
-	r, err := timed(x, ctx, MethodReserve, func(ctx context.Context) (reserved, error) {
-		rec, ok, err := x.c.store.Reserve(ctx, x.key, w)
-		return reserved{rec, ok}, err
-	})
-	return r.rec, r.written, err
+	sctx, cancel, start := x.begin(ctx)
+	rec, ok, err := x.c.store.Reserve(sctx, x.key, w)
+	x.end(ctx, cancel, start, MethodReserve, err)
+	return rec, ok, err
 }
 
 func (x *exec) storeGet(ctx context.Context) (Record, error) {
-	return timed(x, ctx, MethodGet, func(ctx context.Context) (Record, error) {
-		return x.c.store.Get(ctx, x.key)
-	})
+	sctx, cancel, start := x.begin(ctx)
+	rec, err := x.c.store.Get(sctx, x.key)
+	x.end(ctx, cancel, start, MethodGet, err)
+	return rec, err
 }
 
 func (x *exec) storeComplete(ctx context.Context, payload []byte) (bool, error) {
-	return timed(x, ctx, MethodComplete, func(ctx context.Context) (bool, error) {
-		return x.c.store.Complete(ctx, x.key, x.token, payload, x.ttl)
-	})
+	sctx, cancel, start := x.begin(ctx)
+	ok, err := x.c.store.Complete(sctx, x.key, x.token, payload, x.ttl)
+	x.end(ctx, cancel, start, MethodComplete, err)
+	return ok, err
 }
 
 func (x *exec) storeRelease(ctx context.Context) (bool, error) {
-	return timed(x, ctx, MethodRelease, func(ctx context.Context) (bool, error) {
-		return x.c.store.Release(ctx, x.key, x.token)
-	})
+	sctx, cancel, start := x.begin(ctx)
+	ok, err := x.c.store.Release(sctx, x.key, x.token)
+	x.end(ctx, cancel, start, MethodRelease, err)
+	return ok, err
 }
 
 func (x *exec) storeRenew(ctx context.Context) (bool, error) {
-	return timed(x, ctx, MethodRenew, func(ctx context.Context) (bool, error) {
-		return x.c.store.Renew(ctx, x.key, x.token, x.c.cfg.lease)
-	})
+	sctx, cancel, start := x.begin(ctx)
+	ok, err := x.c.store.Renew(sctx, x.key, x.token, x.c.cfg.lease)
+	x.end(ctx, cancel, start, MethodRenew, err)
+	return ok, err
 }
