@@ -1,23 +1,32 @@
 // Package idempotency makes an operation run once per idempotency key, in
 // services built on go.uber.org/fx.
 //
-// The engine lives in package coordinator: it reserves a key in a store, runs
-// the action, stores its result and replays that result to every later call
-// with the same key. This package is the thin layer that configures it from
-// the environment:
+// Add Module to an fx app and inject *coordinator.Coordinator wherever an
+// operation must run once per key:
 //
-//	s, err := idempotency.LoadSettings() // IDEMPOTENCY_* variables, validated
-//	if err != nil {
-//		return err // names every bad variable: "IDEMPOTENCY_LEASE: must be at least 1ms, got 0s"
-//	}
-//	c, err := coordinator.New(store, s.CoordinatorOptions()...)
+//	fx.New(idempotency.Module, fx.Provide(NewPayments), ...)
 //
-// Settings holds every variable with its default (see DefaultSettings), and
-// Settings.Validate checks a Settings built in code the same way LoadSettings
-// checks the environment.
+//	func NewPayments(c *coordinator.Coordinator) *Payments { ... }
 //
-// Status: the fx module (idempotency.Module, which provides the Settings, the
-// Redis-backed store and the *coordinator.Coordinator to an fx app) and the
-// constructors it wires are being built; until they land, build the
-// coordinator yourself as above.
+//	charge, err := coordinator.Do(ctx, c, coordinator.Call{
+//		Operation: "payment.charge",
+//		Key:       key,
+//	}, func(ctx context.Context) (Charge, error) { ... })
+//
+// Module reads Settings from the IDEMPOTENCY_* environment (LoadSettings;
+// invalid values stop start-up with an error that names the variable), builds
+// a Redis client and the Redis store (package redisrepo), an observer that
+// turns the coordinator's events into Prometheus metrics and zap log lines
+// (package observability), and the coordinator (package coordinator, the
+// engine). UseRedisClient points it at the app's own Redis client instead,
+// OverrideSettings changes settings from the graph, and the package fxtest
+// (idemfxtest) swaps Redis out in tests.
+//
+// Every constructor Module wires is exported, so the library works without fx
+// too:
+//
+//	s, err := idempotency.LoadSettings()
+//	client, err := idempotency.NewRedisClient(s)
+//	obs, err := idempotency.NewObserver(s, logger, prometheus.DefaultRegisterer)
+//	c, err := idempotency.NewCoordinator(s, idempotency.NewStore(s, client), obs)
 package idempotency

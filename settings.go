@@ -47,7 +47,7 @@ type Settings struct {
 	// RedisURL (REDIS_URL, default redis://localhost:6379/0) is the Redis
 	// server: redis:// or rediss:// (TLS), with an optional user and
 	// password, and the database number as the path. Query parameters are
-	// go-redis client options (redis.ParseURL), e.g. ?dial_timeout=2s. Set
+	// go-redis client options (redis.ParseURL), e.g. ?pool_size=20. Set
 	// but empty means the default.
 	RedisURL string `split_words:"true" default:"redis://localhost:6379/0" desc:"Redis server: redis:// or rediss:// (TLS) URL, with password and database number"`
 

@@ -3,6 +3,7 @@ package idempotency_test
 import (
 	"context"
 	"net"
+	"os"
 	"os/exec"
 	"strconv"
 	"syscall"
@@ -11,19 +12,21 @@ import (
 
 	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/internal/redistest"
 )
 
-// ---------------------------------------------------------------------------
-// 5. The storage timeout does not bound a call on the Redis store that the
-// fx module builds: go-redis ignores context deadlines for socket I/O unless
-// ContextTimeoutEnabled is set, so a hung Redis holds every call for
-// go-redis's ReadTimeout (5s in v9.23), not IDEMPOTENCY_STORAGE_TIMEOUT.
-// (Skipped without redis-server on PATH.)
-
+// The storage timeout bounds a call on a hung Redis through the client the
+// module builds: go-redis ignores context deadlines on sockets unless
+// ContextTimeoutEnabled is set (NewRedisClient sets it), and would otherwise
+// hold every call for its own ReadTimeout (5s). The test freezes a
+// redis-server of its own with SIGSTOP. (Skipped without redis-server.)
 func TestHungRedisIsBoundedByTheStorageTimeout(t *testing.T) {
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
-		t.Skip("redis-server not on PATH")
+		if os.Getenv(redistest.EnvRequire) == "1" {
+			t.Fatalf("%s=1 and no redis-server on PATH", redistest.EnvRequire)
+		}
+		t.Skip("redis-server not on PATH: a hung server needs a real one (miniredis cannot be frozen)")
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

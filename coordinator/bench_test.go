@@ -4,6 +4,7 @@ import (
 	"context"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/coordinator/memstore"
@@ -32,11 +33,12 @@ func BenchmarkDo(b *testing.B) {
 		}
 	})
 	b.Run("first", func(b *testing.B) {
+		run := strconv.FormatInt(time.Now().UnixNano(), 36) // new keys for every -count round
 		b.ReportAllocs()
 		i := 0
 		for b.Loop() {
 			i++
-			call := coordinator.Call{Operation: "payment.charge", Key: "bench-first-" + strconv.Itoa(i)}
+			call := coordinator.Call{Operation: "payment.charge", Key: "bench-first-" + run + "-" + strconv.Itoa(i)}
 			if _, err := coordinator.Do(ctx, c, call, action); err != nil {
 				b.Fatal(err)
 			}

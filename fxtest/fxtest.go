@@ -9,7 +9,9 @@ import (
 	"github.com/idemkit/idempotency/coordinator/memstore"
 )
 
-// Store replaces the module's coordinator.Store with s. The module's Redis
+// Store replaces the module's coordinator.Store with s. Use one of Store,
+// MemoryStore and FailingStore per app: each replaces coordinator.Store, and
+// fx refuses to replace one type twice. The module's Redis
 // client is then never built. It is the fx.Replace of an interface done
 // right: a plain fx.Replace(s) of a concrete value would not replace the
 // coordinator.Store interface at all.

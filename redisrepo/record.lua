@@ -1,7 +1,7 @@
 -- record.lua is the prelude of every script in this package: Go prepends it
 -- to the body of each script, so the record format is read in one place.
 --
--- A record is a HASH under one key (see docs/redis-layout.md):
+-- A record is a HASH under one key (see docs/architecture.md, Redis layout):
 --   v           format version, "1"
 --   state       "pending" or "completed"
 --   token       owner token of the reservation
