@@ -30,12 +30,17 @@ import (
 // database are ignored (a cluster has database 0 only). The client fails fast
 // when Redis is down (one dial attempt per connection, a dial timeout of at
 // most IDEMPOTENCY_STORAGE_TIMEOUT) and honours context deadlines
-// (ContextTimeoutEnabled), so the storage timeout bounds every call. The caller owns the client and closes
-// it.
+// (ContextTimeoutEnabled), so the storage timeout bounds every call. The
+// caller owns the client and closes it.
 func NewRedisClient(s Settings) (redis.UniversalClient, error) {
+	// The same check as Settings.Validate, whose messages never quote the URL
+	// (it may hold a password).
+	if err := validateRedisURL(s.RedisURL); err != nil {
+		return nil, fmt.Errorf("IDEMPOTENCY_REDIS_URL: %w", err)
+	}
 	opts, err := redis.ParseURL(s.RedisURL)
 	if err != nil {
-		return nil, fmt.Errorf("IDEMPOTENCY_REDIS_URL: %w", redactURLError(err, s.RedisURL))
+		return nil, fmt.Errorf("IDEMPOTENCY_REDIS_URL: %w", err)
 	}
 	// Fail fast when Redis is down: every call is bounded by the storage
 	// timeout anyway, and go-redis's default of five dial attempts 100ms apart
@@ -52,11 +57,18 @@ func NewRedisClient(s Settings) (redis.UniversalClient, error) {
 	if len(s.RedisClusterAddrs) == 0 {
 		return redis.NewClient(opts), nil
 	}
+	tlsConfig := opts.TLSConfig
+	if tlsConfig != nil {
+		// redis.ParseURL names the URL's host as the TLS server; on a cluster
+		// each node is verified under its own name instead.
+		tlsConfig = tlsConfig.Clone()
+		tlsConfig.ServerName = ""
+	}
 	return redis.NewClusterClient(&redis.ClusterOptions{
 		Addrs:                 s.RedisClusterAddrs,
 		Username:              opts.Username,
 		Password:              opts.Password,
-		TLSConfig:             opts.TLSConfig,
+		TLSConfig:             tlsConfig,
 		DialTimeout:           opts.DialTimeout,
 		ReadTimeout:           opts.ReadTimeout,
 		WriteTimeout:          opts.WriteTimeout,
@@ -65,22 +77,6 @@ func NewRedisClient(s Settings) (redis.UniversalClient, error) {
 		DialerRetries:         opts.DialerRetries,
 		ContextTimeoutEnabled: true,
 	}), nil
-}
-
-// redactURLError keeps a password out of an error message.
-func redactURLError(err error, rawURL string) error {
-	msg := err.Error()
-	if i := strings.Index(rawURL, "://"); i >= 0 {
-		if at := strings.LastIndex(rawURL, "@"); at > i {
-			if colon := strings.Index(rawURL[i+3:at], ":"); colon >= 0 {
-				pw := rawURL[i+3+colon+1 : at]
-				if pw != "" {
-					msg = strings.ReplaceAll(msg, pw, "xxxxx")
-				}
-			}
-		}
-	}
-	return fmt.Errorf("%s", msg)
 }
 
 // RedisAddr describes where client points, for log lines: the address of a
