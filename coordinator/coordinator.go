@@ -161,9 +161,21 @@ func (x *exec) storageFailed(ctx context.Context, t ErrorType, m Method, err err
 	return se
 }
 
-// reuse returns a *KeyReuseError when both fingerprints are set and differ.
+// reusedBy reports whether rec belongs to another request: both
+// fingerprints are set and differ.
+func (x *exec) reusedBy(rec Record) bool {
+	return x.fp != "" && rec.Fingerprint != "" && x.fp != rec.Fingerprint
+}
+
+// ours reports whether rec is this call's own record in state st, written by
+// a store call whose reply was lost (or that a client retried).
+func (x *exec) ours(rec Record, st State) bool {
+	return rec.State == st && rec.Token == x.token
+}
+
+// reuse returns a *KeyReuseError when rec belongs to another request.
 func (x *exec) reuse(ctx context.Context, rec Record) error {
-	if x.fp == "" || rec.Fingerprint == "" || x.fp == rec.Fingerprint {
+	if !x.reusedBy(rec) {
 		return nil
 	}
 	err := &KeyReuseError{Key: x.key, Stored: rec.Fingerprint, Got: x.fp}
@@ -197,6 +209,7 @@ func (x *exec) reserved(ctx context.Context) (Result, error) {
 	c := x.c
 	w := Write{State: StatePending, Token: x.token, Fingerprint: x.fp, TTL: c.cfg.lease}
 	var deadline time.Time // of waiting; set when a holder is first seen
+reserve:
 	for range maxRounds {
 		rec, written, err := x.storeReserve(ctx, w)
 		if err != nil {
@@ -213,52 +226,55 @@ func (x *exec) reserved(ctx context.Context) (Result, error) {
 			}
 			return x.onStorageError(ctx, se)
 		}
-		if written || rec.State == StatePending && rec.Token == x.token {
+		if written || x.ours(rec, StatePending) {
 			// The second case is our own reservation, met again because a
 			// client retried the call after losing the first reply.
 			return x.runReserved(ctx)
 		}
-	settle:
-		if err := x.reuse(ctx, rec); err != nil {
-			return Result{}, err
-		}
-		switch rec.State {
-		case StateCompleted, StateUnreadable:
-			if x.readable(ctx, rec) {
-				return x.hit(ctx, rec)
-			}
-			// Heal: take the record over with a compare-and-swap on its
-			// token, so that of many healers only one runs.
-			w.Replace, w.ReplaceToken = true, rec.Token
-			continue
-		case StatePending:
-			if deadline.IsZero() {
-				x.observe(ctx, Event{Kind: EventInFlight, Mode: c.cfg.inFlight})
-				if c.cfg.inFlight == InFlightRaise {
-					return Result{}, &InProgressError{Key: x.key, RetryAfter: rec.TTL}
-				}
-				deadline = time.Now().Add(c.cfg.waitTimeout)
-				if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
-					deadline = d
-				}
-			}
-			next, err := x.wait(ctx, deadline, rec)
-			if err != nil {
-				var se *StorageError
-				if errors.As(err, &se) {
-					return x.onStorageError(ctx, se)
-				}
+		// Settle rec: the record Reserve found, then the one a wait ends on.
+		for {
+			if err := x.reuse(ctx, rec); err != nil {
 				return Result{}, err
 			}
-			if next.State == StateAbsent {
-				w.Replace, w.ReplaceToken = false, ""
-				continue // take over
+			switch rec.State {
+			case StateCompleted, StateUnreadable:
+				if x.readable(ctx, rec) {
+					return x.hit(ctx, rec)
+				}
+				// Heal: take the record over with a compare-and-swap on
+				// its token, so that of many healers only one runs.
+				w.Replace, w.ReplaceToken = true, rec.Token
+				continue reserve
+			case StatePending:
+				if deadline.IsZero() {
+					x.observe(ctx, Event{Kind: EventInFlight, Mode: c.cfg.inFlight})
+					if c.cfg.inFlight == InFlightRaise {
+						return Result{}, &InProgressError{Key: x.key, RetryAfter: rec.TTL}
+					}
+					deadline = time.Now().Add(c.cfg.waitTimeout)
+					if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+						deadline = d
+					}
+				}
+				next, err := x.wait(ctx, deadline, rec)
+				if err != nil {
+					var se *StorageError
+					if errors.As(err, &se) {
+						return x.onStorageError(ctx, se)
+					}
+					return Result{}, err
+				}
+				if next.State == StateAbsent {
+					w.Replace, w.ReplaceToken = false, ""
+					continue reserve // take over
+				}
+				rec = next
+				continue
 			}
-			rec = next
-			goto settle
+			// StateAbsent from a Reserve that did not write: a store bug or
+			// a race with expiry; try again.
+			continue reserve
 		}
-		// StateAbsent from a Reserve that did not write: a store bug or a
-		// race with expiry; try again.
 	}
 	return Result{}, &InProgressError{Key: x.key}
 }
@@ -281,9 +297,9 @@ func (x *exec) onStorageError(ctx context.Context, se *StorageError) (Result, er
 		switch {
 		case err != nil:
 			x.storageFailed(ctx, ErrorStorageSave, MethodReserve, err)
-		case written, rec.State == StateCompleted && rec.Token == x.token:
+		case written, x.ours(rec, StateCompleted):
 			x.observe(ctx, Event{Kind: EventStored})
-		case rec.State == StatePending && rec.Token == x.token:
+		case x.ours(rec, StatePending):
 			// Our own reservation, made by the Reserve whose reply was
 			// lost: complete it.
 			if ok, err := x.storeComplete(context.WithoutCancel(ctx), payload); err != nil {
@@ -370,7 +386,7 @@ func (x *exec) runReserved(ctx context.Context) (Result, error) {
 // completed: a refused completion is checked before it is called a lost lease.
 func (x *exec) completedByUs(ctx context.Context) bool {
 	rec, err := x.storeGet(context.WithoutCancel(ctx))
-	return err == nil && rec.State == StateCompleted && rec.Token == x.token
+	return err == nil && x.ours(rec, StateCompleted)
 }
 
 // release gives the reservation up, best effort.
@@ -419,7 +435,7 @@ func (x *exec) unreserved(ctx context.Context) (Result, error) {
 	case err != nil:
 		x.storageFailed(ctx, ErrorStorageSave, MethodReserve, err)
 		return own, nil
-	case written, winner.State == StateCompleted && winner.Token == x.token:
+	case written, x.ours(winner, StateCompleted):
 		x.observe(ctx, Event{Kind: EventStored})
 		return own, nil
 	}
@@ -428,7 +444,7 @@ func (x *exec) unreserved(ctx context.Context) (Result, error) {
 	if winner.State != StateCompleted {
 		return own, nil
 	}
-	if x.fp != "" && winner.Fingerprint != "" && x.fp != winner.Fingerprint {
+	if x.reusedBy(winner) {
 		x.observe(ctx, Event{Kind: EventError, ErrorType: ErrorKeyReuse,
 			Err: fmt.Errorf("%w: a concurrent caller stored another request under %s; keeping our own result", ErrKeyReuse, x.key)})
 		return own, nil

@@ -41,7 +41,7 @@ func (x *exec) wait(ctx context.Context, deadline time.Time, last Record) (Recor
 			outcome = WaitError
 		case p.rec.State == StateAbsent:
 			outcome = WaitTakeover
-		case x.fp != "" && p.rec.Fingerprint != "" && x.fp != p.rec.Fingerprint:
+		case x.reusedBy(p.rec):
 			outcome = WaitReuse
 		default:
 			outcome = WaitHit

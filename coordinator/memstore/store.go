@@ -107,25 +107,10 @@ func (s *Store) Get(ctx context.Context, key coordinator.Key) (coordinator.Recor
 // by token, it makes it a completed record with result (copied) and time to
 // live ttl, keeping its token and fingerprint, and reports true.
 func (s *Store) Complete(ctx context.Context, key coordinator.Key, token string, result []byte, ttl time.Duration) (bool, error) {
-	if err := ctx.Err(); err != nil {
-		return false, err
-	}
-	if err := checkTTL("complete", key, ttl); err != nil {
-		return false, err
-	}
-
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	now := s.now()
-	e, ok := s.owned(key, token, now)
-	if !ok {
-		return false, nil
-	}
-	e.rec.State = coordinator.StateCompleted
-	e.rec.Result = bytes.Clone(result)
-	e.expires = now.Add(ttl)
-	s.records[key] = e
-	return true, nil
+	return s.extendOwned(ctx, "complete", key, token, ttl, func(e *entry) {
+		e.rec.State = coordinator.StateCompleted
+		e.rec.Result = bytes.Clone(result)
+	})
 }
 
 // Release implements coordinator.Store: if key holds a pending record owned by
@@ -147,10 +132,17 @@ func (s *Store) Release(ctx context.Context, key coordinator.Key, token string) 
 // Renew implements coordinator.Store: if key holds a pending record owned by
 // token, it sets its time to live to lease and reports true.
 func (s *Store) Renew(ctx context.Context, key coordinator.Key, token string, lease time.Duration) (bool, error) {
+	return s.extendOwned(ctx, "renew", key, token, lease, nil)
+}
+
+// extendOwned is Complete and Renew: if key holds a pending record owned by
+// token, it applies change (when not nil), sets the time to live to ttl and
+// reports true.
+func (s *Store) extendOwned(ctx context.Context, method string, key coordinator.Key, token string, ttl time.Duration, change func(*entry)) (bool, error) {
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
-	if err := checkTTL("renew", key, lease); err != nil {
+	if err := checkTTL(method, key, ttl); err != nil {
 		return false, err
 	}
 
@@ -161,7 +153,10 @@ func (s *Store) Renew(ctx context.Context, key coordinator.Key, token string, le
 	if !ok {
 		return false, nil
 	}
-	e.expires = now.Add(lease)
+	if change != nil {
+		change(&e)
+	}
+	e.expires = now.Add(ttl)
 	s.records[key] = e
 	return true, nil
 }
