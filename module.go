@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/observability"
+	"github.com/idemkit/idempotency/redisrepo"
 )
 
 // RedisClientName is the fx name under which Module looks for an app's own
@@ -33,7 +34,9 @@ const ObserversGroup = "idempotency.observers"
 //
 //   - Settings, loaded from the IDEMPOTENCY_* environment (LoadSettings).
 //     Invalid settings stop the app with an error that names the variable.
-//   - coordinator.Store: the Redis store. Unless the app supplies its own
+//   - coordinator.Store: the Redis store, which is also provided as
+//     *redisrepo.Store for its operator tools (Inspect, Forget), e.g. for an
+//     admin endpoint. Unless the app supplies its own
 //     client (UseRedisClient), Module builds one from the settings, pings it
 //     on start and closes it on stop. An unreachable Redis does not stop the
 //     app: it is logged as a warning naming the address, and each call then
@@ -50,6 +53,7 @@ const ObserversGroup = "idempotency.observers"
 var Module = fx.Module("idempotency",
 	fx.Provide(
 		provideSettings,
+		provideRedisStore,
 		provideStore,
 		provideCoordinator,
 	),
@@ -84,26 +88,28 @@ const SettingsOverrides = "idempotency.settings"
 // option supplies it).
 const SettingsBaseName = "idempotency.settings.base"
 
-// OverrideSettings changes the module's settings after they are loaded. The
-// argument is a function func(*Settings), or an fx constructor that returns a
-// SettingsOverride and takes whatever it needs from the graph (e.g. the
-// address of a server the app starts itself):
+// OverrideSettings changes the module's settings after they are loaded:
 //
 //	idempotency.OverrideSettings(func(s *idempotency.Settings) { s.InFlight = coordinator.InFlightRaise })
-//	idempotency.OverrideSettings(func(r *EmbeddedRedis) idempotency.SettingsOverride {
-//		return func(s *idempotency.Settings) { s.RedisURL = r.URL() }
-//	})
 //
 // The changed settings are validated again. Overrides run in no guaranteed
 // order, so two should not set one field.
-func OverrideSettings(change any) fx.Option {
-	if f, ok := change.(func(*Settings)); ok {
-		change = SettingsOverride(f)
-	}
-	if o, ok := change.(SettingsOverride); ok {
-		return fx.Supply(fx.Annotate(o, fx.ResultTags(`group:"`+SettingsOverrides+`"`)))
-	}
-	return fx.Provide(fx.Annotate(change, fx.ResultTags(`group:"`+SettingsOverrides+`"`)))
+func OverrideSettings(change func(*Settings)) fx.Option {
+	return fx.Supply(fx.Annotate(SettingsOverride(change), fx.ResultTags(`group:"`+SettingsOverrides+`"`)))
+}
+
+// OverrideSettingsWith is OverrideSettings for a change that needs a value of
+// type D from the graph, such as the address of a server the app starts
+// itself:
+//
+//	idempotency.OverrideSettingsWith(func(r *EmbeddedRedis, s *idempotency.Settings) {
+//		s.RedisURL = r.URL()
+//	})
+func OverrideSettingsWith[D any](change func(D, *Settings)) fx.Option {
+	return fx.Provide(fx.Annotate(
+		func(d D) SettingsOverride { return func(s *Settings) { change(d, s) } },
+		fx.ResultTags(`group:"`+SettingsOverrides+`"`),
+	))
 }
 
 type settingsParams struct {
@@ -141,7 +147,11 @@ type storeParams struct {
 	Client    redis.UniversalClient `name:"idempotency.redis" optional:"true"`
 }
 
-func provideStore(p storeParams) (coordinator.Store, error) {
+// provideStore is the module's coordinator.Store: the Redis store, unless a
+// test replaces it.
+func provideStore(s *redisrepo.Store) coordinator.Store { return s }
+
+func provideRedisStore(p storeParams) (*redisrepo.Store, error) {
 	if p.Client != nil {
 		return NewStore(p.Settings, p.Client), nil
 	}

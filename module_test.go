@@ -22,7 +22,7 @@ import (
 	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/coordinator/faultstore"
 	"github.com/idemkit/idempotency/coordinator/memstore"
-	idemfxtest "github.com/idemkit/idempotency/fxtest"
+	"github.com/idemkit/idempotency/idemfxtest"
 	"github.com/idemkit/idempotency/internal/redistest"
 )
 
@@ -218,15 +218,16 @@ func TestFxtestHelpers(t *testing.T) {
 	_, regOpt := registry()
 	var c *coordinator.Coordinator
 	var fs *faultstore.Store
+	var s idempotency.Settings
 	app := fxtest.New(t, idempotency.Module,
 		idemfxtest.DefaultSettings(),
 		idemfxtest.FailingStore(),
-		idemfxtest.Settings(func(s *idempotency.Settings) { s.OnStorageError = coordinator.StorageErrorRaise }),
-		regOpt, fx.Populate(&c, &fs))
+		idemfxtest.Settings(func(s *idempotency.Settings) { s.OnStorageError = coordinator.OnStorageErrorRaise }),
+		regOpt, fx.Populate(&c, &fs, &s))
 	app.RequireStart()
 	defer app.RequireStop()
-	if c.OnStorageError() != coordinator.StorageErrorRaise || c.InFlight() != coordinator.InFlightWait {
-		t.Fatalf("modes: %v, %v", c.OnStorageError(), c.InFlight())
+	if s.OnStorageError != coordinator.OnStorageErrorRaise || s.InFlight != coordinator.InFlightWait {
+		t.Fatalf("modes: %v, %v", s.OnStorageError, s.InFlight)
 	}
 	fs.Fail(coordinator.MethodReserve, nil)
 	var runs atomic.Int64
@@ -292,16 +293,15 @@ func TestOverrideSettingsFromTheGraph(t *testing.T) {
 	_, regOpt := registry()
 	type lease struct{ d time.Duration }
 	var c *coordinator.Coordinator
+	var s idempotency.Settings
 	app := fxtest.New(t, idempotency.Module, idemfxtest.MemoryStore(), regOpt,
 		fx.Supply(lease{2 * time.Second}),
-		idempotency.OverrideSettings(func(l lease) idempotency.SettingsOverride {
-			return func(s *idempotency.Settings) { s.Lease = l.d }
-		}),
+		idempotency.OverrideSettingsWith(func(l lease, s *idempotency.Settings) { s.Lease = l.d }),
 		idempotency.OverrideSettings(func(s *idempotency.Settings) { s.InFlight = coordinator.InFlightRun }),
-		fx.Populate(&c))
+		fx.Populate(&c, &s))
 	defer app.RequireStart().RequireStop()
-	if c.Lease() != 2*time.Second || c.InFlight() != coordinator.InFlightRun {
-		t.Fatalf("lease %v, in-flight %v", c.Lease(), c.InFlight())
+	if s.Lease != 2*time.Second || s.InFlight != coordinator.InFlightRun || c == nil {
+		t.Fatalf("lease %v, in-flight %v", s.Lease, s.InFlight)
 	}
 }
 

@@ -79,9 +79,9 @@ func NewRedisClient(s Settings) (redis.UniversalClient, error) {
 	}), nil
 }
 
-// RedisAddr describes where client points, for log lines: the address of a
+// redisAddr describes where client points, for log lines: the address of a
 // single server or the seed nodes of a cluster. It never includes a password.
-func RedisAddr(client redis.UniversalClient) string {
+func redisAddr(client redis.UniversalClient) string {
 	switch c := client.(type) {
 	case *redis.Client:
 		return c.Options().Addr
@@ -104,22 +104,12 @@ func NewStore(s Settings, client redisrepo.Client) *redisrepo.Store {
 // operations of OperationTTLS pre-initialised. Building it twice on one
 // registerer is not an error; the second counts into the first's metrics.
 func NewObserver(s Settings, logger *zap.Logger, reg prometheus.Registerer) (*observability.Observer, error) {
-	opts := []observability.Option{
-		observability.WithLogger(logger),
-		observability.WithKeyLogging(s.LogKeys),
-	}
+	opts := append(s.observerOptions(), observability.WithLogger(logger))
 	if s.MetricsEnabled {
 		if reg == nil {
 			reg = prometheus.DefaultRegisterer
 		}
-		ops := make([]string, 0, len(s.OperationTTLS))
-		for op := range s.OperationTTLS {
-			ops = append(ops, op)
-		}
-		opts = append(opts,
-			observability.WithRegisterer(reg),
-			observability.WithNamespace(s.MetricsNamespace),
-			observability.WithOperations(ops...))
+		opts = append(opts, observability.WithRegisterer(reg))
 	}
 	return observability.New(opts...)
 }
@@ -144,10 +134,10 @@ func ping(ctx context.Context, client redis.UniversalClient, s Settings, logger 
 	defer cancel()
 	if err := client.Ping(ctx).Err(); err != nil {
 		logger.Warn("idempotency: redis is unreachable at start-up; calls follow IDEMPOTENCY_ON_STORAGE_ERROR until it is back",
-			zap.String("redis_addr", RedisAddr(client)),
+			zap.String("redis_addr", redisAddr(client)),
 			zap.Stringer("on_storage_error", s.OnStorageError),
 			zap.Error(fmt.Errorf("ping redis: %w", err)))
 		return
 	}
-	logger.Info("idempotency: redis is reachable", zap.String("redis_addr", RedisAddr(client)))
+	logger.Info("idempotency: redis is reachable", zap.String("redis_addr", redisAddr(client)))
 }

@@ -6,8 +6,8 @@ import (
 	"maps"
 	"net"
 	"net/url"
+	"os"
 	"reflect"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -110,7 +110,7 @@ type Settings struct {
 	// OnStorageError (ON_STORAGE_ERROR, default run) is what a call does when
 	// the store fails before the action ran: run it unprotected, or raise a
 	// *coordinator.StorageError. Empty means run.
-	OnStorageError coordinator.StorageErrorMode `split_words:"true" default:"run" desc:"when the store fails before the action ran: run (unprotected) or raise (empty: run)"`
+	OnStorageError coordinator.OnStorageErrorMode `split_words:"true" default:"run" desc:"when the store fails before the action ran: run (unprotected) or raise (empty: run)"`
 
 	// StorageTimeout (STORAGE_TIMEOUT, default 1s) bounds every store call.
 	// Positive.
@@ -150,7 +150,7 @@ func DefaultSettings() Settings {
 		InFlight:       coordinator.InFlightWait,
 		Lease:          coordinator.DefaultLease,
 		PollInterval:   coordinator.DefaultPollInterval,
-		OnStorageError: coordinator.StorageErrorRun,
+		OnStorageError: coordinator.OnStorageErrorRun,
 		StorageTimeout: coordinator.DefaultStorageTimeout,
 		MaxResultBytes: coordinator.DefaultMaxResultBytes,
 		MetricsEnabled: true,
@@ -212,6 +212,7 @@ func loadEnv() (Settings, error) {
 		}
 		v.Field(i).Set(one.Elem().Field(0))
 	}
+	errs = append(errs, unknownVariables(os.Environ())...)
 	if len(errs) > 0 {
 		return Settings{}, invalidSettings(errs)
 	}
@@ -222,6 +223,77 @@ func loadEnv() (Settings, error) {
 		s.RedisURL = DefaultSettings().RedisURL
 	}
 	return s, nil
+}
+
+// testVariablePrefix starts the IDEMPOTENCY_* variables that LoadSettings
+// leaves to tests (IDEMPOTENCY_TEST_REQUIRE_REDIS, say): every other
+// IDEMPOTENCY_* variable must be one that it reads.
+const testVariablePrefix = EnvPrefix + "_TEST_"
+
+// unknownVariables returns an error for each variable in environ ("NAME=value"
+// entries) that starts with IDEMPOTENCY_ but is not one that LoadSettings
+// reads, naming the closest known one: a misspelt IDEMPOTENCY_ON_STORAGE_ERRORS
+// must not quietly leave the default in force.
+func unknownVariables(environ []string) []error {
+	var known []string
+	var errs []error
+	for _, kv := range environ {
+		name, _, _ := strings.Cut(kv, "=")
+		if !strings.HasPrefix(name, EnvPrefix+"_") || strings.HasPrefix(name, testVariablePrefix) {
+			continue
+		}
+		if known == nil {
+			known = variables()
+		}
+		if slices.Contains(known, name) {
+			continue
+		}
+		errs = append(errs, fmt.Errorf("%s: unknown variable; did you mean %s? (the variables are listed in docs/configuration.md)", name, closest(name, known)))
+	}
+	slices.SortFunc(errs, func(a, b error) int { return strings.Compare(a.Error(), b.Error()) })
+	return errs
+}
+
+// variables returns the names of the environment variables LoadSettings
+// reads, in the order of the Settings fields: IDEMPOTENCY_ENABLED,
+// IDEMPOTENCY_REDIS_URL, ... envconfig derives them, and its usage template
+// prints them (a test checks that every field is there).
+func variables() []string {
+	var b strings.Builder
+	_ = envconfig.Usagef(EnvPrefix, &Settings{}, &b, "{{range .}}{{usage_key .}}\n{{end}}")
+	return strings.Fields(b.String())
+}
+
+// closest returns the name in names with the least edit distance to name.
+func closest(name string, names []string) string {
+	best, bestDist := "", -1
+	for _, n := range names {
+		if d := editDistance(name, n); bestDist < 0 || d < bestDist {
+			best, bestDist = n, d
+		}
+	}
+	return best
+}
+
+// editDistance is the Levenshtein distance between a and b, in bytes.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
 }
 
 // envError rewrites an envconfig error as "VARIABLE: what is wrong".
@@ -261,90 +333,117 @@ func splitList(list []string) []string {
 	return out
 }
 
-var metricsNamespaceRE = regexp.MustCompile(`^[a-zA-Z_][a-zA-Z0-9_]*$`)
-
 // Validate reports every problem in s at once, one per line, each naming its
 // environment variable: "IDEMPOTENCY_LEASE: must be at least 1ms, got 0s".
 // It returns nil when s is usable. Every check applies whether or not
 // Enabled is set, so that turning the kill switch off and on again cannot
 // fail.
+//
+// The rules are those of the packages that use the values:
+// coordinator.New for the coordinator's options, observability.New for the
+// metrics and logs, and the Redis client for the URL and the cluster seeds;
+// Validate only names the variable behind each refused value.
 func (s Settings) Validate() error {
 	var errs []error
-	bad := func(name, format string, args ...any) {
-		errs = append(errs, fmt.Errorf(EnvPrefix+"_"+name+": "+format, args...))
+	seen := make(map[string]bool)
+	bad := func(name string, err error) {
+		err = fmt.Errorf("%s_%s: %w", EnvPrefix, name, err)
+		if !seen[err.Error()] { // an operation name is checked by both packages
+			seen[err.Error()] = true
+			errs = append(errs, err)
+		}
 	}
-
 	if err := validateRedisURL(s.RedisURL); err != nil {
-		bad("REDIS_URL", "%w", err)
+		bad("REDIS_URL", err)
 	}
 	for _, addr := range s.RedisClusterAddrs {
 		if err := validateHostPort(addr); err != nil {
-			bad("REDIS_CLUSTER_ADDRS", "entry %q: %w", addr, err)
+			bad("REDIS_CLUSTER_ADDRS", fmt.Errorf("entry %q: %w", addr, err))
 		}
 	}
-
-	if s.MinTTL < time.Millisecond {
-		bad("MIN_TTL", "must be at least 1ms, got %v", s.MinTTL)
+	for _, e := range optionErrors(coordinator.ValidateOptions(s.CoordinatorOptions()...)) {
+		bad(optionVariable(e), errors.New(optionNames.Replace(errors.Unwrap(e).Error())))
 	}
-	if s.MaxTTL < s.MinTTL {
-		bad("MAX_TTL", "must not be shorter than IDEMPOTENCY_MIN_TTL (%v), got %v", s.MinTTL, s.MaxTTL)
+	for _, e := range optionErrors(observability.ValidateOptions(s.observerOptions()...)) {
+		bad(optionVariable(e), errors.New(optionNames.Replace(errors.Unwrap(e).Error())))
 	}
-	if s.DefaultTTL < s.MinTTL || s.DefaultTTL > s.MaxTTL {
-		bad("DEFAULT_TTL", "must be within IDEMPOTENCY_MIN_TTL and IDEMPOTENCY_MAX_TTL [%v, %v], got %v", s.MinTTL, s.MaxTTL, s.DefaultTTL)
-	}
-	for _, op := range slices.Sorted(maps.Keys(s.OperationTTLS)) {
-		ttl := s.OperationTTLS[op]
-		if err := coordinator.ValidateOperation(op); err != nil {
-			if detail := invalidRequestDetail(err); strings.Contains(detail, strconv.Quote(op)) {
-				bad("OPERATION_TTLS", "%s", detail)
-			} else {
-				bad("OPERATION_TTLS", "operation %q: %s", op, detail)
-			}
-		}
-		if ttl < s.MinTTL || ttl > s.MaxTTL {
-			bad("OPERATION_TTLS", "operation %q: TTL %v is not within IDEMPOTENCY_MIN_TTL and IDEMPOTENCY_MAX_TTL [%v, %v]", op, ttl, s.MinTTL, s.MaxTTL)
-		}
-	}
-
-	if _, err := coordinator.ParseInFlightMode(string(s.InFlight)); err != nil {
-		bad("IN_FLIGHT", "%w", err)
-	}
-	if _, err := coordinator.ParseStorageErrorMode(string(s.OnStorageError)); err != nil {
-		bad("ON_STORAGE_ERROR", "%w", err)
-	}
-	if _, err := observability.ParseKeyLogging(string(s.LogKeys)); err != nil {
-		bad("LOG_KEYS", "%s", strings.TrimPrefix(err.Error(), "observability: "))
-	}
-
-	if s.Lease < time.Millisecond {
-		bad("LEASE", "must be at least 1ms, got %v", s.Lease)
-	}
-	switch {
-	case s.RenewInterval < 0:
-		bad("RENEW_INTERVAL", "must not be negative (0s means a third of the lease), got %v", s.RenewInterval)
-	case s.RenewInterval > 0 && s.RenewInterval >= s.Lease:
-		bad("RENEW_INTERVAL", "must be shorter than IDEMPOTENCY_LEASE (%v), got %v", s.Lease, s.RenewInterval)
-	}
-	if s.WaitTimeout < 0 {
-		bad("WAIT_TIMEOUT", "must not be negative (0s means one lease), got %v", s.WaitTimeout)
-	}
-	if s.PollInterval <= 0 {
-		bad("POLL_INTERVAL", "must be positive, got %v", s.PollInterval)
-	}
-	if s.StorageTimeout <= 0 {
-		bad("STORAGE_TIMEOUT", "must be positive, got %v", s.StorageTimeout)
-	}
-	if s.MaxResultBytes <= 0 {
-		bad("MAX_RESULT_BYTES", "must be positive, got %d", s.MaxResultBytes)
-	}
-	if s.MetricsNamespace != "" && !metricsNamespaceRE.MatchString(s.MetricsNamespace) {
-		bad("METRICS_NAMESPACE", "%q is not a Prometheus name; use letters, digits and underscores, not starting with a digit", s.MetricsNamespace)
-	}
-
 	if len(errs) > 0 {
 		return invalidSettings(errs)
 	}
 	return nil
+}
+
+// optionVariables names the variable behind each option that Settings sets,
+// by the option's name as coordinator.OptionError and
+// observability.OptionError report it.
+var optionVariables = map[string]string{
+	"WithEnabled":        "ENABLED",
+	"WithInFlight":       "IN_FLIGHT",
+	"WithOnStorageError": "ON_STORAGE_ERROR",
+	"WithLease":          "LEASE",
+	"WithRenewInterval":  "RENEW_INTERVAL",
+	"WithWaitTimeout":    "WAIT_TIMEOUT",
+	"WithPollInterval":   "POLL_INTERVAL",
+	"WithStorageTimeout": "STORAGE_TIMEOUT",
+	"WithDefaultTTL":     "DEFAULT_TTL",
+	"WithMinTTL":         "MIN_TTL",
+	"WithMaxTTL":         "MAX_TTL",
+	"WithOperationTTLs":  "OPERATION_TTLS",
+	"WithMaxResultBytes": "MAX_RESULT_BYTES",
+	"WithNamespace":      "METRICS_NAMESPACE",
+	"WithKeyLogging":     "LOG_KEYS",
+	"WithOperations":     "OPERATION_TTLS",
+}
+
+// optionNames replaces the option names in an option's error message with
+// the names of their variables.
+var optionNames = func() *strings.Replacer {
+	var pairs []string
+	for _, opt := range slices.Sorted(maps.Keys(optionVariables)) {
+		pairs = append(pairs, opt, EnvPrefix+"_"+optionVariables[opt])
+	}
+	return strings.NewReplacer(pairs...)
+}()
+
+// optionVariable returns the variable name (without the prefix) behind the
+// option that e, an *OptionError of coordinator or observability, names.
+func optionVariable(e error) string {
+	var name string
+	var ce *coordinator.OptionError
+	var oe *observability.OptionError
+	switch {
+	case errors.As(e, &ce):
+		name = ce.Option
+	case errors.As(e, &oe):
+		name = oe.Option
+	}
+	if v, ok := optionVariables[name]; ok {
+		return v
+	}
+	return "(option " + name + ")" // a new option without a variable: a bug the tests catch
+}
+
+// optionErrors returns the *OptionErrors in the tree of err, in order.
+func optionErrors(err error) []error {
+	var out []error
+	var walk func(error)
+	walk = func(err error) {
+		switch e := err.(type) {
+		case nil:
+		case *coordinator.OptionError, *observability.OptionError:
+			out = append(out, e)
+		case interface{ Unwrap() []error }:
+			for _, e := range e.Unwrap() {
+				walk(e)
+			}
+		case interface{ Unwrap() error }:
+			walk(e.Unwrap())
+		default:
+			out = append(out, err) // not an option's: passed on as it is
+		}
+	}
+	walk(err)
+	return out
 }
 
 // validateRedisURL accepts what redis.ParseURL accepts over TCP: redis:// or
@@ -393,18 +492,11 @@ func validateHostPort(addr string) error {
 	return nil
 }
 
-// invalidRequestDetail drops the "idempotency: invalid request: " that
-// coordinator validation errors start with; here they describe a setting.
-func invalidRequestDetail(err error) string {
-	return strings.TrimPrefix(err.Error(), coordinator.ErrInvalidRequest.Error()+": ")
-}
-
 // CoordinatorOptions returns the options for coordinator.New that carry s:
 // the kill switch, the modes, the lease and its timings, the storage timeout,
 // the TTLs and the result size cap. It adds no Observer; append
-// coordinator.WithObserver for one. It does not validate s: call Validate
-// first (coordinator.New refuses what Validate refuses, with messages that do
-// not name the variables).
+// coordinator.WithObserver for one. coordinator.New refuses exactly what
+// Validate refuses of these values; Validate's messages name the variables.
 func (s Settings) CoordinatorOptions() []coordinator.Option {
 	return []coordinator.Option{
 		coordinator.WithEnabled(s.Enabled),
@@ -416,7 +508,8 @@ func (s Settings) CoordinatorOptions() []coordinator.Option {
 		coordinator.WithPollInterval(s.PollInterval),
 		coordinator.WithStorageTimeout(s.StorageTimeout),
 		coordinator.WithDefaultTTL(s.DefaultTTL),
-		coordinator.WithTTLBounds(s.MinTTL, s.MaxTTL),
+		coordinator.WithMinTTL(s.MinTTL),
+		coordinator.WithMaxTTL(s.MaxTTL),
 		coordinator.WithOperationTTLs(s.OperationTTLS),
 		coordinator.WithMaxResultBytes(s.MaxResultBytes),
 	}
@@ -473,4 +566,15 @@ func (m OperationTTLs) String() string {
 		b.WriteString(m[op].String())
 	}
 	return b.String()
+}
+
+// observerOptions returns the options for observability.New that carry s,
+// metrics or not (Validate checks them either way). NewObserver adds the
+// logger and the registerer.
+func (s Settings) observerOptions() []observability.Option {
+	return []observability.Option{
+		observability.WithKeyLogging(s.LogKeys),
+		observability.WithNamespace(s.MetricsNamespace),
+		observability.WithOperations(slices.Sorted(maps.Keys(s.OperationTTLS))...),
+	}
 }

@@ -47,7 +47,7 @@ func TestHungRedisIsBoundedByTheStorageTimeout(t *testing.T) {
 	s := idempotency.DefaultSettings()
 	s.RedisURL = "redis://127.0.0.1:" + strconv.Itoa(port) + "/0"
 	s.StorageTimeout = 100 * time.Millisecond
-	s.OnStorageError = coordinator.StorageErrorRaise
+	s.OnStorageError = coordinator.OnStorageErrorRaise
 	client, err := idempotency.NewRedisClient(s)
 	if err != nil {
 		t.Fatal(err)

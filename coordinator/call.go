@@ -3,7 +3,6 @@ package coordinator
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"time"
 )
 
@@ -26,7 +25,7 @@ type Call struct {
 	// TTL is how long the result is kept. 0 means the operation's TTL
 	// (WithOperationTTLs), else the default (WithDefaultTTL). It is rounded
 	// down to the millisecond and must lie within the TTL bounds
-	// (WithTTLBounds); otherwise the call fails with ErrInvalidRequest.
+	// (WithMinTTL, WithMaxTTL); otherwise the call fails with ErrInvalidRequest.
 	TTL time.Duration
 }
 
@@ -52,18 +51,30 @@ func (JSONCodec[T]) Decode(data []byte) (T, error) {
 	return v, err
 }
 
-// Result is what Coordinator.Execute returns.
-type Result struct {
-	// Value is the encoded result: the action's own, or the stored one.
-	Value []byte
-	// Replayed reports that Value is a stored result of an earlier (or a
+// RawCodec is the Codec of byte results: it stores them as they are and
+// replays every stored result. Coordinator.Execute uses it.
+type RawCodec struct{}
+
+// Encode returns v itself.
+func (RawCodec) Encode(v []byte) ([]byte, error) { return v, nil }
+
+// Decode returns data itself.
+func (RawCodec) Decode(data []byte) ([]byte, error) { return data, nil }
+
+// Result is a call's result and whether it was replayed; DoResult,
+// DoWithCodec and Coordinator.Execute return it.
+type Result[T any] struct {
+	// Value is the result: the action's own, or the stored one decoded.
+	Value T
+	// Replayed reports that Value is the stored result of an earlier (or a
 	// concurrent) call, not the result of this call's action.
 	Replayed bool
 }
 
 // Do runs action at most once per (call.Operation, call.Key) while the store
 // is up, and returns its result to every call with the same key, encoded as
-// JSON in between. See DoWithCodec for another encoding.
+// JSON in between. DoResult also says whether the result was replayed;
+// DoWithCodec takes another encoding.
 //
 // Do returns the action's own error unchanged (and then stores nothing), or:
 // an error matching ErrInvalidRequest when the call is invalid; ErrKeyReuse
@@ -74,94 +85,52 @@ type Result struct {
 // the context's error when ctx ended before the action ran. Once the action
 // has returned successfully, Do returns its result whatever the store does.
 func Do[T any](ctx context.Context, c *Coordinator, call Call, action func(context.Context) (T, error)) (T, error) {
+	res, err := DoWithCodec(ctx, c, call, JSONCodec[T]{}, action)
+	return res.Value, err
+}
+
+// DoResult is Do that also reports, in Result.Replayed, whether the value is
+// a stored result rather than this call's own.
+func DoResult[T any](ctx context.Context, c *Coordinator, call Call, action func(context.Context) (T, error)) (Result[T], error) {
 	return DoWithCodec(ctx, c, call, JSONCodec[T]{}, action)
 }
 
-// DoWithCodec is Do with codec in place of JSON.
-func DoWithCodec[T any](ctx context.Context, c *Coordinator, call Call, codec Codec[T], action func(context.Context) (T, error)) (T, error) {
-	a := &typedAction[T]{codec: codec, fn: action}
-	res, err := c.execute(ctx, call, a)
-	if err == nil && res.Replayed {
-		return a.stored, nil
+// DoWithCodec is DoResult with codec in place of JSON. When the action
+// fails, Result.Value is the value it returned with its error.
+func DoWithCodec[T any](ctx context.Context, c *Coordinator, call Call, codec Codec[T], action func(context.Context) (T, error)) (Result[T], error) {
+	if action == nil {
+		return Result[T]{}, invalid("action is nil")
 	}
-	return a.own, err
+	return run(ctx, c, call, codec, action)
 }
 
-// typedAction is the action of one Do call: one allocation for the action,
-// its codec and both results, where closures would cost four.
-type typedAction[T any] struct {
-	codec       Codec[T]
-	fn          func(context.Context) (T, error)
-	own, stored T
+// Execute is the byte-level form of DoResult: the action returns its encoded
+// result, and every stored result is replayed as it is (RawCodec). The
+// errors are those of Do.
+func (c *Coordinator) Execute(ctx context.Context, call Call, action func(context.Context) ([]byte, error)) (Result[[]byte], error) {
+	return DoWithCodec(ctx, c, call, RawCodec{}, action)
 }
 
-func (a *typedAction[T]) run(ctx context.Context) ([]byte, error, error) {
-	v, err := a.fn(ctx)
-	a.own = v
-	if err != nil {
-		return nil, nil, err
-	}
-	b, encErr := safeEncode(a.codec, v)
-	return b, encErr, nil
-}
-
-func (a *typedAction[T]) decode(b []byte) error {
-	v, err := a.codec.Decode(b)
-	if err != nil {
-		return err
-	}
-	a.stored = v
-	return nil
-}
-
-// safeEncode encodes v, turning a panic of the codec into an error: the
-// action has run, and nothing may raise after that (encoding/json panics on,
-// for one, a struct that embeds a nil *time.Time).
-func safeEncode[T any](codec Codec[T], v T) (b []byte, err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			b, err = nil, fmt.Errorf("codec panicked: %v", p)
-		}
-	}()
-	return codec.Encode(v)
-}
-
-// Execute is the byte-level form of Do: the action returns its encoded
-// result, and Result.Replayed tells a replay from a fresh run (the HTTP
-// middleware needs that for its replay header). Every stored result is
-// replayed as it is; the errors are those of Do.
-func (c *Coordinator) Execute(ctx context.Context, call Call, action func(context.Context) ([]byte, error)) (Result, error) {
-	return c.execute(ctx, call, byteAction(action))
-}
-
-// byteAction is the action of Execute: every stored result is replayed.
-type byteAction func(context.Context) ([]byte, error)
-
-func (f byteAction) run(ctx context.Context) ([]byte, error, error) {
-	b, err := f(ctx)
-	return b, nil, err
-}
-
-func (byteAction) decode([]byte) error { return nil }
-
-// Lease describes the reservation under which an action runs; see
-// LeaseFromContext.
-type Lease struct {
-	// Key is the operation and key.
-	Key Key
+// Reservation describes the reservation under which an action runs; see
+// ReservationFromContext.
+type Reservation struct {
+	// Operation is the call's operation.
+	Operation string
+	// Key is the call's idempotency key.
+	Key string
 	// Token is the reservation's owner token: unique per reservation, so it
 	// can serve as fencing information for an effect outside the store (a
 	// downstream write that records and checks it).
 	Token string
 }
 
-type leaseKey struct{}
+type reservationKey struct{}
 
-// LeaseFromContext returns the lease under which the action running with ctx
-// holds its key. It reports false for an action that runs without a
-// reservation (in-flight mode "run", an unprotected run, an empty key, the
-// kill switch).
-func LeaseFromContext(ctx context.Context) (Lease, bool) {
-	l, ok := ctx.Value(leaseKey{}).(Lease)
-	return l, ok
+// ReservationFromContext returns the reservation under which the action
+// running with ctx holds its key. It reports false for an action that runs
+// without a reservation (in-flight mode "run", an unprotected run, an empty
+// key, the kill switch).
+func ReservationFromContext(ctx context.Context) (Reservation, bool) {
+	r, ok := ctx.Value(reservationKey{}).(Reservation)
+	return r, ok
 }

@@ -17,8 +17,8 @@
 // A second caller that arrives while the first runs waits for its result,
 // fails fast with ErrInProgress, or runs too, as the InFlightMode says. When
 // the store fails, the call either runs the action unprotected
-// (StorageErrorRun, the default) or returns a *StorageError without running
-// it (StorageErrorRaise).
+// (OnStorageErrorRun, the default) or returns a *StorageError without running
+// it (OnStorageErrorRaise).
 //
 // The guarantee is at most one live lease holder per key while the store is up
 // and not failing over; it is not exactly-once. Effects outside the store need

@@ -39,7 +39,10 @@ var (
 // KeyReuseError is the error returned when a key is reused for a request with
 // another fingerprint. It matches ErrKeyReuse.
 type KeyReuseError struct {
-	Key
+	// Operation is the call's operation.
+	Operation string
+	// Key is the reused idempotency key.
+	Key string
 	// Stored is the fingerprint stored with the key.
 	Stored string
 	// Got is the fingerprint of the refused call.
@@ -49,7 +52,7 @@ type KeyReuseError struct {
 // Error implements error.
 func (e *KeyReuseError) Error() string {
 	return fmt.Sprintf("idempotency: key %q of operation %q reused for a different request (stored fingerprint %q, got %q)",
-		e.Key.Key, e.Operation, e.Stored, e.Got)
+		e.Key, e.Operation, e.Stored, e.Got)
 }
 
 // Is reports whether target is ErrKeyReuse.
@@ -58,7 +61,10 @@ func (e *KeyReuseError) Is(target error) bool { return target == ErrKeyReuse }
 // InProgressError is the error returned when another caller holds the key.
 // It matches ErrInProgress.
 type InProgressError struct {
-	Key
+	// Operation is the call's operation.
+	Operation string
+	// Key is the idempotency key that another caller holds.
+	Key string
 	// RetryAfter is a hint for when the holder's lease expires, or 0 when the
 	// store does not report it.
 	RetryAfter time.Duration
@@ -66,7 +72,7 @@ type InProgressError struct {
 
 // Error implements error.
 func (e *InProgressError) Error() string {
-	return fmt.Sprintf("idempotency: key %q of operation %q is in progress", e.Key.Key, e.Operation)
+	return fmt.Sprintf("idempotency: key %q of operation %q is in progress", e.Key, e.Operation)
 }
 
 // Is reports whether target is ErrInProgress.
@@ -74,17 +80,25 @@ func (e *InProgressError) Is(target error) bool { return target == ErrInProgress
 
 // StorageError is a failure of the store. It matches ErrStorage, and unwraps
 // to the store's own error. A Store may return one itself; any other error a
-// Store returns is wrapped in one by the coordinator.
+// Store returns is wrapped in one by the coordinator, which also fills in the
+// method, operation and key that a Store's own StorageError leaves empty.
 type StorageError struct {
 	// Method is the store method that failed.
 	Method Method
+	// Operation is the operation of the call whose store call failed.
+	Operation string
+	// Key is the idempotency key of that call.
+	Key string
 	// Err is the underlying error.
 	Err error
 }
 
 // Error implements error.
 func (e *StorageError) Error() string {
-	return fmt.Sprintf("idempotency: storage %s: %v", e.Method, e.Err)
+	if e.Operation == "" && e.Key == "" {
+		return fmt.Sprintf("idempotency: storage %s: %v", e.Method, e.Err)
+	}
+	return fmt.Sprintf("idempotency: storage %s of %s:%s: %v", e.Method, e.Operation, e.Key, e.Err)
 }
 
 // Unwrap returns the underlying error.
@@ -93,16 +107,24 @@ func (e *StorageError) Unwrap() error { return e.Err }
 // Is reports whether target is ErrStorage.
 func (e *StorageError) Is(target error) bool { return target == ErrStorage }
 
-// asStorageError returns err as a *StorageError for method m.
-func asStorageError(m Method, err error) *StorageError {
+// asStorageError returns err as a *StorageError of method m on key k,
+// filling in what a Store's own *StorageError leaves empty.
+func asStorageError(m Method, k Key, err error) *StorageError {
 	var se *StorageError
-	if errors.As(err, &se) {
-		if se.Method == "" {
-			return &StorageError{Method: m, Err: se.Err}
-		}
+	if !errors.As(err, &se) {
+		return &StorageError{Method: m, Operation: k.Operation, Key: k.Key, Err: err}
+	}
+	if se.Method != "" && se.Operation != "" {
 		return se
 	}
-	return &StorageError{Method: m, Err: err}
+	out := *se
+	if out.Method == "" {
+		out.Method = m
+	}
+	if out.Operation == "" {
+		out.Operation, out.Key = k.Operation, k.Key
+	}
+	return &out
 }
 
 func invalid(format string, args ...any) error {

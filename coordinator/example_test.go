@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/coordinator/faultstore"
 	"github.com/idemkit/idempotency/coordinator/memstore"
 )
 
@@ -55,9 +56,13 @@ func ExampleCoordinator_Execute() {
 func ExampleWithOnStorageError() {
 	// Fail closed: when the store is down, refuse (HTTP 503) rather than run
 	// an effect nothing downstream deduplicates.
-	c, _ := coordinator.New(memstore.New(), coordinator.WithOnStorageError(coordinator.StorageErrorRaise))
-	fmt.Println(c.OnStorageError())
-	// Output: raise
+	store := faultstore.Wrap(memstore.New())
+	c, _ := coordinator.New(store, coordinator.WithOnStorageError(coordinator.OnStorageErrorRaise))
+	store.Fail(coordinator.MethodReserve, errors.New("connection refused"))
+	_, err := coordinator.Do(context.Background(), c, coordinator.Call{Operation: "payment.charge", Key: "k-1"},
+		func(context.Context) (string, error) { return "charged", nil })
+	fmt.Println(errors.Is(err, coordinator.ErrStorage))
+	// Output: true
 }
 
 func ExampleFingerprint() {

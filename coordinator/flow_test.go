@@ -94,7 +94,7 @@ func TestKeyReuseIsRefused(t *testing.T) {
 	if !errors.Is(err, coordinator.ErrKeyReuse) || !errors.As(err, &kr) {
 		t.Fatalf("err = %v, want ErrKeyReuse", err)
 	}
-	if kr.Stored != "fp-a" || kr.Got != "fp-b" || kr.Key.Key != "reuse" {
+	if kr.Stored != "fp-a" || kr.Got != "fp-b" || kr.Key != "reuse" {
 		t.Fatalf("KeyReuseError = %+v", kr)
 	}
 	// Without a fingerprint on either side there is nothing to compare.
@@ -307,7 +307,7 @@ func TestUnencodableResultIsReturnedNotStored(t *testing.T) {
 
 func TestUnreadableRecordHeals(t *testing.T) {
 	for _, mode := range []coordinator.InFlightMode{coordinator.InFlightWait, coordinator.InFlightRaise, coordinator.InFlightRun} {
-		for _, storageMode := range []coordinator.StorageErrorMode{coordinator.StorageErrorRun, coordinator.StorageErrorRaise} {
+		for _, storageMode := range []coordinator.OnStorageErrorMode{coordinator.OnStorageErrorRun, coordinator.OnStorageErrorRaise} {
 			t.Run(string(mode)+"/"+string(storageMode), func(t *testing.T) {
 				f, s := newMem(t, coordinator.WithInFlight(mode), coordinator.WithOnStorageError(storageMode))
 				corrupt := coordinator.Key{Operation: "payment.charge", Key: "corrupt"}
@@ -366,16 +366,16 @@ func TestConcurrentHealersRunOnce(t *testing.T) {
 
 func TestLeaseIsInTheActionContext(t *testing.T) {
 	f, _ := newMem(t)
-	var lease coordinator.Lease
+	var lease coordinator.Reservation
 	var ok bool
 	_, err := coordinator.Do(t.Context(), f.c, call("lease"), func(ctx context.Context) (int, error) {
-		lease, ok = coordinator.LeaseFromContext(ctx)
+		lease, ok = coordinator.ReservationFromContext(ctx)
 		return 1, nil
 	})
-	if err != nil || !ok || len(lease.Token) != 32 || lease.Key.Key != "lease" {
+	if err != nil || !ok || len(lease.Token) != 32 || lease.Key != "lease" {
 		t.Fatalf("lease = %+v, %v, %v", lease, ok, err)
 	}
-	_, ok = coordinator.LeaseFromContext(t.Context())
+	_, ok = coordinator.ReservationFromContext(t.Context())
 	if ok {
 		t.Fatal("lease outside an action")
 	}

@@ -3,7 +3,8 @@ package coordinator
 import "fmt"
 
 // InFlightMode decides what a second caller does while the first holds the
-// key. The zero value means InFlightWait.
+// key; it is set with WithInFlight (IDEMPOTENCY_IN_FLIGHT in the fx module).
+// The zero value means InFlightWait.
 type InFlightMode string
 
 // The in-flight modes.
@@ -20,15 +21,15 @@ const (
 	InFlightRun InFlightMode = "run"
 )
 
-// ParseInFlightMode parses "wait", "raise" or "run"; "" means "wait".
-func ParseInFlightMode(s string) (InFlightMode, error) {
-	switch InFlightMode(s) {
+// parse returns the mode m names, with "" meaning InFlightWait.
+func (m InFlightMode) parse() (InFlightMode, error) {
+	switch m {
 	case "", InFlightWait:
 		return InFlightWait, nil
 	case InFlightRaise, InFlightRun:
-		return InFlightMode(s), nil
+		return m, nil
 	}
-	return "", fmt.Errorf("unknown in-flight mode %q: accepted values are wait, raise, run", s)
+	return "", fmt.Errorf("unknown in-flight mode %q: accepted values are wait, raise, run", string(m))
 }
 
 // String returns the mode's name; the zero value prints as "wait".
@@ -39,9 +40,10 @@ func (m InFlightMode) String() string {
 	return string(m)
 }
 
-// UnmarshalText parses the mode with ParseInFlightMode.
+// UnmarshalText parses "wait", "raise" or "run"; empty text means "wait".
+// It returns an error naming the accepted values for anything else.
 func (m *InFlightMode) UnmarshalText(b []byte) error {
-	v, err := ParseInFlightMode(string(b))
+	v, err := InFlightMode(b).parse()
 	if err != nil {
 		return err
 	}
@@ -52,43 +54,45 @@ func (m *InFlightMode) UnmarshalText(b []byte) error {
 // MarshalText returns the mode's name.
 func (m InFlightMode) MarshalText() ([]byte, error) { return []byte(m.String()), nil }
 
-// StorageErrorMode decides what a call does when the store fails before the
-// action has run (reserving, or reading). The zero value means
-// StorageErrorRun.
-type StorageErrorMode string
+// OnStorageErrorMode decides what a call does when the store fails before
+// the action has run (reserving, or reading); it is set with
+// WithOnStorageError (IDEMPOTENCY_ON_STORAGE_ERROR in the fx module). The
+// zero value means OnStorageErrorRun.
+type OnStorageErrorMode string
 
 // The on-storage-error modes.
 const (
-	// StorageErrorRun logs and counts the failure and runs the action
+	// OnStorageErrorRun logs and counts the failure and runs the action
 	// unprotected: availability over exactly-once. The default.
-	StorageErrorRun StorageErrorMode = "run"
-	// StorageErrorRaise logs and counts the failure and returns a
+	OnStorageErrorRun OnStorageErrorMode = "run"
+	// OnStorageErrorRaise logs and counts the failure and returns a
 	// *StorageError without running the action: fail closed.
-	StorageErrorRaise StorageErrorMode = "raise"
+	OnStorageErrorRaise OnStorageErrorMode = "raise"
 )
 
-// ParseStorageErrorMode parses "run" or "raise"; "" means "run".
-func ParseStorageErrorMode(s string) (StorageErrorMode, error) {
-	switch StorageErrorMode(s) {
-	case "", StorageErrorRun:
-		return StorageErrorRun, nil
-	case StorageErrorRaise:
-		return StorageErrorRaise, nil
+// parse returns the mode m names, with "" meaning OnStorageErrorRun.
+func (m OnStorageErrorMode) parse() (OnStorageErrorMode, error) {
+	switch m {
+	case "", OnStorageErrorRun:
+		return OnStorageErrorRun, nil
+	case OnStorageErrorRaise:
+		return m, nil
 	}
-	return "", fmt.Errorf("unknown on-storage-error mode %q: accepted values are run, raise", s)
+	return "", fmt.Errorf("unknown on-storage-error mode %q: accepted values are run, raise", string(m))
 }
 
 // String returns the mode's name; the zero value prints as "run".
-func (m StorageErrorMode) String() string {
+func (m OnStorageErrorMode) String() string {
 	if m == "" {
-		return string(StorageErrorRun)
+		return string(OnStorageErrorRun)
 	}
 	return string(m)
 }
 
-// UnmarshalText parses the mode with ParseStorageErrorMode.
-func (m *StorageErrorMode) UnmarshalText(b []byte) error {
-	v, err := ParseStorageErrorMode(string(b))
+// UnmarshalText parses "run" or "raise"; empty text means "run". It returns
+// an error naming the accepted values for anything else.
+func (m *OnStorageErrorMode) UnmarshalText(b []byte) error {
+	v, err := OnStorageErrorMode(b).parse()
 	if err != nil {
 		return err
 	}
@@ -97,4 +101,4 @@ func (m *StorageErrorMode) UnmarshalText(b []byte) error {
 }
 
 // MarshalText returns the mode's name.
-func (m StorageErrorMode) MarshalText() ([]byte, error) { return []byte(m.String()), nil }
+func (m OnStorageErrorMode) MarshalText() ([]byte, error) { return []byte(m.String()), nil }

@@ -3,14 +3,21 @@ package coordinator
 import (
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 )
+
+// maxPoll is the longest interval between a waiter's reads, unless the poll
+// interval itself is longer.
+const maxPoll = 500 * time.Millisecond
 
 // Defaults of the options.
 const (
 	DefaultLease          = 30 * time.Second
 	DefaultPollInterval   = 10 * time.Millisecond
-	DefaultMaxPoll        = 500 * time.Millisecond
 	DefaultStorageTimeout = time.Second
 	DefaultTTL            = time.Hour
 	DefaultMinTTL         = time.Second
@@ -28,7 +35,7 @@ func (f optionFunc) apply(c *config) { f(c) }
 type config struct {
 	enabled        bool
 	inFlight       InFlightMode
-	onStorageError StorageErrorMode
+	onStorageError OnStorageErrorMode
 	lease          time.Duration
 	renewInterval  time.Duration // 0: lease/3
 	waitTimeout    time.Duration // 0: lease
@@ -45,7 +52,7 @@ func defaultConfig() config {
 	return config{
 		enabled:        true,
 		inFlight:       InFlightWait,
-		onStorageError: StorageErrorRun,
+		onStorageError: OnStorageErrorRun,
 		lease:          DefaultLease,
 		pollInterval:   DefaultPollInterval,
 		storageTimeout: DefaultStorageTimeout,
@@ -67,9 +74,9 @@ func WithEnabled(enabled bool) Option { return optionFunc(func(c *config) { c.en
 func WithInFlight(m InFlightMode) Option { return optionFunc(func(c *config) { c.inFlight = m }) }
 
 // WithOnStorageError sets what a call does when the store fails before the
-// action ran. Default StorageErrorRun; "" also means StorageErrorRun; New
+// action ran. Default OnStorageErrorRun; "" also means OnStorageErrorRun; New
 // refuses any other value.
-func WithOnStorageError(m StorageErrorMode) Option {
+func WithOnStorageError(m OnStorageErrorMode) Option {
 	return optionFunc(func(c *config) { c.onStorageError = m })
 }
 
@@ -79,7 +86,8 @@ func WithOnStorageError(m StorageErrorMode) Option {
 func WithLease(d time.Duration) Option { return optionFunc(func(c *config) { c.lease = d }) }
 
 // WithRenewInterval sets how often a running action's lease is renewed.
-// Default lease/3; must be shorter than the lease.
+// Default 0, meaning lease/3; must not be negative, and must be shorter than
+// the lease (as rounded down to the millisecond).
 func WithRenewInterval(d time.Duration) Option {
 	return optionFunc(func(c *config) { c.renewInterval = d })
 }
@@ -105,18 +113,23 @@ func WithStorageTimeout(d time.Duration) Option {
 }
 
 // WithDefaultTTL sets how long a completed record is kept when neither the
-// Call nor WithOperationTTLs gives a TTL. Default 1h.
+// Call nor WithOperationTTLs gives a TTL. Default 1h; within the TTL bounds
+// (WithMinTTL, WithMaxTTL).
 func WithDefaultTTL(d time.Duration) Option { return optionFunc(func(c *config) { c.defaultTTL = d }) }
 
-// WithTTLBounds sets the shortest and longest accepted record TTL; a Call
-// whose TTL is outside them fails with ErrInvalidRequest. Defaults 1s and 720h
-// (30 days).
-func WithTTLBounds(min, max time.Duration) Option {
-	return optionFunc(func(c *config) { c.minTTL, c.maxTTL = min, max })
-}
+// WithMinTTL sets the shortest accepted record TTL; a Call whose TTL is
+// shorter fails with ErrInvalidRequest. Default 1s; at least 1ms; rounded
+// down to the millisecond.
+func WithMinTTL(d time.Duration) Option { return optionFunc(func(c *config) { c.minTTL = d }) }
+
+// WithMaxTTL sets the longest accepted record TTL; a Call whose TTL is longer
+// fails with ErrInvalidRequest. Default 720h (30 days); not shorter than the
+// shortest TTL; rounded down to the millisecond.
+func WithMaxTTL(d time.Duration) Option { return optionFunc(func(c *config) { c.maxTTL = d }) }
 
 // WithOperationTTLs sets per-operation record TTLs, used when the Call gives
-// none. The map is copied.
+// none. The map is copied. Each operation must be valid (ValidateOperation)
+// and each TTL within the TTL bounds.
 func WithOperationTTLs(ttls map[string]time.Duration) Option {
 	cp := make(map[string]time.Duration, len(ttls))
 	for k, v := range ttls {
@@ -134,70 +147,124 @@ func WithMaxResultBytes(n int) Option { return optionFunc(func(c *config) { c.ma
 // Default NopObserver; nil also means NopObserver.
 func WithObserver(o Observer) Option { return optionFunc(func(c *config) { c.observer = o }) }
 
-func (c *config) validate() error {
-	var errs []error
-	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
-	var err error
-	if c.inFlight, err = ParseInFlightMode(string(c.inFlight)); err != nil {
-		errs = append(errs, err)
+// OptionError is an option value that New refuses. New reports every refused
+// value at once, each as an *OptionError, joined with errors.Join and
+// wrapped; walk them with errors.As or by unwrapping. Err names any other
+// option it depends on by that option's name too ("must be shorter than
+// WithLease (30s)"), so that the fx module can name the environment
+// variables instead.
+type OptionError struct {
+	// Option is the name of the option that set the refused value, e.g.
+	// "WithLease".
+	Option string
+	// Err says what is wrong with the value.
+	Err error
+}
+
+// Error implements error: "WithLease: must be at least 1ms, got 0s".
+func (e *OptionError) Error() string { return e.Option + ": " + e.Err.Error() }
+
+// Unwrap returns Err.
+func (e *OptionError) Unwrap() error { return e.Err }
+
+// ValidateOptions returns the error New would return for opts, without a
+// store: nil when New accepts them.
+func ValidateOptions(opts ...Option) error {
+	_, err := newConfig(opts)
+	return err
+}
+
+// newConfig applies opts over the defaults, fills in the defaults that depend
+// on other values, and checks the result: every rule on an option's value
+// lives here.
+func newConfig(opts []Option) (config, error) {
+	c := defaultConfig()
+	for _, o := range opts {
+		if o != nil {
+			o.apply(&c)
+		}
 	}
-	if c.onStorageError, err = ParseStorageErrorMode(string(c.onStorageError)); err != nil {
-		errs = append(errs, err)
+	var errs []error
+	bad := func(option, format string, args ...any) {
+		errs = append(errs, &OptionError{Option: option, Err: fmt.Errorf(format, args...)})
+	}
+	var err error
+	if c.inFlight, err = c.inFlight.parse(); err != nil {
+		errs = append(errs, &OptionError{Option: "WithInFlight", Err: err})
+	}
+	if c.onStorageError, err = c.onStorageError.parse(); err != nil {
+		errs = append(errs, &OptionError{Option: "WithOnStorageError", Err: err})
 	}
 	if c.observer == nil {
 		c.observer = NopObserver{}
 	}
-	// Stores take whole milliseconds (Redis PEXPIRE).
-	c.lease = c.lease.Truncate(time.Millisecond)
-	c.defaultTTL = c.defaultTTL.Truncate(time.Millisecond)
-	c.minTTL = c.minTTL.Truncate(time.Millisecond)
-	c.maxTTL = c.maxTTL.Truncate(time.Millisecond)
-	for op, ttl := range c.operationTTLs {
-		c.operationTTLs[op] = ttl.Truncate(time.Millisecond)
+	// Stores take whole milliseconds (Redis PEXPIRE): every duration that
+	// reaches a store is rounded down first, and checked as rounded.
+	ms := func(d time.Duration) time.Duration { return d.Truncate(time.Millisecond) }
+	rounded := func(given, got time.Duration) string {
+		if given == got {
+			return given.String()
+		}
+		return fmt.Sprintf("%v, rounded down from %v", got, given)
 	}
+	lease := c.lease
+	c.lease = ms(lease)
 	if c.lease < time.Millisecond {
-		bad("lease %v: must be at least 1ms", c.lease)
+		bad("WithLease", "must be at least 1ms, got %v", lease)
 	}
-	if c.renewInterval == 0 {
+	switch {
+	case c.renewInterval < 0:
+		bad("WithRenewInterval", "must not be negative (0s means a third of the lease), got %v", c.renewInterval)
+	case c.renewInterval == 0:
 		c.renewInterval = c.lease / 3
+	case c.renewInterval >= c.lease && c.lease >= time.Millisecond:
+		bad("WithRenewInterval", "must be shorter than WithLease (%s), got %v", rounded(lease, c.lease), c.renewInterval)
 	}
-	if c.renewInterval <= 0 || c.renewInterval >= c.lease {
-		bad("renew interval %v: must be positive and shorter than the lease %v", c.renewInterval, c.lease)
-	}
-	if c.waitTimeout == 0 {
+	switch {
+	case c.waitTimeout < 0:
+		bad("WithWaitTimeout", "must not be negative (0s means one lease), got %v", c.waitTimeout)
+	case c.waitTimeout == 0:
 		c.waitTimeout = c.lease
 	}
-	if c.waitTimeout < 0 {
-		bad("wait timeout %v: must not be negative", c.waitTimeout)
-	}
 	if c.pollInterval <= 0 {
-		bad("poll interval %v: must be positive", c.pollInterval)
+		bad("WithPollInterval", "must be positive, got %v", c.pollInterval)
 	}
 	if c.storageTimeout <= 0 {
-		bad("storage timeout %v: must be positive", c.storageTimeout)
+		bad("WithStorageTimeout", "must be positive, got %v", c.storageTimeout)
 	}
+	minTTL, maxTTL, defaultTTL := c.minTTL, c.maxTTL, c.defaultTTL
+	c.minTTL, c.maxTTL, c.defaultTTL = ms(minTTL), ms(maxTTL), ms(defaultTTL)
+	bounds := fmt.Sprintf("WithMinTTL and WithMaxTTL [%v, %v]", c.minTTL, c.maxTTL)
 	if c.minTTL < time.Millisecond {
-		bad("min TTL %v: must be at least 1ms", c.minTTL)
+		bad("WithMinTTL", "must be at least 1ms, got %v", minTTL)
 	}
 	if c.maxTTL < c.minTTL {
-		bad("max TTL %v: must not be shorter than min TTL %v", c.maxTTL, c.minTTL)
+		bad("WithMaxTTL", "must not be shorter than WithMinTTL (%v), got %v", c.minTTL, maxTTL)
 	}
 	if c.defaultTTL < c.minTTL || c.defaultTTL > c.maxTTL {
-		bad("default TTL %v: must be within [%v, %v]", c.defaultTTL, c.minTTL, c.maxTTL)
+		bad("WithDefaultTTL", "must be within %s, got %v", bounds, defaultTTL)
 	}
-	for op, ttl := range c.operationTTLs {
+	// A fresh map: the option's own may be applied by several New calls.
+	opTTLs := make(map[string]time.Duration, len(c.operationTTLs))
+	for _, op := range slices.Sorted(maps.Keys(c.operationTTLs)) {
+		ttl := c.operationTTLs[op]
 		if err := ValidateOperation(op); err != nil {
-			bad("operation TTL for %q: %v", op, err)
+			detail := strings.TrimPrefix(err.Error(), ErrInvalidRequest.Error()+": ")
+			if !strings.Contains(detail, strconv.Quote(op)) {
+				detail = fmt.Sprintf("operation %q: %s", op, detail)
+			}
+			bad("WithOperationTTLs", "%s", detail)
 		}
-		if ttl < c.minTTL || ttl > c.maxTTL {
-			bad("operation TTL for %q: %v must be within [%v, %v]", op, ttl, c.minTTL, c.maxTTL)
+		if opTTLs[op] = ms(ttl); opTTLs[op] < c.minTTL || opTTLs[op] > c.maxTTL {
+			bad("WithOperationTTLs", "operation %q: TTL %v is not within %s", op, ttl, bounds)
 		}
 	}
+	c.operationTTLs = opTTLs
 	if c.maxResultBytes <= 0 {
-		bad("max result bytes %d: must be positive", c.maxResultBytes)
+		bad("WithMaxResultBytes", "must be positive, got %d", c.maxResultBytes)
 	}
 	if len(errs) > 0 {
-		return fmt.Errorf("idempotency: invalid coordinator configuration: %w", errors.Join(errs...))
+		return config{}, fmt.Errorf("idempotency: invalid coordinator configuration: %w", errors.Join(errs...))
 	}
-	return nil
+	return c, nil
 }

@@ -1,6 +1,8 @@
 package coordinator_test
 
 import (
+	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -10,25 +12,29 @@ import (
 )
 
 func TestNewRefusesNonsense(t *testing.T) {
+	ms := time.Millisecond
 	tests := []struct {
-		name string
-		opts []coordinator.Option
-		want string
+		name   string
+		opts   []coordinator.Option
+		option string // the option OptionError names
+		want   string
 	}{
-		{"unknown in-flight mode", []coordinator.Option{coordinator.WithInFlight("block")}, `unknown in-flight mode "block": accepted values are wait, raise, run`},
-		{"unknown storage-error mode", []coordinator.Option{coordinator.WithOnStorageError("ignore")}, `unknown on-storage-error mode "ignore": accepted values are run, raise`},
-		{"zero lease", []coordinator.Option{coordinator.WithLease(0)}, "lease 0s: must be at least 1ms"},
-		{"renew not shorter than lease", []coordinator.Option{coordinator.WithLease(time.Second), coordinator.WithRenewInterval(time.Second)}, "renew interval 1s: must be positive and shorter than the lease 1s"},
-		{"negative renew", []coordinator.Option{coordinator.WithRenewInterval(-time.Second)}, "renew interval -1s"},
-		{"negative wait", []coordinator.Option{coordinator.WithWaitTimeout(-time.Second)}, "wait timeout -1s: must not be negative"},
-		{"zero poll", []coordinator.Option{coordinator.WithPollInterval(0)}, "poll interval 0s: must be positive"},
-		{"zero storage timeout", []coordinator.Option{coordinator.WithStorageTimeout(0)}, "storage timeout 0s: must be positive"},
-		{"min TTL below 1ms", []coordinator.Option{coordinator.WithTTLBounds(0, time.Hour)}, "min TTL 0s: must be at least 1ms"},
-		{"max below min", []coordinator.Option{coordinator.WithTTLBounds(time.Hour, time.Minute)}, "max TTL 1m0s: must not be shorter than min TTL 1h0m0s"},
-		{"default outside bounds", []coordinator.Option{coordinator.WithDefaultTTL(time.Hour * 24 * 31)}, "default TTL 744h0m0s: must be within [1s, 720h0m0s]"},
-		{"operation TTL bad name", []coordinator.Option{coordinator.WithOperationTTLs(map[string]time.Duration{"a:b": time.Hour})}, `operation TTL for "a:b"`},
-		{"operation TTL out of bounds", []coordinator.Option{coordinator.WithOperationTTLs(map[string]time.Duration{"op": time.Millisecond})}, `operation TTL for "op": 1ms must be within [1s, 720h0m0s]`},
-		{"zero result cap", []coordinator.Option{coordinator.WithMaxResultBytes(0)}, "max result bytes 0: must be positive"},
+		{"unknown in-flight mode", []coordinator.Option{coordinator.WithInFlight("block")}, "WithInFlight", `unknown in-flight mode "block": accepted values are wait, raise, run`},
+		{"unknown storage-error mode", []coordinator.Option{coordinator.WithOnStorageError("ignore")}, "WithOnStorageError", `unknown on-storage-error mode "ignore": accepted values are run, raise`},
+		{"zero lease", []coordinator.Option{coordinator.WithLease(0)}, "WithLease", "must be at least 1ms, got 0s"},
+		{"lease rounds to zero", []coordinator.Option{coordinator.WithLease(900 * time.Microsecond)}, "WithLease", "must be at least 1ms, got 900µs"},
+		{"renew not shorter than lease", []coordinator.Option{coordinator.WithLease(time.Second), coordinator.WithRenewInterval(time.Second)}, "WithRenewInterval", "must be shorter than WithLease (1s), got 1s"},
+		{"renew not shorter than the rounded lease", []coordinator.Option{coordinator.WithLease(1500 * time.Microsecond), coordinator.WithRenewInterval(1200 * time.Microsecond)}, "WithRenewInterval", "must be shorter than WithLease (1ms, rounded down from 1.5ms), got 1.2ms"},
+		{"negative renew", []coordinator.Option{coordinator.WithRenewInterval(-time.Second)}, "WithRenewInterval", "must not be negative (0s means a third of the lease), got -1s"},
+		{"negative wait", []coordinator.Option{coordinator.WithWaitTimeout(-time.Second)}, "WithWaitTimeout", "must not be negative (0s means one lease), got -1s"},
+		{"zero poll", []coordinator.Option{coordinator.WithPollInterval(0)}, "WithPollInterval", "must be positive, got 0s"},
+		{"zero storage timeout", []coordinator.Option{coordinator.WithStorageTimeout(0)}, "WithStorageTimeout", "must be positive, got 0s"},
+		{"min TTL below 1ms", []coordinator.Option{coordinator.WithMinTTL(ms / 2)}, "WithMinTTL", "must be at least 1ms, got 500µs"},
+		{"max below min", []coordinator.Option{coordinator.WithMinTTL(time.Hour), coordinator.WithMaxTTL(time.Minute), coordinator.WithDefaultTTL(time.Hour)}, "WithMaxTTL", "must not be shorter than WithMinTTL (1h0m0s), got 1m0s"},
+		{"default outside bounds", []coordinator.Option{coordinator.WithDefaultTTL(time.Hour * 24 * 31)}, "WithDefaultTTL", "must be within WithMinTTL and WithMaxTTL [1s, 720h0m0s], got 744h0m0s"},
+		{"operation TTL bad name", []coordinator.Option{coordinator.WithOperationTTLs(map[string]time.Duration{"a:b": time.Hour})}, "WithOperationTTLs", `operation "a:b" has byte 0x3a at offset 1`},
+		{"operation TTL out of bounds", []coordinator.Option{coordinator.WithOperationTTLs(map[string]time.Duration{"op": time.Millisecond})}, "WithOperationTTLs", `operation "op": TTL 1ms is not within WithMinTTL and WithMaxTTL [1s, 720h0m0s]`},
+		{"zero result cap", []coordinator.Option{coordinator.WithMaxResultBytes(0)}, "WithMaxResultBytes", "must be positive, got 0"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -36,8 +42,18 @@ func TestNewRefusesNonsense(t *testing.T) {
 			if err == nil || c != nil {
 				t.Fatalf("New = %v, %v; want an error", c, err)
 			}
-			if !strings.Contains(err.Error(), tt.want) {
-				t.Fatalf("err = %q, want it to contain %q", err, tt.want)
+			var oe *coordinator.OptionError
+			if !errors.As(err, &oe) {
+				t.Fatalf("err = %q, want an *OptionError", err)
+			}
+			if oe.Option != tt.option || !strings.Contains(oe.Err.Error(), tt.want) {
+				t.Fatalf("OptionError = %s: %q; want %s: %q", oe.Option, oe.Err, tt.option, tt.want)
+			}
+			if !strings.HasPrefix(err.Error(), "idempotency: invalid coordinator configuration: "+tt.option+": ") {
+				t.Fatalf("err = %q, want it to name %s", err, tt.option)
+			}
+			if verr := coordinator.ValidateOptions(tt.opts...); verr == nil || verr.Error() != err.Error() {
+				t.Fatalf("ValidateOptions = %v, want New's error %v", verr, err)
 			}
 		})
 	}
@@ -46,14 +62,31 @@ func TestNewRefusesNonsense(t *testing.T) {
 	}
 }
 
+func TestNewReportsEveryRefusedOption(t *testing.T) {
+	err := coordinator.ValidateOptions(coordinator.WithLease(0), coordinator.WithPollInterval(0), coordinator.WithMaxResultBytes(-1))
+	var got []string
+	for _, e := range err.(interface{ Unwrap() error }).Unwrap().(interface{ Unwrap() []error }).Unwrap() {
+		var oe *coordinator.OptionError
+		if !errors.As(e, &oe) {
+			t.Fatalf("%v is not an *OptionError", e)
+		}
+		got = append(got, oe.Option)
+	}
+	if want := []string{"WithLease", "WithPollInterval", "WithMaxResultBytes"}; !slices.Equal(got, want) {
+		t.Fatalf("refused options = %v, want %v", got, want)
+	}
+}
+
 func TestNewDefaults(t *testing.T) {
+	if err := coordinator.ValidateOptions(); err != nil {
+		t.Fatalf("the defaults are refused: %v", err)
+	}
 	c, err := coordinator.New(memstore.New(), coordinator.WithInFlight(""), coordinator.WithOnStorageError(""), coordinator.WithObserver(nil))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.InFlight() != coordinator.InFlightWait || c.OnStorageError() != coordinator.StorageErrorRun ||
-		c.Lease() != coordinator.DefaultLease || !c.Enabled() {
-		t.Fatalf("defaults: %v %v %v %v", c.InFlight(), c.OnStorageError(), c.Lease(), c.Enabled())
+	if !c.Enabled() {
+		t.Fatal("Enabled() = false by default")
 	}
 }
 
@@ -68,7 +101,7 @@ func TestModesParse(t *testing.T) {
 		}
 	}
 	for _, s := range []string{"", "run", "raise"} {
-		var m coordinator.StorageErrorMode
+		var m coordinator.OnStorageErrorMode
 		if err := m.UnmarshalText([]byte(s)); err != nil {
 			t.Errorf("storage %q: %v", s, err)
 		}
@@ -77,11 +110,11 @@ func TestModesParse(t *testing.T) {
 	if err := im.UnmarshalText([]byte("WAIT")); err == nil {
 		t.Error("modes are case-sensitive; WAIT accepted")
 	}
-	var sm coordinator.StorageErrorMode
+	var sm coordinator.OnStorageErrorMode
 	if err := sm.UnmarshalText([]byte("fail")); err == nil {
 		t.Error("storage mode fail accepted")
 	}
-	if coordinator.InFlightMode("").String() != "wait" || coordinator.StorageErrorMode("").String() != "run" {
+	if coordinator.InFlightMode("").String() != "wait" || coordinator.OnStorageErrorMode("").String() != "run" {
 		t.Error("zero values do not print as the defaults")
 	}
 }

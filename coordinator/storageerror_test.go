@@ -16,7 +16,7 @@ import (
 // (DESIGN §3.4), each in both on-storage-error modes, on the in-memory store
 // behind a wrapper that fails on demand.
 
-var storageModes = []coordinator.StorageErrorMode{coordinator.StorageErrorRun, coordinator.StorageErrorRaise}
+var storageModes = []coordinator.OnStorageErrorMode{coordinator.OnStorageErrorRun, coordinator.OnStorageErrorRaise}
 
 func newFaulty(t *testing.T, opts ...coordinator.Option) (fixture, *faultstore.Store, *memstore.Store) {
 	t.Helper()
@@ -52,15 +52,15 @@ func TestStorageDown_SameKeyTwice(t *testing.T) {
 			for range 2 {
 				_, err := coordinator.Do(t.Context(), f.c, call("twice"), k.action("x"))
 				switch mode {
-				case coordinator.StorageErrorRun:
+				case coordinator.OnStorageErrorRun:
 					if err != nil {
 						t.Fatalf("run mode: %v", err)
 					}
-				case coordinator.StorageErrorRaise:
+				case coordinator.OnStorageErrorRaise:
 					wantStorageError(t, err, coordinator.MethodReserve)
 				}
 			}
-			want := map[coordinator.StorageErrorMode]int{coordinator.StorageErrorRun: 2, coordinator.StorageErrorRaise: 0}[mode]
+			want := map[coordinator.OnStorageErrorMode]int{coordinator.OnStorageErrorRun: 2, coordinator.OnStorageErrorRaise: 0}[mode]
 			if k.n() != want {
 				t.Fatalf("action ran %d times, want %d", k.n(), want)
 			}
@@ -79,7 +79,7 @@ func TestStorageError_Reserve(t *testing.T) {
 			fs.FailOnce(coordinator.MethodReserve, errConnRefused)
 			var k counter
 			v, err := coordinator.Do(t.Context(), f.c, call("reserve"), k.action("x"))
-			if mode == coordinator.StorageErrorRaise {
+			if mode == coordinator.OnStorageErrorRaise {
 				wantStorageError(t, err, coordinator.MethodReserve)
 				if k.n() != 0 || mem.Len() != 0 {
 					t.Fatalf("raise: runs=%d stored=%d", k.n(), mem.Len())
@@ -110,7 +110,7 @@ func TestStorageError_RunModeFirstRead(t *testing.T) {
 			fs.FailOnce(coordinator.MethodGet, errConnRefused)
 			var k counter
 			_, err := coordinator.Do(t.Context(), f.c, call("first-read"), k.action("x"))
-			if mode == coordinator.StorageErrorRaise {
+			if mode == coordinator.OnStorageErrorRaise {
 				wantStorageError(t, err, coordinator.MethodGet)
 				if k.n() != 0 {
 					t.Fatal("the action ran")
@@ -135,7 +135,7 @@ func TestStorageError_ReadAfterContestedReservation(t *testing.T) {
 			fs.Fail(coordinator.MethodGet, errConnRefused)
 			var k counter
 			v, err := coordinator.Do(t.Context(), f.c, call("contested"), k.action("waiter"))
-			if mode == coordinator.StorageErrorRaise {
+			if mode == coordinator.OnStorageErrorRaise {
 				wantStorageError(t, err, coordinator.MethodGet)
 				if k.n() != 0 {
 					t.Fatal("the waiter ran the action")
@@ -157,7 +157,7 @@ func TestStorageError_ReadAfterContestedReservation(t *testing.T) {
 // In-flight mode "raise" refuses a contested key from the reserve reply
 // alone: no read that could fail.
 func TestStorageError_RaiseModeNeedsNoRead(t *testing.T) {
-	f, fs, _ := newFaulty(t, coordinator.WithInFlight(coordinator.InFlightRaise), coordinator.WithOnStorageError(coordinator.StorageErrorRaise))
+	f, fs, _ := newFaulty(t, coordinator.WithInFlight(coordinator.InFlightRaise), coordinator.WithOnStorageError(coordinator.OnStorageErrorRaise))
 	release := make(chan struct{})
 	done := holder(t, f.c, "refused", release, charge{ID: "holder"}, nil)
 	fs.Fail(coordinator.MethodGet, errConnRefused)
@@ -237,23 +237,28 @@ func TestStorageError_Renew(t *testing.T) {
 }
 
 func TestStorageError_RawErrorIsWrapped(t *testing.T) {
-	f, fs, _ := newFaulty(t, coordinator.WithOnStorageError(coordinator.StorageErrorRaise))
+	f, fs, _ := newFaulty(t, coordinator.WithOnStorageError(coordinator.OnStorageErrorRaise))
 	fs.FailOnce(coordinator.MethodReserve, errConnRefused)
 	_, err := coordinator.Do(t.Context(), f.c, call("raw"), (&counter{}).action("x"))
 	var se *coordinator.StorageError
-	if !errors.As(err, &se) || se.Method != coordinator.MethodReserve || !errors.Is(err, errConnRefused) {
+	if !errors.As(err, &se) || se.Method != coordinator.MethodReserve || !errors.Is(err, errConnRefused) ||
+		se.Operation != "payment.charge" || se.Key != "raw" {
 		t.Fatalf("err = %#v", err)
 	}
 	var op *net.OpError
 	if !errors.As(err, &op) {
 		t.Fatal("the driver error is not reachable with errors.As")
 	}
-	// A *StorageError from the store is passed on as it is.
+	// A *StorageError from the store keeps its error, with the call's
+	// operation and key filled in.
 	own := &coordinator.StorageError{Method: coordinator.MethodReserve, Err: errors.New("cluster down")}
 	fs.FailOnce(coordinator.MethodReserve, own)
 	_, err = coordinator.Do(t.Context(), f.c, call("own"), (&counter{}).action("x"))
-	if !errors.As(err, &se) || se != own {
-		t.Fatalf("err = %v, want the store's own *StorageError", err)
+	if !errors.As(err, &se) || se.Err != own.Err || se.Method != own.Method || se.Operation != "payment.charge" || se.Key != "own" {
+		t.Fatalf("err = %v, want the store's own *StorageError with the call's key", err)
+	}
+	if want := "idempotency: storage reserve of payment.charge:own: cluster down"; err.Error() != want {
+		t.Fatalf("err = %q, want %q", err, want)
 	}
 }
 
@@ -271,7 +276,7 @@ func TestStorageError_HungStoreTimesOut(t *testing.T) {
 			if d := time.Since(start); d > 500*time.Millisecond {
 				t.Fatalf("took %v with a 20ms storage timeout", d)
 			}
-			if mode == coordinator.StorageErrorRaise {
+			if mode == coordinator.OnStorageErrorRaise {
 				wantStorageError(t, err, coordinator.MethodReserve)
 				if !errors.Is(err, context.DeadlineExceeded) {
 					t.Fatalf("err = %v, want it to wrap context.DeadlineExceeded", err)

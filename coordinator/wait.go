@@ -52,13 +52,13 @@ func (x *exec) wait(ctx context.Context, deadline time.Time, last Record) (Recor
 			// The caller's deadline is the wait bound here: the key is
 			// still in progress, which is what the caller needs to hear.
 			outcome = WaitTimeout
-			return Record{}, &InProgressError{Key: x.key, RetryAfter: c.lastTTL(p)}
+			return Record{}, x.inProgress(c.lastTTL(p))
 		}
 		outcome = WaitCanceled
 		return Record{}, ctx.Err()
 	case <-timer.C:
 		outcome = WaitTimeout
-		return Record{}, &InProgressError{Key: x.key, RetryAfter: c.lastTTL(p)}
+		return Record{}, x.inProgress(c.lastTTL(p))
 	}
 }
 
@@ -129,7 +129,7 @@ func (c *Coordinator) kick(key Key) {
 func (c *Coordinator) runPoll(ctx context.Context, x *exec, p *poll) {
 	defer close(p.exited)
 	interval := c.cfg.pollInterval
-	maxInterval := max(DefaultMaxPoll, interval)
+	maxInterval := max(maxPoll, interval)
 	timer := time.NewTimer(interval)
 	defer timer.Stop()
 	for {

@@ -33,7 +33,6 @@ type response struct {
 
 	// Replayed responses (decoded from the store):
 
-	replayed bool
 	// add holds the values the handler added to a header: a replay adds
 	// them to what outer middleware set on the replaying request.
 	add http.Header
@@ -109,7 +108,7 @@ func (c codec) Decode(b []byte) (*response, error) {
 	if e.Status < 200 || e.Status > 999 {
 		return nil, fmt.Errorf("idemhttp: stored response has status %d", e.Status)
 	}
-	resp := &response{status: e.Status, body: body, replayed: true, add: make(http.Header), replace: make(http.Header)}
+	resp := &response{status: e.Status, body: body, add: make(http.Header), replace: make(http.Header)}
 	for k, vs := range e.Header {
 		if k = http.CanonicalHeaderKey(k); c.stored(k) && len(vs) > 0 {
 			resp.add[k] = append(resp.add[k], vs...)

@@ -140,7 +140,7 @@ func TestStoreDown(t *testing.T) {
 	t.Run("raise: 503", func(t *testing.T) {
 		fs := faultstore.Wrap(memstore.New())
 		fs.Fail(coordinator.MethodReserve, errors.New("redis: connection refused"))
-		c, _ := newCoordinatorOn(t, fs, coordinator.WithOnStorageError(coordinator.StorageErrorRaise))
+		c, _ := newCoordinatorOn(t, fs, coordinator.WithOnStorageError(coordinator.OnStorageErrorRaise))
 		var p payments
 		mux := route("POST /payments", &p, idemhttp.Middleware(c))
 		w := send(mux, "POST", "/payments", "k", `{}`)
@@ -176,7 +176,7 @@ func TestStoreDown(t *testing.T) {
 	t.Run("failed save still serves the response", func(t *testing.T) {
 		fs := faultstore.Wrap(memstore.New())
 		fs.Fail(coordinator.MethodComplete, nil)
-		c, _ := newCoordinatorOn(t, fs, coordinator.WithOnStorageError(coordinator.StorageErrorRaise))
+		c, _ := newCoordinatorOn(t, fs, coordinator.WithOnStorageError(coordinator.OnStorageErrorRaise))
 		var p payments
 		mux := route("POST /payments", &p, idemhttp.Middleware(c))
 		if w := send(mux, "POST", "/payments", "k", `{}`); w.Code != 201 {

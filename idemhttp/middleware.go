@@ -130,7 +130,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	r.Body = io.NopCloser(bytes.NewReader(body))
 
 	var own *response
-	resp, err := coordinator.DoWithCodec(r.Context(), h.c, call, h.codec, func(ctx context.Context) (*response, error) {
+	res, err := coordinator.DoWithCodec(r.Context(), h.c, call, h.codec, func(ctx context.Context) (*response, error) {
 		rec := newRecorder(w, h.cfg.maxResponse)
 		h.next.ServeHTTP(rec, r.WithContext(ctx))
 		own = rec.result()
@@ -140,8 +140,8 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return own, nil
 	})
 	switch {
-	case err == nil && resp != nil && resp.replayed:
-		writeReplay(w, resp)
+	case err == nil && res.Replayed:
+		writeReplay(w, res.Value)
 	case own != nil:
 		// The handler ran here: send its response, stored or not. (An error
 		// after the handler ran can only be errNotStored: once the action has

@@ -213,10 +213,10 @@ func TestErrorMessagesDoNotLeakTheKey(t *testing.T) {
 		want string
 	}{
 		{"key reuse, hashed", observability.KeyHashed, k,
-			&coordinator.KeyReuseError{Key: k, Stored: "fp-a", Got: "fp-b"},
+			&coordinator.KeyReuseError{Operation: k.Operation, Key: k.Key, Stored: "fp-a", Got: "fp-b"},
 			`idempotency: key "` + hidden + `" of operation "payment.charge" reused for a different request (stored fingerprint "fp-a", got "fp-b")`},
 		{"key reuse, omitted", observability.KeyOmitted, k,
-			&coordinator.KeyReuseError{Key: k, Stored: "fp-a", Got: "fp-b"},
+			&coordinator.KeyReuseError{Operation: k.Operation, Key: k.Key, Stored: "fp-a", Got: "fp-b"},
 			`idempotency: key "<key>" of operation "payment.charge" reused for a different request (stored fingerprint "fp-a", got "fp-b")`},
 		{"redis key name in a driver error", observability.KeyHashed, k,
 			&coordinator.StorageError{Method: coordinator.MethodGet, Err: errors.New("WRONGTYPE idempotency:payment.charge:order-42")},
@@ -225,10 +225,10 @@ func TestErrorMessagesDoNotLeakTheKey(t *testing.T) {
 			errors.New("record order-42 is corrupt"),
 			"record <key> is corrupt"},
 		{"short key only in unambiguous forms", observability.KeyOmitted, short,
-			&coordinator.KeyReuseError{Key: short, Stored: "a42", Got: "b42"},
+			&coordinator.KeyReuseError{Operation: short.Operation, Key: short.Key, Stored: "a42", Got: "b42"},
 			`idempotency: key "<key>" of operation "payment.charge" reused for a different request (stored fingerprint "a42", got "b42")`},
 		{"plain mode keeps the message", observability.KeyPlain, k,
-			&coordinator.KeyReuseError{Key: k, Stored: "fp-a", Got: "fp-b"},
+			&coordinator.KeyReuseError{Operation: k.Operation, Key: k.Key, Stored: "fp-a", Got: "fp-b"},
 			`idempotency: key "order-42" of operation "payment.charge" reused for a different request (stored fingerprint "fp-a", got "fp-b")`},
 	}
 	for _, tt := range tests {

@@ -226,7 +226,7 @@ func (m *metrics) series(op string) *opSeries {
 	if s, ok := ops[op]; ok {
 		return s
 	}
-	if !validOperation(op) {
+	if coordinator.ValidateOperation(op) != nil {
 		return m.otherSeries()
 	}
 	if len(ops) >= m.limit {
@@ -253,21 +253,6 @@ func (m *metrics) otherSeries() *opSeries {
 		m.other = m.newOpSeries(OtherOperation)
 	}
 	return m.other
-}
-
-// validOperation reports whether op is an operation name the coordinator
-// accepts (see coordinator.ValidateOperation), without allocating.
-func validOperation(op string) bool {
-	if op == "" || len(op) > coordinator.MaxOperationLen {
-		return false
-	}
-	for i := 0; i < len(op); i++ {
-		c := op[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-') {
-			return false
-		}
-	}
-	return true
 }
 
 // observe records e. It does not allocate on the paths the coordinator

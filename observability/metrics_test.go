@@ -406,19 +406,23 @@ func TestInvalidOptions(t *testing.T) {
 		opt  observability.Option
 		want string
 	}{
-		{"namespace with a dash", observability.WithNamespace("my-shop"), "namespace"},
-		{"namespace with a leading digit", observability.WithNamespace("1shop"), "namespace"},
-		{"namespace with a colon", observability.WithNamespace("shop:x"), "namespace"},
-		{"invalid operation", observability.WithOperations("payment charge"), "operation"},
-		{"zero operation limit", observability.WithOperationLimit(0), "operation limit"},
-		{"unknown key logging", observability.WithKeyLogging("loud"), "key logging"},
+		{"namespace with a dash", observability.WithNamespace("my-shop"), "WithNamespace"},
+		{"namespace with a leading digit", observability.WithNamespace("1shop"), "WithNamespace"},
+		{"namespace with a colon", observability.WithNamespace("shop:x"), "WithNamespace"},
+		{"invalid operation", observability.WithOperations("payment charge"), "WithOperations"},
+		{"zero operation limit", observability.WithOperationLimit(0), "WithOperationLimit"},
+		{"unknown key logging", observability.WithKeyLogging("loud"), "WithKeyLogging"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			reg := prometheus.NewRegistry()
 			o, err := observability.New(observability.WithRegisterer(reg), tt.opt)
-			if err == nil || o != nil || !strings.Contains(err.Error(), tt.want) {
-				t.Fatalf("New = %v, %v; want an error about %s", o, err, tt.want)
+			var oe *observability.OptionError
+			if err == nil || o != nil || !errors.As(err, &oe) || oe.Option != tt.want {
+				t.Fatalf("New = %v, %v; want an *OptionError of %s", o, err, tt.want)
+			}
+			if verr := observability.ValidateOptions(tt.opt); verr == nil || verr.Error() != err.Error() {
+				t.Fatalf("ValidateOptions = %v, want New's error", verr)
 			}
 			if n, _ := testutil.GatherAndCount(reg); n != 0 {
 				t.Errorf("a refused New registered %d series", n)

@@ -2,7 +2,9 @@ package observability
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 
 	"go.uber.org/zap"
 
@@ -31,11 +33,8 @@ var _ coordinator.Observer = (*Observer)(nil)
 // metric cannot be registered, e.g. because a different collector holds its
 // name; it then leaves the registerer as it found it.
 func New(opts ...Option) (*Observer, error) {
-	c := defaultConfig()
-	for _, o := range opts {
-		o.apply(&c)
-	}
-	if err := c.validate(); err != nil {
+	c, err := newConfig(opts)
+	if err != nil {
 		return nil, err
 	}
 	log := c.logger.Named(subsystem)
@@ -50,26 +49,64 @@ func New(opts ...Option) (*Observer, error) {
 	return o, nil
 }
 
-func (c *config) validate() error {
+// OptionError is an option value that New refuses. New reports every refused
+// value at once, each as an *OptionError, joined with errors.Join and
+// wrapped. The fx module uses Option to name the environment variable that
+// set the value.
+type OptionError struct {
+	// Option is the name of the option that set the refused value, e.g.
+	// "WithNamespace".
+	Option string
+	// Err says what is wrong with the value.
+	Err error
+}
+
+// Error implements error: "WithNamespace: ...".
+func (e *OptionError) Error() string { return e.Option + ": " + e.Err.Error() }
+
+// Unwrap returns Err.
+func (e *OptionError) Unwrap() error { return e.Err }
+
+// ValidateOptions returns the error New would return for opts before it
+// registers anything: nil when their values are accepted.
+func ValidateOptions(opts ...Option) error {
+	_, err := newConfig(opts)
+	return err
+}
+
+// newConfig applies opts over the defaults and checks the result: every rule
+// on an option's value lives here.
+func newConfig(opts []Option) (config, error) {
+	c := defaultConfig()
+	for _, o := range opts {
+		if o != nil {
+			o.apply(&c)
+		}
+	}
 	if c.logger == nil {
 		c.logger = zap.NewNop()
 	}
+	var errs []error
+	bad := func(option string, err error) { errs = append(errs, &OptionError{Option: option, Err: err}) }
 	var err error
-	if c.keyLogging, err = ParseKeyLogging(string(c.keyLogging)); err != nil {
-		return err
+	if c.keyLogging, err = c.keyLogging.parse(); err != nil {
+		bad("WithKeyLogging", err)
 	}
 	if !validNamespace(c.namespace) {
-		return fmt.Errorf("observability: invalid metrics namespace %q: must match [a-zA-Z_][a-zA-Z0-9_]*", c.namespace)
+		bad("WithNamespace", fmt.Errorf("%q is not a Prometheus name; use letters, digits and underscores, not starting with a digit", c.namespace))
 	}
 	if c.operationLimit < 1 {
-		return fmt.Errorf("observability: operation limit %d: must be at least 1", c.operationLimit)
+		bad("WithOperationLimit", fmt.Errorf("must be at least 1, got %d", c.operationLimit))
 	}
 	for _, op := range c.operations {
 		if err := coordinator.ValidateOperation(op); err != nil {
-			return fmt.Errorf("observability: operation %q: %w", op, err)
+			bad("WithOperations", errors.New(strings.TrimPrefix(err.Error(), coordinator.ErrInvalidRequest.Error()+": ")))
 		}
 	}
-	return nil
+	if len(errs) > 0 {
+		return config{}, fmt.Errorf("observability: invalid options: %w", errors.Join(errs...))
+	}
+	return c, nil
 }
 
 // validNamespace reports whether ns is "" or a classic Prometheus metric name

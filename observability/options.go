@@ -108,15 +108,15 @@ const (
 	KeyOmitted KeyLogging = "omitted"
 )
 
-// ParseKeyLogging parses "hashed", "plain" or "omitted"; "" means "hashed".
-func ParseKeyLogging(s string) (KeyLogging, error) {
-	switch KeyLogging(s) {
+// parse returns the mode m names, with "" meaning KeyHashed.
+func (m KeyLogging) parse() (KeyLogging, error) {
+	switch m {
 	case "", KeyHashed:
 		return KeyHashed, nil
 	case KeyPlain, KeyOmitted:
-		return KeyLogging(s), nil
+		return m, nil
 	}
-	return "", fmt.Errorf("observability: unknown key logging mode %q: accepted values are hashed, plain, omitted", s)
+	return "", fmt.Errorf("unknown key logging mode %q: accepted values are hashed, plain, omitted", string(m))
 }
 
 // String returns the mode's name; the zero value prints as "hashed".
@@ -127,9 +127,10 @@ func (m KeyLogging) String() string {
 	return string(m)
 }
 
-// UnmarshalText parses the mode with ParseKeyLogging.
+// UnmarshalText parses "hashed", "plain" or "omitted"; empty text means
+// "hashed". It returns an error naming the accepted values for anything else.
 func (m *KeyLogging) UnmarshalText(b []byte) error {
-	v, err := ParseKeyLogging(string(b))
+	v, err := KeyLogging(b).parse()
 	if err != nil {
 		return err
 	}

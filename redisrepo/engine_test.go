@@ -241,7 +241,7 @@ func TestEngineInFlightModes(t *testing.T) {
 // twice runs the action twice in mode "run", never in mode "raise", and
 // each call returns within milliseconds.
 func TestEngineStorageDown(t *testing.T) {
-	for _, mode := range []coordinator.StorageErrorMode{coordinator.StorageErrorRun, coordinator.StorageErrorRaise} {
+	for _, mode := range []coordinator.OnStorageErrorMode{coordinator.OnStorageErrorRun, coordinator.OnStorageErrorRaise} {
 		t.Run(string(mode), func(t *testing.T) {
 			client := redis.NewClient(noRetries(&redis.Options{Addr: "127.0.0.1:1"}))
 			defer client.Close()
@@ -254,14 +254,14 @@ func TestEngineStorageDown(t *testing.T) {
 				if d := time.Since(start); d > 100*time.Millisecond {
 					t.Errorf("the call took %v, want milliseconds", d)
 				}
-				if mode == coordinator.StorageErrorRun && err != nil {
+				if mode == coordinator.OnStorageErrorRun && err != nil {
 					t.Errorf("run: %v", err)
 				}
-				if mode == coordinator.StorageErrorRaise {
+				if mode == coordinator.OnStorageErrorRaise {
 					checkStorageError(t, "raise", err, coordinator.MethodReserve)
 				}
 			}
-			want := map[coordinator.StorageErrorMode]int64{coordinator.StorageErrorRun: 2, coordinator.StorageErrorRaise: 0}[mode]
+			want := map[coordinator.OnStorageErrorMode]int64{coordinator.OnStorageErrorRun: 2, coordinator.OnStorageErrorRaise: 0}[mode]
 			if k.n.Load() != want {
 				t.Errorf("the action ran %d times, want %d", k.n.Load(), want)
 			}
@@ -278,7 +278,7 @@ func TestEngineStorageDown(t *testing.T) {
 func TestEngineStorageFailsAfterTheAction(t *testing.T) {
 	boom := errors.New("connection reset")
 	s := newStore(t, redistest.Server(t))
-	for _, mode := range []coordinator.StorageErrorMode{coordinator.StorageErrorRun, coordinator.StorageErrorRaise} {
+	for _, mode := range []coordinator.OnStorageErrorMode{coordinator.OnStorageErrorRun, coordinator.OnStorageErrorRaise} {
 		t.Run(string(mode)+"/save", func(t *testing.T) {
 			fs := faultstore.Wrap(s)
 			fs.FailOnce(coordinator.MethodComplete, boom)
@@ -393,7 +393,7 @@ func TestEngineLeaseLost(t *testing.T) {
 // healers only one runs.
 func TestEngineHeals(t *testing.T) {
 	eachRealRedis(t, func(t *testing.T, r redisEngine) {
-		for _, storageMode := range []coordinator.StorageErrorMode{coordinator.StorageErrorRun, coordinator.StorageErrorRaise} {
+		for _, storageMode := range []coordinator.OnStorageErrorMode{coordinator.OnStorageErrorRun, coordinator.OnStorageErrorRaise} {
 			c, ev := coord(t, r.store, coordinator.WithOnStorageError(storageMode))
 			for _, u := range unreadables {
 				key := newKey("heal")
@@ -447,7 +447,7 @@ func TestEngineHeals(t *testing.T) {
 // complete: no panic, the caller gets the action's result in both modes (the
 // effect has happened), and after a restart the first call works.
 func TestEngineRedisKilledMidCall(t *testing.T) {
-	for _, mode := range []coordinator.StorageErrorMode{coordinator.StorageErrorRun, coordinator.StorageErrorRaise} {
+	for _, mode := range []coordinator.OnStorageErrorMode{coordinator.OnStorageErrorRun, coordinator.OnStorageErrorRaise} {
 		t.Run(string(mode), func(t *testing.T) {
 			in := redistest.Start(t)
 			client := redis.NewClient(noRetries(in.Options()))

@@ -64,7 +64,7 @@ func TestHugeTTLThroughTheEngine(t *testing.T) {
 	c := redistest.Server(t)
 	s := newStore(t, c)
 	co, err := coordinator.New(s,
-		coordinator.WithTTLBounds(time.Second, time.Duration(math.MaxInt64)),
+		coordinator.WithMinTTL(time.Second), coordinator.WithMaxTTL(time.Duration(math.MaxInt64)),
 		coordinator.WithInFlight(coordinator.InFlightRaise))
 	if err != nil {
 		t.Fatal(err)

@@ -16,7 +16,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
-	idemfxtest "github.com/idemkit/idempotency/fxtest"
+	"github.com/idemkit/idempotency/idemfxtest"
 )
 
 // TestMain checks that a stopped app leaves no goroutine behind: HTTP

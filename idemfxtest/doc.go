@@ -9,7 +9,7 @@
 //
 //		"github.com/idemkit/idempotency"
 //		"github.com/idemkit/idempotency/coordinator/memstore"
-//		idemfxtest "github.com/idemkit/idempotency/fxtest"
+//		"github.com/idemkit/idempotency/idemfxtest"
 //	)
 //
 //	var store *memstore.Store

@@ -1,0 +1,467 @@
+package coordinator
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// This file is the flow of one call (DESIGN §3): validate, reserve or read,
+// wait, run, complete or release. exec holds what every step needs and does
+// not depend on the result type (the shared poll loop keeps one); flow[T]
+// adds the action, its codec and its results.
+
+// maxRounds bounds the reserve loop: heals and takeovers that keep losing
+// races end in ErrInProgress instead of looping.
+const maxRounds = 64
+
+// run is the one path of Do, DoResult, DoWithCodec and Execute.
+func run[T any](ctx context.Context, c *Coordinator, call Call, codec Codec[T], action func(context.Context) (T, error)) (Result[T], error) {
+	ttl, err := c.check(call)
+	if err != nil {
+		return Result[T]{}, err
+	}
+	if call.Key == "" || !c.cfg.enabled {
+		v, err := action(ctx)
+		return Result[T]{Value: v}, err
+	}
+	f := &flow[T]{
+		exec:   exec{c: c, key: Key{Operation: call.Operation, Key: call.Key}, fp: call.Fingerprint, ttl: ttl, token: newToken()},
+		codec:  codec,
+		action: action,
+	}
+	if c.cfg.inFlight == InFlightRun {
+		return f.unreserved(ctx)
+	}
+	return f.reserved(ctx)
+}
+
+// check validates call and returns the TTL its result is kept for.
+func (c *Coordinator) check(call Call) (time.Duration, error) {
+	if err := ValidateOperation(call.Operation); err != nil {
+		return 0, err
+	}
+	if call.Key != "" {
+		if err := ValidateKey(call.Key); err != nil {
+			return 0, err
+		}
+	}
+	if err := validateFingerprint(call.Fingerprint); err != nil {
+		return 0, err
+	}
+	ttl := call.TTL
+	switch {
+	case ttl < 0:
+		return 0, invalid("TTL %v is negative", ttl)
+	case ttl == 0:
+		if t, ok := c.cfg.operationTTLs[call.Operation]; ok {
+			ttl = t
+		} else {
+			ttl = c.cfg.defaultTTL
+		}
+	}
+	ttl = ttl.Truncate(time.Millisecond)
+	if ttl < c.cfg.minTTL || ttl > c.cfg.maxTTL {
+		return 0, invalid("TTL %v is outside [%v, %v]", call.TTL, c.cfg.minTTL, c.cfg.maxTTL)
+	}
+	return ttl, nil
+}
+
+func newToken() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never returns an error
+	var h [32]byte
+	hex.Encode(h[:], b[:])
+	return string(h[:])
+}
+
+// exec is the part of a protected call that does not depend on its result
+// type: the key, the reservation's token, the store calls and the events.
+type exec struct {
+	c     *Coordinator
+	key   Key
+	fp    string
+	ttl   time.Duration
+	token string
+}
+
+func (x *exec) observe(ctx context.Context, e Event) {
+	e.Key = x.key
+	x.c.obs.Observe(ctx, e)
+}
+
+// storageFailed reports a store failure and returns it as a *StorageError.
+func (x *exec) storageFailed(ctx context.Context, t ErrorType, m Method, err error) *StorageError {
+	se := asStorageError(m, x.key, err)
+	x.observe(ctx, Event{Kind: EventError, ErrorType: t, Method: m, Err: se})
+	return se
+}
+
+// reusedBy reports whether rec belongs to another request: both
+// fingerprints are set and differ.
+func (x *exec) reusedBy(rec Record) bool {
+	return x.fp != "" && rec.Fingerprint != "" && x.fp != rec.Fingerprint
+}
+
+// ours reports whether rec is this call's own record in state st, written by
+// a store call whose reply was lost (or that a client retried).
+func (x *exec) ours(rec Record, st State) bool {
+	return rec.State == st && rec.Token == x.token
+}
+
+// reuse returns a *KeyReuseError when rec belongs to another request.
+func (x *exec) reuse(ctx context.Context, rec Record) error {
+	if !x.reusedBy(rec) {
+		return nil
+	}
+	err := &KeyReuseError{Operation: x.key.Operation, Key: x.key.Key, Stored: rec.Fingerprint, Got: x.fp}
+	x.observe(ctx, Event{Kind: EventError, ErrorType: ErrorKeyReuse, Err: err})
+	return err
+}
+
+// inProgress is the error for a key that another caller holds.
+func (x *exec) inProgress(retryAfter time.Duration) *InProgressError {
+	return &InProgressError{Operation: x.key.Operation, Key: x.key.Key, RetryAfter: retryAfter}
+}
+
+// release gives the reservation up, best effort.
+func (x *exec) release(ctx context.Context) {
+	if _, err := x.storeRelease(context.WithoutCancel(ctx)); err != nil {
+		x.storageFailed(ctx, ErrorStorageRelease, MethodRelease, err)
+	}
+	x.c.kick(x.key)
+}
+
+// completedByUs reports whether the key holds the result this call
+// completed: a refused completion is checked before it is called a lost lease.
+func (x *exec) completedByUs(ctx context.Context) bool {
+	rec, err := x.storeGet(context.WithoutCancel(ctx))
+	return err == nil && x.ours(rec, StateCompleted)
+}
+
+// replyMayBeLost reports whether a failed store call may have been carried
+// out with its reply lost: a timeout, as opposed to a refused connection.
+func replyMayBeLost(err error) bool {
+	var timeout interface{ Timeout() bool }
+	return errors.Is(err, context.DeadlineExceeded) || errors.As(err, &timeout) && timeout.Timeout()
+}
+
+// flow is one protected call of Do, DoResult, DoWithCodec or Execute: one
+// allocation for the call's state, its action and its results.
+type flow[T any] struct {
+	exec
+	codec  Codec[T]
+	action func(context.Context) (T, error)
+
+	own     T      // the action's result
+	payload []byte // own, encoded
+	encErr  error  // why own could not be encoded
+	stored  T      // a stored result, decoded
+}
+
+// run runs the action and keeps its result, encoded when it succeeded. It
+// returns the action's error.
+func (f *flow[T]) run(ctx context.Context) error {
+	v, err := f.action(ctx)
+	f.own = v
+	if err != nil {
+		return err
+	}
+	f.payload, f.encErr = safeEncode(f.codec, v)
+	return nil
+}
+
+// safeEncode encodes v, turning a panic of the codec into an error: the
+// action has run, and nothing may raise after that (encoding/json panics on,
+// for one, a struct that embeds a nil *time.Time).
+func safeEncode[T any](codec Codec[T], v T) (b []byte, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			b, err = nil, fmt.Errorf("codec panicked: %v", p)
+		}
+	}()
+	return codec.Encode(v)
+}
+
+// mine is the call's own result.
+func (f *flow[T]) mine() Result[T] { return Result[T]{Value: f.own} }
+
+// hit replays the stored result that readable decoded.
+func (f *flow[T]) hit(ctx context.Context) (Result[T], error) {
+	f.observe(ctx, Event{Kind: EventHit})
+	return Result[T]{Value: f.stored, Replayed: true}, nil
+}
+
+// readable reports whether rec is a completed record whose result decodes,
+// keeping the decoded result; it reports a decode_error when not.
+func (f *flow[T]) readable(ctx context.Context, rec Record) bool {
+	var err error
+	if rec.State == StateCompleted {
+		var v T
+		if v, err = f.codec.Decode(rec.Result); err == nil {
+			f.stored = v
+			return true
+		}
+		err = fmt.Errorf("idempotency: stored result of %s cannot be decoded: %w", f.key, err)
+	} else {
+		err = fmt.Errorf("idempotency: record of %s cannot be read", f.key)
+	}
+	f.observe(ctx, Event{Kind: EventError, ErrorType: ErrorDecode, Err: err})
+	return false
+}
+
+// storable reports whether the action's result may be stored, reporting why
+// not.
+func (f *flow[T]) storable(ctx context.Context) bool {
+	var err error
+	switch {
+	case f.encErr != nil:
+		err = fmt.Errorf("idempotency: result of %s cannot be encoded: %w", f.key, f.encErr)
+	case len(f.payload) > f.c.cfg.maxResultBytes:
+		err = fmt.Errorf("idempotency: result of %s is %d bytes, more than the limit of %d", f.key, len(f.payload), f.c.cfg.maxResultBytes)
+	default:
+		return true
+	}
+	f.observe(ctx, Event{Kind: EventError, ErrorType: ErrorRecordValidation, Err: err})
+	return false
+}
+
+// reserved is the flow of in-flight modes "wait" and "raise": reserve the
+// key or read what holds it, and settle that record: run under our own
+// reservation, replay a result, wait for a holder, or heal a record nobody
+// can read. Every round writes with the compare-and-swap the last record
+// calls for.
+func (f *flow[T]) reserved(ctx context.Context) (Result[T], error) {
+	w := Write{State: StatePending, Token: f.token, Fingerprint: f.fp, TTL: f.c.cfg.lease}
+	var deadline time.Time // of waiting; set when a holder is first seen
+	for range maxRounds {
+		rec, written, err := f.storeReserve(ctx, w)
+		switch {
+		case err != nil:
+			return f.reserveFailed(ctx, err)
+		case written || f.ours(rec, StatePending):
+			// The second case is our own reservation, met again because a
+			// client retried the call after losing the first reply.
+			return f.runReserved(ctx)
+		}
+		if rec.State == StatePending {
+			// A wait ends on a record that is not pending.
+			if rec, err = f.awaitHolder(ctx, rec, &deadline); err != nil {
+				var se *StorageError
+				if errors.As(err, &se) {
+					return f.onStorageError(ctx, se)
+				}
+				return Result[T]{}, err
+			}
+		}
+		if err := f.reuse(ctx, rec); err != nil {
+			return Result[T]{}, err
+		}
+		if rec.State == StateAbsent {
+			// The holder released or its lease ran out (take over), or a
+			// Reserve that did not write raced expiry: reserve again.
+			w.Replace, w.ReplaceToken = false, ""
+			continue
+		}
+		if f.readable(ctx, rec) {
+			return f.hit(ctx)
+		}
+		// Heal: take the record over with a compare-and-swap on its token,
+		// so that of many healers only one runs.
+		w.Replace, w.ReplaceToken = true, rec.Token
+	}
+	return Result[T]{}, f.inProgress(0)
+}
+
+// reserveFailed handles a Reserve that failed.
+func (f *flow[T]) reserveFailed(ctx context.Context, err error) (Result[T], error) {
+	if ctx.Err() != nil {
+		// The caller hung up. The script may have run with its reply lost:
+		// give the key back rather than leave it reserved for a lease.
+		f.release(ctx)
+		return Result[T]{}, ctx.Err()
+	}
+	se := f.storageFailed(ctx, ErrorStorageReserve, MethodReserve, err)
+	if f.c.cfg.onStorageError == OnStorageErrorRaise && replyMayBeLost(err) {
+		f.release(ctx)
+	}
+	return f.onStorageError(ctx, se)
+}
+
+// awaitHolder handles a record that another caller holds, as the in-flight
+// mode says: it returns an error at once (a reused key; mode "raise"), or
+// waits until the record is not pending and returns that. deadline is the
+// wait bound, set on the call's first wait.
+func (f *flow[T]) awaitHolder(ctx context.Context, rec Record, deadline *time.Time) (Record, error) {
+	if err := f.reuse(ctx, rec); err != nil {
+		return Record{}, err
+	}
+	if deadline.IsZero() {
+		f.observe(ctx, Event{Kind: EventInFlight, Mode: f.c.cfg.inFlight})
+		if f.c.cfg.inFlight == InFlightRaise {
+			return Record{}, f.inProgress(rec.TTL)
+		}
+		*deadline = time.Now().Add(f.c.cfg.waitTimeout)
+		if d, ok := ctx.Deadline(); ok && d.Before(*deadline) {
+			*deadline = d
+		}
+	}
+	return f.wait(ctx, *deadline, rec)
+}
+
+// onStorageError decides what a store failure before the action means.
+func (f *flow[T]) onStorageError(ctx context.Context, se *StorageError) (Result[T], error) {
+	if f.c.cfg.onStorageError == OnStorageErrorRaise {
+		return Result[T]{}, se
+	}
+	f.observe(ctx, Event{Kind: EventUnprotected, Method: se.Method, Err: se})
+	if err := f.run(ctx); err != nil {
+		return f.mine(), err
+	}
+	if f.storable(ctx) {
+		f.saveUnprotected(ctx)
+	}
+	return f.mine(), nil
+}
+
+// saveUnprotected stores the result of an unprotected run, best effort, and
+// only where nobody else wrote: the store just failed, and another caller may
+// have reserved in the meantime.
+func (f *flow[T]) saveUnprotected(ctx context.Context) {
+	w := Write{State: StateCompleted, Token: f.token, Fingerprint: f.fp, Result: f.payload, TTL: f.ttl}
+	rec, written, err := f.storeReserve(context.WithoutCancel(ctx), w)
+	switch {
+	case err != nil:
+		f.storageFailed(ctx, ErrorStorageSave, MethodReserve, err)
+	case written, f.ours(rec, StateCompleted):
+		f.observe(ctx, Event{Kind: EventStored})
+	case f.ours(rec, StatePending):
+		// Our own reservation, made by the Reserve whose reply was lost:
+		// complete it.
+		if ok, err := f.storeComplete(context.WithoutCancel(ctx), f.payload); err != nil {
+			f.storageFailed(ctx, ErrorStorageSave, MethodComplete, err)
+		} else if ok {
+			f.observe(ctx, Event{Kind: EventStored})
+		}
+		f.c.kick(f.key)
+	}
+}
+
+// runReserved runs the action under this call's reservation.
+func (f *flow[T]) runReserved(ctx context.Context) (Result[T], error) {
+	f.observe(ctx, Event{Kind: EventMiss})
+	res := Reservation{Operation: f.key.Operation, Key: f.key.Key, Token: f.token}
+	actx, cancel := context.WithCancelCause(context.WithValue(ctx, reservationKey{}, res))
+	defer cancel(nil)
+	r := f.startRenewer(ctx, cancel)
+
+	returned := false
+	defer func() {
+		if !returned { // the action panicked (or called runtime.Goexit)
+			r.stop()
+			f.release(ctx)
+		}
+	}()
+	err := f.run(actx)
+	returned = true
+	lost := r.stop()
+
+	if err != nil {
+		f.release(ctx)
+		return f.mine(), err
+	}
+	if !f.storable(ctx) {
+		f.release(ctx)
+		return f.mine(), nil
+	}
+	if lost {
+		return f.mine(), nil // reported by the renewer
+	}
+	f.complete(ctx)
+	return f.mine(), nil
+}
+
+// complete stores the action's result under this call's reservation, and
+// wakes the waiters of this process.
+func (f *flow[T]) complete(ctx context.Context) {
+	ok, err := f.storeComplete(context.WithoutCancel(ctx), f.payload)
+	switch {
+	case err != nil:
+		f.storageFailed(ctx, ErrorStorageSave, MethodComplete, err)
+		f.release(ctx) // let waiters take over now rather than after the lease
+	case !ok && f.completedByUs(ctx):
+		// A client retried the call after losing the first reply.
+		f.observe(ctx, Event{Kind: EventStored})
+	case !ok:
+		f.observe(ctx, Event{Kind: EventError, ErrorType: ErrorLeaseLost,
+			Err: fmt.Errorf("%w: %s was taken over before completion; the result is not stored", ErrLeaseLost, f.key)})
+	default:
+		f.observe(ctx, Event{Kind: EventStored})
+	}
+	f.c.kick(f.key)
+}
+
+// unreserved is the flow of in-flight mode "run": read, run, write if
+// absent; a collision adopts the winner's result.
+func (f *flow[T]) unreserved(ctx context.Context) (Result[T], error) {
+	rec, err := f.storeGet(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return Result[T]{}, ctx.Err()
+		}
+		return f.onStorageError(ctx, f.storageFailed(ctx, ErrorStorageGet, MethodGet, err))
+	}
+	if err := f.reuse(ctx, rec); err != nil {
+		return Result[T]{}, err
+	}
+	w := Write{State: StateCompleted, Token: f.token, Fingerprint: f.fp, TTL: f.ttl}
+	switch rec.State {
+	case StateCompleted, StateUnreadable:
+		if f.readable(ctx, rec) {
+			return f.hit(ctx)
+		}
+		w.Replace, w.ReplaceToken = true, rec.Token
+	case StatePending:
+		f.observe(ctx, Event{Kind: EventInFlight, Mode: InFlightRun})
+	}
+	f.observe(ctx, Event{Kind: EventMiss})
+	if err := f.run(ctx); err != nil {
+		return f.mine(), err
+	}
+	if !f.storable(ctx) {
+		return f.mine(), nil
+	}
+	w.Result = f.payload
+	winner, written, err := f.storeReserve(context.WithoutCancel(ctx), w)
+	switch {
+	case err != nil:
+		f.storageFailed(ctx, ErrorStorageSave, MethodReserve, err)
+		return f.mine(), nil
+	case written, f.ours(winner, StateCompleted):
+		f.observe(ctx, Event{Kind: EventStored})
+		return f.mine(), nil
+	}
+	return f.adopt(ctx, winner)
+}
+
+// adopt settles a run-mode collision: the winner's result if it is complete
+// and ours to replay, otherwise our own.
+func (f *flow[T]) adopt(ctx context.Context, winner Record) (Result[T], error) {
+	if winner.State != StateCompleted {
+		return f.mine(), nil
+	}
+	if f.reusedBy(winner) {
+		f.observe(ctx, Event{Kind: EventError, ErrorType: ErrorKeyReuse,
+			Err: fmt.Errorf("%w: a concurrent caller stored another request under %s; keeping our own result", ErrKeyReuse, f.key)})
+		return f.mine(), nil
+	}
+	v, err := f.codec.Decode(winner.Result)
+	if err != nil {
+		return f.mine(), nil
+	}
+	f.stored = v
+	return f.hit(ctx)
+}
