@@ -1,4 +1,6 @@
-# Targets for developers and CI; .ci/run is what CI runs on a clean clone.
+# Targets for developers and CI. `make ci` is the whole CI check; .ci/run (what
+# CI runs on a clean clone) installs what is missing and then runs the same
+# CI_TARGETS one by one, so this file is the only definition of each check.
 
 SHELL := bash
 
@@ -7,7 +9,7 @@ GO ?= go
 STATICCHECK_VERSION ?= v0.8.2
 STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
-.PHONY: all build test lint fmt-check vet staticcheck bench tidy-check ci demo
+.PHONY: all build test lint fmt-check vet staticcheck bench tidy-check readme-commands ci ci-targets demo
 
 all: build
 
@@ -20,12 +22,17 @@ test:
 
 lint: fmt-check vet staticcheck
 
+# gofmt -l exits 0 when it lists files and non-zero only when it cannot parse
+# one: both fail the check.
 fmt-check:
-	@out="$$(gofmt -l .)"; if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
+	@out="$$(gofmt -l .)" || { echo "gofmt failed"; exit 1; }; \
+	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
 
 vet:
 	$(GO) vet ./...
 
+# The default checks, plus the doc-comment ones: every exported name is
+# documented in form. A staticcheck that cannot be fetched fails the target.
 staticcheck:
 	$(STATICCHECK) -checks inherit,ST1000,ST1020,ST1021,ST1022 ./...
 
@@ -40,7 +47,20 @@ bench:
 tidy-check:
 	$(GO) mod tidy -diff
 
-ci: lint test
+# Every command of the README's ```sh blocks, as written (go get, go mod edit
+# -replace, go run ./examples/fxapp, make demo); the test command is `test`.
+readme-commands:
+	GO=$(GO) bash scripts/readme-commands.sh
+
+# The CI checks, in the order .ci/run runs them. `make ci` stops at the first
+# failure (`make -k ci` runs them all); .ci/run always runs them all.
+CI_TARGETS := fmt-check vet tidy-check staticcheck test readme-commands
+
+ci: $(CI_TARGETS)
+
+# Prints CI_TARGETS, for .ci/run.
+ci-targets:
+	@echo $(CI_TARGETS)
 
 # Starts examples/fxapp on a free port (embedded Redis), sends it 20 concurrent
 # duplicate payments and a key reuse, prints the statuses and the ledger, and

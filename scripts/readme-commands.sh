@@ -1,39 +1,16 @@
 #!/usr/bin/env bash
 # Runs every command of the README's ```sh blocks, as written, and checks that
-# it works. TestReadmeCommandsAreChecked fails when the README gains a command
-# this script does not run. The test command itself is run by .ci/run's own
-# test step; set RUN_TESTS=1 to run it here too.
+# it works; `make readme-commands` runs it, and so CI does.
+# TestReadmeCommandsAreChecked fails when the README gains a command this
+# script does not run. The test command itself is the Makefile's test target,
+# a CI step of its own; set RUN_TESTS=1 to run it here too.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 root=$PWD
 GO=${GO:-go}
 
-echo ">>> go get github.com/idemkit/idempotency"
-# The module is not published from this checkout, so this checkout is served
-# as its only version by a module proxy on disk, in front of the real one for
-# the dependencies; the command then runs as written.
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-version=v0.0.0-$(date -u +%Y%m%d%H%M%S)-000000000000
-proxy="$tmp/proxy/github.com/idemkit/idempotency/@v"
-mkdir -p "$proxy"
-printf '%s\n' "$version" >"$proxy/list"
-printf '{"Version":"%s","Time":"%s"}\n' "$version" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" >"$proxy/$version.info"
-cp go.mod "$proxy/$version.mod"
-git ls-files -z | python3 -c '
-import sys, zipfile
-prefix = "github.com/idemkit/idempotency@" + sys.argv[2] + "/"
-with zipfile.ZipFile(sys.argv[1], "w", zipfile.ZIP_DEFLATED) as z:
-    for name in sys.stdin.buffer.read().decode().split("\0"):
-        if name:
-            z.write(name, prefix + name)
-' "$proxy/$version.zip" "$version"
-mkdir "$tmp/app"
-(
-	cd "$tmp/app"
-	export GOPROXY="file://$tmp/proxy,$(go env GOPROXY)" GONOSUMDB=github.com/idemkit/idempotency GOFLAGS=-mod=mod
-	$GO mod init example.com/readme >/dev/null 2>&1
-	go get github.com/idemkit/idempotency
+# An app that uses the module: the build after `go get` or `go mod tidy`.
+write_app() {
 	cat >main.go <<'GO'
 package main
 
@@ -48,10 +25,77 @@ func main() {
 	fx.New(idempotency.Module, fx.Invoke(func(*coordinator.Coordinator) {})).Done()
 }
 GO
+}
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+# The module has no tagged version and is not published from this checkout,
+# so the working tree is served as its only version by a module proxy on disk,
+# in front of the real one for the dependencies: a pseudo-version named after
+# HEAD, also returned for the query @<HEAD's hash>, as a real proxy resolves a
+# commit. The README's commands then run as written.
+commit=$(git rev-parse --short=12 HEAD)
+version=v0.0.0-$(date -u +%Y%m%d%H%M%S)-$commit
+proxy="$tmp/proxy/github.com/idemkit/idempotency/@v"
+mkdir -p "$proxy"
+printf '%s\n' "$version" >"$proxy/list"
+printf '{"Version":"%s","Time":"%s"}\n' "$version" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" >"$proxy/$version.info"
+cp "$proxy/$version.info" "$proxy/$commit.info"
+cp go.mod "$proxy/$version.mod"
+# Tracked and untracked (not ignored) files, as they are in the working tree.
+git ls-files -z --cached --others --exclude-standard | python3 -c '
+import os, sys, zipfile
+prefix = "github.com/idemkit/idempotency@" + sys.argv[2] + "/"
+with zipfile.ZipFile(sys.argv[1], "w", zipfile.ZIP_DEFLATED) as z:
+    for name in sorted(set(sys.stdin.buffer.read().decode().split("\0"))):
+        if name and os.path.isfile(name):
+            z.write(name, prefix + name)
+' "$proxy/$version.zip" "$version"
+proxy_env=(GOPROXY="file://$tmp/proxy,$($GO env GOPROXY)" GONOSUMDB=github.com/idemkit/idempotency GOFLAGS=-mod=mod)
+
+echo ">>> go get github.com/idemkit/idempotency"
+mkdir "$tmp/app"
+(
+	cd "$tmp/app"
+	export "${proxy_env[@]}"
+	$GO mod init example.com/readme >/dev/null 2>&1
+	go get github.com/idemkit/idempotency
+	grep -qF "github.com/idemkit/idempotency $version" go.mod || { cat go.mod; echo "go.mod does not require $version"; exit 1; }
+	write_app
 	$GO mod tidy
 	$GO build -o /dev/null .
 )
-echo "ok: the module installs and an app using it builds"
+echo "ok: the module installs as a pseudo-version and an app using it builds"
+
+# The README's `go get github.com/idemkit/idempotency@<commit>`, with HEAD.
+echo ">>> go get github.com/idemkit/idempotency@$commit"
+mkdir "$tmp/app-commit"
+(
+	cd "$tmp/app-commit"
+	export "${proxy_env[@]}"
+	$GO mod init example.com/readme >/dev/null 2>&1
+	go get "github.com/idemkit/idempotency@$commit"
+	grep -qF "github.com/idemkit/idempotency $version" go.mod || { cat go.mod; echo "go.mod does not require $version"; exit 1; }
+)
+echo "ok: @<commit> resolves to the pseudo-version $version"
+
+# The local checkout in ../idempotency is this one. No module proxy serves
+# idempotency here: the replace directive alone must resolve it.
+ln -s "$root" "$tmp/idempotency"
+mkdir "$tmp/app-replace"
+(
+	cd "$tmp/app-replace"
+	$GO mod init example.com/readme >/dev/null 2>&1
+	write_app
+	echo ">>> go mod edit -replace github.com/idemkit/idempotency=../idempotency"
+	go mod edit -replace github.com/idemkit/idempotency=../idempotency
+	echo ">>> go mod tidy"
+	go mod tidy
+	grep -q "=> ../idempotency" go.mod || { cat go.mod; echo "go.mod has no replace directive"; exit 1; }
+	$GO build -o /dev/null .
+)
+echo "ok: an app using the module through a replace directive builds"
 
 echo ">>> go run ./examples/fxapp"
 log="$tmp/fxapp.log"
