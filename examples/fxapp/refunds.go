@@ -146,14 +146,14 @@ func (rc *refundConsumer) handle(ctx context.Context, msg refundMessage) {
 		return
 	}
 
-	ran := false // set when this delivery's action runs, i.e. it is not a duplicate
-	refund, err := coordinator.Do(ctx, rc.c, coordinator.Call{
+	// DoResult is Do that also says whether the result was replayed: a
+	// replay means this delivery is a duplicate of one already processed.
+	res, err := coordinator.DoResult(ctx, rc.c, coordinator.Call{
 		Operation:   "refund.process",
 		Key:         msg.ID,
 		Fingerprint: fp,
 		TTL:         24 * time.Hour, // longer than the broker may redeliver
 	}, func(ctx context.Context) (Refund, error) {
-		ran = true
 		r, err := rc.provider.Refund(ctx, msg.ID, msg.ChargeID, msg.Amount)
 		if err != nil {
 			return Refund{}, err // not stored: a redelivery tries again
@@ -169,12 +169,12 @@ func (rc *refundConsumer) handle(ctx context.Context, msg refundMessage) {
 		// on ErrKeyReuse) and let the broker redeliver.
 		rc.count(func(s *consumerStats) { s.Delivered++; s.Failed++ })
 		rc.log.Warn("refund failed", zap.String("message_id", msg.ID), zap.Bool("key_reuse", errors.Is(err, coordinator.ErrKeyReuse)), zap.Error(err))
-	case ran:
-		rc.count(func(s *consumerStats) { s.Delivered++; s.Processed++ })
-		rc.log.Info("refund processed", zap.String("message_id", msg.ID), zap.String("refund", refund.ID))
-	default:
+	case res.Replayed:
 		rc.count(func(s *consumerStats) { s.Delivered++; s.Duplicates++ })
-		rc.log.Info("duplicate refund message: already processed", zap.String("message_id", msg.ID), zap.String("refund", refund.ID))
+		rc.log.Info("duplicate refund message: already processed", zap.String("message_id", msg.ID), zap.String("refund", res.Value.ID))
+	default:
+		rc.count(func(s *consumerStats) { s.Delivered++; s.Processed++ })
+		rc.log.Info("refund processed", zap.String("message_id", msg.ID), zap.String("refund", res.Value.ID))
 	}
 }
 
