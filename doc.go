@@ -14,13 +14,14 @@
 //	}, func(ctx context.Context) (Charge, error) { ... })
 //
 // Module reads Settings from the IDEMPOTENCY_* environment (LoadSettings;
-// invalid values stop start-up with an error that names the variable), builds
-// a Redis client and the Redis store (package redisrepo), an observer that
-// turns the coordinator's events into Prometheus metrics and zap log lines
-// (package observability), and the coordinator (package coordinator, the
-// engine). UseRedisClient points it at the app's own Redis client instead,
-// OverrideSettings changes settings from the graph, and the package fxtest
-// (idemfxtest) swaps Redis out in tests.
+// invalid values and unknown IDEMPOTENCY_* variables stop start-up with an
+// error that names the variable), builds a Redis client and the Redis store
+// (package redisrepo), an observer that turns the coordinator's events into
+// Prometheus metrics and zap log lines (package observability), and the
+// coordinator (package coordinator, the engine). UseRedisClient points it at
+// the app's own Redis client instead, OverrideSettings and
+// OverrideSettingsWith change settings in code, and the package idemfxtest
+// swaps Redis out in tests.
 //
 // Every constructor Module wires is exported, so the library works without fx
 // too:

@@ -181,8 +181,12 @@ func redactURL(raw string) string {
 // with envconfig (an unset variable takes its default) and validates them.
 //
 // The error names every variable that is wrong, with what is wrong, one per
-// line. When a value cannot be parsed at all, the error lists the parse
-// errors only; Validate's checks run once every value parses.
+// line. A variable that starts with IDEMPOTENCY_ but is none of those it
+// reads is an error too, naming the closest known one, so that a misspelt
+// setting cannot leave its default in force unnoticed; IDEMPOTENCY_TEST_*
+// variables are left to tests. When a value cannot be parsed at all or a
+// variable is unknown, the error lists those problems only; Validate's checks
+// run once every value parses.
 func LoadSettings() (Settings, error) {
 	s, err := loadEnv()
 	if err != nil {
