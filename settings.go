@@ -378,8 +378,8 @@ func (s Settings) Validate() error {
 }
 
 // optionVariables names the variable behind each option that Settings sets,
-// by the option's name as coordinator.OptionError and
-// observability.OptionError report it.
+// by the option's name as a *coordinator.OptionError from coordinator.New or
+// observability.New reports it.
 var optionVariables = map[string]string{
 	"WithEnabled":        "ENABLED",
 	"WithInFlight":       "IN_FLIGHT",
@@ -410,15 +410,11 @@ var optionNames = func() *strings.Replacer {
 }()
 
 // optionVariable returns the variable name (without the prefix) behind the
-// option that e, an *OptionError of coordinator or observability, names.
+// option that e, a *coordinator.OptionError, names.
 func optionVariable(e error) string {
+	var oe *coordinator.OptionError
 	var name string
-	var ce *coordinator.OptionError
-	var oe *observability.OptionError
-	switch {
-	case errors.As(e, &ce):
-		name = ce.Option
-	case errors.As(e, &oe):
+	if errors.As(e, &oe) {
 		name = oe.Option
 	}
 	if v, ok := optionVariables[name]; ok {
@@ -434,7 +430,7 @@ func optionErrors(err error) []error {
 	walk = func(err error) {
 		switch e := err.(type) {
 		case nil:
-		case *coordinator.OptionError, *observability.OptionError:
+		case *coordinator.OptionError:
 			out = append(out, e)
 		case interface{ Unwrap() []error }:
 			for _, e := range e.Unwrap() {

@@ -17,15 +17,7 @@ func ValidateKey(key string) error {
 	if key == "" {
 		return invalid("key is empty")
 	}
-	if len(key) > MaxKeyLen {
-		return invalid("key is %d bytes, longer than %d", len(key), MaxKeyLen)
-	}
-	for i := 0; i < len(key); i++ {
-		if c := key[i]; c < 0x21 || c > 0x7e {
-			return invalid("key has byte 0x%02x at offset %d; only visible ASCII (0x21-0x7e) is allowed", c, i)
-		}
-	}
-	return nil
+	return visibleASCII("key", key, MaxKeyLen)
 }
 
 // ValidateOperation returns an error matching ErrInvalidRequest unless op is
@@ -49,12 +41,18 @@ func ValidateOperation(op string) error {
 // validateFingerprint accepts "" (no fingerprint) or 1 to MaxFingerprintLen
 // bytes of visible ASCII.
 func validateFingerprint(fp string) error {
-	if len(fp) > MaxFingerprintLen {
-		return invalid("fingerprint is %d bytes, longer than %d", len(fp), MaxFingerprintLen)
+	return visibleASCII("fingerprint", fp, MaxFingerprintLen)
+}
+
+// visibleASCII returns an error matching ErrInvalidRequest, naming what s
+// is, unless s is at most maxLen bytes of visible ASCII (0x21 to 0x7E).
+func visibleASCII(what, s string, maxLen int) error {
+	if len(s) > maxLen {
+		return invalid("%s is %d bytes, longer than %d", what, len(s), maxLen)
 	}
-	for i := 0; i < len(fp); i++ {
-		if c := fp[i]; c < 0x21 || c > 0x7e {
-			return invalid("fingerprint has byte 0x%02x at offset %d; only visible ASCII (0x21-0x7e) is allowed", c, i)
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x21 || c > 0x7e {
+			return invalid("%s has byte 0x%02x at offset %d; only visible ASCII (0x21-0x7e) is allowed", what, c, i)
 		}
 	}
 	return nil

@@ -417,7 +417,7 @@ func TestInvalidOptions(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			reg := prometheus.NewRegistry()
 			o, err := observability.New(observability.WithRegisterer(reg), tt.opt)
-			var oe *observability.OptionError
+			var oe *coordinator.OptionError
 			if err == nil || o != nil || !errors.As(err, &oe) || oe.Option != tt.want {
 				t.Fatalf("New = %v, %v; want an *OptionError of %s", o, err, tt.want)
 			}

@@ -49,26 +49,10 @@ func New(opts ...Option) (*Observer, error) {
 	return o, nil
 }
 
-// OptionError is an option value that New refuses. New reports every refused
-// value at once, each as an *OptionError, joined with errors.Join and
-// wrapped. The fx module uses Option to name the environment variable that
-// set the value.
-type OptionError struct {
-	// Option is the name of the option that set the refused value, e.g.
-	// "WithNamespace".
-	Option string
-	// Err says what is wrong with the value.
-	Err error
-}
-
-// Error implements error: "WithNamespace: ...".
-func (e *OptionError) Error() string { return e.Option + ": " + e.Err.Error() }
-
-// Unwrap returns Err.
-func (e *OptionError) Unwrap() error { return e.Err }
-
 // ValidateOptions returns the error New would return for opts before it
-// registers anything: nil when their values are accepted.
+// registers anything: nil when their values are accepted. As with
+// coordinator.New, each refused option is a *coordinator.OptionError, all of
+// them joined.
 func ValidateOptions(opts ...Option) error {
 	_, err := newConfig(opts)
 	return err
@@ -87,7 +71,9 @@ func newConfig(opts []Option) (config, error) {
 		c.logger = zap.NewNop()
 	}
 	var errs []error
-	bad := func(option string, err error) { errs = append(errs, &OptionError{Option: option, Err: err}) }
+	bad := func(option string, err error) {
+		errs = append(errs, &coordinator.OptionError{Option: option, Err: err})
+	}
 	var err error
 	if c.keyLogging, err = c.keyLogging.parse(); err != nil {
 		bad("WithKeyLogging", err)
