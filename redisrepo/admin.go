@@ -86,10 +86,11 @@ func decodeInfo(in *Info, a []any) error {
 	size, ok3 := a[2].(int64)
 	created, ok4 := a[3].(string)
 	pttl, ok5 := a[4].(int64)
-	if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 || code < codeAbsent || code > codeUnreadable {
+	state, ok6 := decodeState(code)
+	if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 || !ok6 {
 		return fmt.Errorf("unexpected script reply %v", a)
 	}
-	in.State = coordinator.State(code)
+	in.State = state
 	in.Fingerprint = fp
 	in.ResultSize = int(size)
 	if ms, err := strconv.ParseInt(created, 10, 64); err == nil && ms > 0 {

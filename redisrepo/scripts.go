@@ -2,6 +2,7 @@ package redisrepo
 
 import (
 	_ "embed"
+	"fmt"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -27,16 +28,22 @@ var (
 	forgetLua string
 )
 
+// prelude starts every script: the constants that Go and Lua share, written
+// from their Go values so that each is defined once (the format version, and
+// the state codes that decodeState reads back), then record.lua.
+var prelude = fmt.Sprintf("local VERSION = %q\nlocal ABSENT, PENDING, COMPLETED, UNREADABLE = %d, %d, %d, %d\n",
+	formatVersion, codeAbsent, codePending, codeCompleted, codeUnreadable) + recordLua
+
 // The compiled scripts: immutable package values, run with EVALSHA and
 // falling back to EVAL when the server does not have them cached.
 var (
-	reserveScript  = redis.NewScript(recordLua + reserveLua)
-	getScript      = redis.NewScript(recordLua + getLua)
-	completeScript = redis.NewScript(recordLua + completeLua)
-	releaseScript  = redis.NewScript(recordLua + releaseLua)
-	renewScript    = redis.NewScript(recordLua + renewLua)
-	inspectScript  = redis.NewScript(recordLua + inspectLua)
-	forgetScript   = redis.NewScript(recordLua + forgetLua)
+	reserveScript  = redis.NewScript(prelude + reserveLua)
+	getScript      = redis.NewScript(prelude + getLua)
+	completeScript = redis.NewScript(prelude + completeLua)
+	releaseScript  = redis.NewScript(prelude + releaseLua)
+	renewScript    = redis.NewScript(prelude + renewLua)
+	inspectScript  = redis.NewScript(prelude + inspectLua)
+	forgetScript   = redis.NewScript(prelude + forgetLua)
 )
 
 // scripts lists every script, for LoadScripts.
