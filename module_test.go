@@ -24,6 +24,7 @@ import (
 	"github.com/idemkit/idempotency/coordinator/memstore"
 	"github.com/idemkit/idempotency/idemfxtest"
 	"github.com/idemkit/idempotency/internal/redistest"
+	"github.com/idemkit/idempotency/redisrepo"
 )
 
 func TestMain(m *testing.M) {
@@ -302,6 +303,95 @@ func TestOverrideSettingsFromTheGraph(t *testing.T) {
 	defer app.RequireStart().RequireStop()
 	if s.Lease != 2*time.Second || s.InFlight != coordinator.InFlightRun || c == nil {
 		t.Fatalf("lease %v, in-flight %v", s.Lease, s.InFlight)
+	}
+}
+
+// The module's *redisrepo.Store, for operator tools, is the store the
+// coordinator writes to: what Do stored, Inspect shows, and what Forget
+// removes, the coordinator no longer replays.
+func TestModuleProvidesTheRedisStoreForOperatorTools(t *testing.T) {
+	clearEnv(t)
+	prefix := redistest.Prefix(t)
+	t.Setenv("IDEMPOTENCY_REDIS_URL", "redis://"+redistest.ServerOptions(t).Addr+"/0")
+	t.Setenv("IDEMPOTENCY_KEY_PREFIX", prefix)
+	_, regOpt := registry()
+	var c *coordinator.Coordinator
+	var admin *redisrepo.Store
+	var store coordinator.Store
+	app := fxtest.New(t, idempotency.Module, regOpt, fx.Populate(&c, &admin, &store))
+	app.RequireStart()
+	defer app.RequireStop()
+	if store != coordinator.Store(admin) {
+		t.Fatalf("coordinator.Store is %T %p, *redisrepo.Store is %p; want one store", store, store, admin)
+	}
+
+	var runs atomic.Int64
+	call := coordinator.Call{Operation: "payment.charge", Key: "admin-1"}
+	key := coordinator.Key{Operation: call.Operation, Key: call.Key}
+	if _, err := coordinator.Do(t.Context(), c, call, charge(&runs)); err != nil {
+		t.Fatal(err)
+	}
+	infos, err := admin.Inspect(t.Context(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(infos) != 1 || infos[0].State != coordinator.StateCompleted || infos[0].RedisKey != prefix+"payment.charge:admin-1" {
+		t.Fatalf("Inspect() = %+v; want the completed record under the settings' prefix", infos)
+	}
+	if n, err := admin.Forget(t.Context(), key); err != nil || n != 1 {
+		t.Fatalf("Forget() = %d, %v; want 1", n, err)
+	}
+	if _, err := coordinator.Do(t.Context(), c, call, charge(&runs)); err != nil || runs.Load() != 2 {
+		t.Fatalf("after Forget: err=%v runs=%d; want the action to run again", err, runs.Load())
+	}
+}
+
+// With the app's own client, the *redisrepo.Store is built over it.
+func TestModuleProvidesTheRedisStoreOverTheAppsClient(t *testing.T) {
+	clearEnv(t)
+	t.Setenv("IDEMPOTENCY_REDIS_URL", "redis://127.0.0.1:1/0") // ignored: the app's client wins
+	prefix := redistest.Prefix(t)
+	t.Setenv("IDEMPOTENCY_KEY_PREFIX", prefix)
+	client := redistest.Server(t)
+	_, regOpt := registry()
+	var admin *redisrepo.Store
+	app := fxtest.New(t, fx.Supply(client), idempotency.Module, idempotency.UseRedisClient[*redis.Client](), regOpt, fx.Populate(&admin))
+	defer app.RequireStart().RequireStop()
+	if err := client.Set(t.Context(), prefix+"op:junk", "not a record", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	infos, err := admin.Inspect(t.Context(), coordinator.Key{Operation: "op", Key: "junk"}, coordinator.Key{Operation: "op", Key: "none"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(infos) != 2 || infos[0].State != coordinator.StateUnreadable || infos[1].State != coordinator.StateAbsent {
+		t.Fatalf("Inspect() = %+v; want the junk key unreadable and the other absent", infos)
+	}
+}
+
+// Overrides taken from the graph are validated like any other, and their
+// errors name the variables.
+func TestOverrideSettingsWithIsValidated(t *testing.T) {
+	clearEnv(t)
+	_, regOpt := registry()
+	type timings struct{ lease, renew time.Duration }
+	var c *coordinator.Coordinator
+	app := fx.New(fx.NopLogger, idempotency.Module, idemfxtest.MemoryStore(), regOpt,
+		fx.Supply(timings{1500 * time.Microsecond, 1200 * time.Microsecond}),
+		idempotency.OverrideSettingsWith(func(d timings, s *idempotency.Settings) { s.Lease, s.RenewInterval = d.lease, d.renew }),
+		fx.Populate(&c))
+	err := app.Err()
+	const want = "IDEMPOTENCY_RENEW_INTERVAL: must be shorter than IDEMPOTENCY_LEASE (1ms, rounded down from 1.5ms), got 1.2ms"
+	if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "WithRenewInterval") {
+		t.Fatalf("err = %v\nwant it to contain %q", err, want)
+	}
+
+	// The value comes from the graph: without it the app does not build.
+	app = fx.New(fx.NopLogger, idempotency.Module, idemfxtest.MemoryStore(), regOpt,
+		idempotency.OverrideSettingsWith(func(timings, *idempotency.Settings) {}),
+		fx.Populate(&c))
+	if err := app.Err(); err == nil || !strings.Contains(err.Error(), "timings") {
+		t.Fatalf("err = %v; want a missing timings value", err)
 	}
 }
 

@@ -349,13 +349,8 @@ func splitList(list []string) []string {
 // Validate only names the variable behind each refused value.
 func (s Settings) Validate() error {
 	var errs []error
-	seen := make(map[string]bool)
 	bad := func(name string, err error) {
-		err = fmt.Errorf("%s_%s: %w", EnvPrefix, name, err)
-		if !seen[err.Error()] { // an operation name is checked by both packages
-			seen[err.Error()] = true
-			errs = append(errs, err)
-		}
+		errs = append(errs, fmt.Errorf("%s_%s: %w", EnvPrefix, name, err))
 	}
 	if err := validateRedisURL(s.RedisURL); err != nil {
 		bad("REDIS_URL", err)
@@ -369,6 +364,14 @@ func (s Settings) Validate() error {
 		bad(optionVariable(e), errors.New(optionNames.Replace(errors.Unwrap(e).Error())))
 	}
 	for _, e := range optionErrors(observability.ValidateOptions(s.observerOptions()...)) {
+		if oe := (*coordinator.OptionError)(nil); errors.As(e, &oe) && oe.Option == "WithOperations" {
+			// Its operations are the keys of OperationTTLS, which the
+			// coordinator has just checked by the same rule
+			// (coordinator.ValidateOperation) under the same variable. Its
+			// message does not always name the operation ("operation is
+			// empty"): report the problem once.
+			continue
+		}
 		bad(optionVariable(e), errors.New(optionNames.Replace(errors.Unwrap(e).Error())))
 	}
 	if len(errs) > 0 {

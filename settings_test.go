@@ -376,6 +376,97 @@ func env(name, value string) map[string]string {
 	return map[string]string{"IDEMPOTENCY_" + name: value}
 }
 
+// TestLoadSettingsUnknownVariables: a misspelt IDEMPOTENCY_* variable must not
+// quietly leave the default in force. The test harness's IDEMPOTENCY_TEST_*
+// variables and variables that only look alike are not LoadSettings' to judge.
+func TestLoadSettingsUnknownVariables(t *testing.T) {
+	tests := []struct {
+		name string
+		env  map[string]string
+		// wantErr lists the lines the error must have; empty expects none.
+		wantErr []string
+		// hidden are strings the error must not show.
+		hidden []string
+	}{
+		{
+			name:    "a misspelt mode",
+			env:     env("ON_STORAGE_ERRORS", "raise"),
+			wantErr: []string{"IDEMPOTENCY_ON_STORAGE_ERRORS: unknown variable; did you mean IDEMPOTENCY_ON_STORAGE_ERROR? (the variables are listed in docs/configuration.md)"},
+			hidden:  []string{"raise"},
+		},
+		{name: "a test variable", env: env("TEST_ANYTHING", "1")},
+		{name: "the bare test prefix", env: env("TEST_", "1")},
+		{name: "lowercase is another variable", env: map[string]string{"idempotency_lease": "0s", "Idempotency_Leases": "0s"}},
+		{name: "without the underscore", env: map[string]string{"IDEMPOTENCY": "1", "IDEMPOTENCYLEASE": "0s"}},
+		{
+			name: "two unknown variables, in order",
+			env:  map[string]string{"IDEMPOTENCY_LEASES": "1s", "IDEMPOTENCY_KEYPREFIX": "p:"},
+			wantErr: []string{
+				"IDEMPOTENCY_KEYPREFIX: unknown variable; did you mean IDEMPOTENCY_KEY_PREFIX? (the variables are listed in docs/configuration.md)",
+				"IDEMPOTENCY_LEASES: unknown variable; did you mean IDEMPOTENCY_LEASE? (the variables are listed in docs/configuration.md)",
+			},
+		},
+		{
+			name:    "set but empty is still set",
+			env:     env("REDIS_ADDR", ""),
+			wantErr: []string{"IDEMPOTENCY_REDIS_ADDR: unknown variable; did you mean"},
+		},
+		{
+			// The value may be a secret that was meant for a known variable.
+			name:    "the value is not shown",
+			env:     env("REDIS_PASSWORD", "hunter2"),
+			wantErr: []string{"IDEMPOTENCY_REDIS_PASSWORD: unknown variable; did you mean"},
+			hidden:  []string{"hunter2"},
+		},
+		{
+			name: "reported with the parse errors",
+			env:  map[string]string{"IDEMPOTENCY_LEASE": "abc", "IDEMPOTENCY_IN_FLIGH": "raise"},
+			wantErr: []string{
+				`IDEMPOTENCY_LEASE: "abc" is not a duration; use a Go duration such as 500ms, 30s or 1h30m`,
+				"IDEMPOTENCY_IN_FLIGH: unknown variable; did you mean IDEMPOTENCY_IN_FLIGHT? (the variables are listed in docs/configuration.md)",
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			clearEnv(t)
+			for k, v := range tt.env {
+				t.Setenv(k, v)
+			}
+			got, err := idempotency.LoadSettings()
+			if len(tt.wantErr) == 0 {
+				if err != nil {
+					t.Fatalf("LoadSettings() error = %v, want nil", err)
+				}
+				if want := contractDefaults(); !reflect.DeepEqual(got, want) {
+					t.Fatalf("LoadSettings() =\n%+v\nwant the defaults\n%+v", got, want)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("LoadSettings() = %+v, nil; want an error", got)
+			}
+			if !reflect.DeepEqual(got, idempotency.Settings{}) {
+				t.Errorf("LoadSettings() returned %+v with its error; want the zero Settings", got)
+			}
+			lines := strings.Split(err.Error(), "\n")
+			if lines[0] != "idempotency: invalid settings:" || len(lines) != 1+len(tt.wantErr) {
+				t.Fatalf("LoadSettings() error = %q\nwant the header and %d lines", err, len(tt.wantErr))
+			}
+			for i, want := range tt.wantErr {
+				if !strings.HasPrefix(lines[1+i], want) {
+					t.Errorf("line %d = %q\nwant %q", 1+i, lines[1+i], want)
+				}
+			}
+			for _, h := range tt.hidden {
+				if strings.Contains(err.Error(), h) {
+					t.Errorf("LoadSettings() error = %q; shows %q", err, h)
+				}
+			}
+		})
+	}
+}
+
 func TestLoadSettingsRedisURLErrorHidesPassword(t *testing.T) {
 	for _, raw := range []string{
 		"redis://:hunter2@cache:6379/zero",

@@ -1,0 +1,102 @@
+package idempotency_test
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/fx"
+
+	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/idemfxtest"
+)
+
+func Example() {
+	var c *coordinator.Coordinator
+	app := fx.New(
+		fx.NopLogger,
+		idempotency.Module,
+		// An app leaves these two out: its settings come from the
+		// IDEMPOTENCY_* environment and its store is Redis. They keep the
+		// example self-contained.
+		idemfxtest.DefaultSettings(),
+		idemfxtest.MemoryStore(),
+		fx.Populate(&c), // an app injects *coordinator.Coordinator into its handlers
+	)
+	ctx := context.Background()
+	if err := app.Start(ctx); err != nil {
+		panic(err)
+	}
+	defer app.Stop(ctx)
+
+	runs := 0
+	chargeCard := func(context.Context) (string, error) {
+		runs++
+		return fmt.Sprintf("ch_%d", runs), nil
+	}
+	call := coordinator.Call{Operation: "payment.charge", Key: "order-42"}
+	first, _ := coordinator.Do(ctx, c, call, chargeCard)
+	retry, _ := coordinator.Do(ctx, c, call, chargeCard) // a client retry: replayed
+	fmt.Println(first, retry, "runs:", runs)
+	// Output: ch_1 ch_1 runs: 1
+}
+
+// The app's own Redis client, instead of one built from
+// IDEMPOTENCY_REDIS_URL. This example is compiled but not run: it needs a
+// Redis server.
+func ExampleUseRedisClient() {
+	fx.New(
+		fx.Provide(func(lc fx.Lifecycle) *redis.Client {
+			client := redis.NewClient(&redis.Options{
+				Addr: "localhost:6379",
+				// Lets IDEMPOTENCY_STORAGE_TIMEOUT bound each call on the
+				// socket too; see docs/configuration.md.
+				ContextTimeoutEnabled: true,
+			})
+			lc.Append(fx.StopHook(client.Close)) // the app's client: the module neither pings nor closes it
+			return client
+		}),
+		idempotency.Module,
+		idempotency.UseRedisClient[*redis.Client](),
+		fx.Invoke(func(c *coordinator.Coordinator) { /* hand c to the handlers */ }),
+	).Run()
+}
+
+func ExampleOverrideSettings() {
+	var s idempotency.Settings
+	app := fx.New(
+		fx.NopLogger,
+		idempotency.Module,
+		idemfxtest.DefaultSettings(), // an app reads the environment instead
+		idempotency.OverrideSettings(func(s *idempotency.Settings) {
+			s.InFlight = coordinator.InFlightRaise // fail fast rather than wait for the first caller
+		}),
+		fx.Populate(&s),
+	)
+	if err := app.Err(); err != nil { // the changed settings are validated again
+		panic(err)
+	}
+	fmt.Println(s.InFlight)
+	// Output: raise
+}
+
+func ExampleOverrideSettingsWith() {
+	type tenant struct{ name string } // a value the app has in its graph
+	var s idempotency.Settings
+	app := fx.New(
+		fx.NopLogger,
+		idempotency.Module,
+		idemfxtest.DefaultSettings(), // an app reads the environment instead
+		fx.Supply(tenant{name: "shop"}),
+		idempotency.OverrideSettingsWith(func(t tenant, s *idempotency.Settings) {
+			s.KeyPrefix = t.name + ":idempotency:"
+		}),
+		fx.Populate(&s),
+	)
+	if err := app.Err(); err != nil {
+		panic(err)
+	}
+	fmt.Println(s.KeyPrefix)
+	// Output: shop:idempotency:
+}

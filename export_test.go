@@ -1,0 +1,17 @@
+package idempotency
+
+import "github.com/idemkit/idempotency/observability"
+
+// Internals for the tests of package idempotency_test.
+var (
+	// OptionVariables is optionVariables: option name to variable name,
+	// without the prefix.
+	OptionVariables = optionVariables
+	// Variables is variables: the names of the variables LoadSettings reads.
+	Variables = variables
+	// LoadEnv is loadEnv: LoadSettings without Validate.
+	LoadEnv = loadEnv
+)
+
+// ObserverOptions is observerOptions: the observability options that carry s.
+func (s Settings) ObserverOptions() []observability.Option { return s.observerOptions() }
