@@ -101,7 +101,7 @@ func DoWithCodec[T any](ctx context.Context, c *Coordinator, call Call, codec Co
 	if action == nil {
 		return Result[T]{}, invalid("action is nil")
 	}
-	return run(ctx, c, call, codec, action)
+	return do(ctx, c, call, codec, action)
 }
 
 // Execute is the byte-level form of DoResult: the action returns its encoded

@@ -18,8 +18,8 @@ import (
 // races end in ErrInProgress instead of looping.
 const maxRounds = 64
 
-// run is the one path of Do, DoResult, DoWithCodec and Execute.
-func run[T any](ctx context.Context, c *Coordinator, call Call, codec Codec[T], action func(context.Context) (T, error)) (Result[T], error) {
+// do is the one path of Do, DoResult, DoWithCodec and Execute.
+func do[T any](ctx context.Context, c *Coordinator, call Call, codec Codec[T], action func(context.Context) (T, error)) (Result[T], error) {
 	ttl, err := c.check(call)
 	if err != nil {
 		return Result[T]{}, err
