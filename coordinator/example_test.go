@@ -72,3 +72,19 @@ func ExampleFingerprint() {
 	fmt.Println(a == b, len(a))
 	// Output: true 64
 }
+
+func ExampleDoResult() {
+	c, _ := coordinator.New(memstore.New())
+	call := coordinator.Call{Operation: "refund.process", Key: "msg-7"}
+	refund := func(context.Context) (string, error) { return "rf_1", nil }
+	for range 2 { // a queue delivers the message twice
+		res, err := coordinator.DoResult(context.Background(), c, call, refund)
+		if err != nil {
+			panic(err)
+		}
+		fmt.Println(res.Value, "duplicate:", res.Replayed)
+	}
+	// Output:
+	// rf_1 duplicate: false
+	// rf_1 duplicate: true
+}

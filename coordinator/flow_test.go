@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/idemkit/idempotency/coordinator"
@@ -195,6 +196,23 @@ func TestInvalidCallsNeverTouchTheStore(t *testing.T) {
 	}
 }
 
+func TestNilActionIsInvalid(t *testing.T) {
+	for _, enabled := range []bool{true, false} {
+		f, s := newMem(t, coordinator.WithEnabled(enabled))
+		call := coordinator.Call{Operation: "op", Key: "k"}
+		_, err := coordinator.Do[string](t.Context(), f.c, call, nil)
+		if !errors.Is(err, coordinator.ErrInvalidRequest) || !strings.Contains(err.Error(), "action is nil") {
+			t.Fatalf("enabled=%v: Do(nil) err = %v, want ErrInvalidRequest: action is nil", enabled, err)
+		}
+		if _, err := f.c.Execute(t.Context(), call, nil); !errors.Is(err, coordinator.ErrInvalidRequest) {
+			t.Fatalf("enabled=%v: Execute(nil) err = %v, want ErrInvalidRequest", enabled, err)
+		}
+		if s.Len() != 0 || len(f.rec.all()) != 0 {
+			t.Fatalf("enabled=%v: stored=%d events=%d, want 0, 0", enabled, s.Len(), len(f.rec.all()))
+		}
+	}
+}
+
 func TestLimitsAreInclusive(t *testing.T) {
 	f, _ := newMem(t)
 	var visible strings.Builder
@@ -216,27 +234,31 @@ func TestLimitsAreInclusive(t *testing.T) {
 }
 
 func TestTTLResolution(t *testing.T) {
-	f, s := newMem(t,
-		coordinator.WithDefaultTTL(2*time.Hour),
-		coordinator.WithOperationTTLs(map[string]time.Duration{"order.create": 3 * time.Hour}))
-	var k counter
-	tests := []struct {
-		call coordinator.Call
-		want time.Duration
-	}{
-		{coordinator.Call{Operation: "payment.charge", Key: "default"}, 2 * time.Hour},
-		{coordinator.Call{Operation: "order.create", Key: "op"}, 3 * time.Hour},
-		{coordinator.Call{Operation: "order.create", Key: "call", TTL: 90*time.Second + 1500*time.Microsecond}, 90*time.Second + time.Millisecond},
-	}
-	for _, tt := range tests {
-		if _, err := coordinator.Do(t.Context(), f.c, tt.call, k.action("x")); err != nil {
-			t.Fatal(err)
+	// On the fake clock no time passes between Complete and the snapshot:
+	// the TTL read back is the one written.
+	synctest.Test(t, func(t *testing.T) {
+		f, s := newMem(t,
+			coordinator.WithDefaultTTL(2*time.Hour),
+			coordinator.WithOperationTTLs(map[string]time.Duration{"order.create": 3 * time.Hour}))
+		var k counter
+		tests := []struct {
+			call coordinator.Call
+			want time.Duration
+		}{
+			{coordinator.Call{Operation: "payment.charge", Key: "default"}, 2 * time.Hour},
+			{coordinator.Call{Operation: "order.create", Key: "op"}, 3 * time.Hour},
+			{coordinator.Call{Operation: "order.create", Key: "call", TTL: 90*time.Second + 1500*time.Microsecond}, 90*time.Second + time.Millisecond},
 		}
-		rec := s.Snapshot(coordinator.Key{Operation: tt.call.Operation, Key: tt.call.Key})
-		if rec.State != coordinator.StateCompleted || rec.TTL > tt.want || rec.TTL < tt.want-time.Second {
-			t.Errorf("%s: record %v with TTL %v, want completed with %v", tt.call.Key, rec.State, rec.TTL, tt.want)
+		for _, tt := range tests {
+			if _, err := coordinator.Do(t.Context(), f.c, tt.call, k.action("x")); err != nil {
+				t.Fatal(err)
+			}
+			rec := s.Snapshot(coordinator.Key{Operation: tt.call.Operation, Key: tt.call.Key})
+			if rec.State != coordinator.StateCompleted || rec.TTL != tt.want {
+				t.Errorf("%s: record %v with TTL %v, want completed with %v", tt.call.Key, rec.State, rec.TTL, tt.want)
+			}
 		}
-	}
+	})
 }
 
 func TestActionErrorIsNotCachedAndReleases(t *testing.T) {
@@ -334,34 +356,41 @@ func TestUnreadableRecordHeals(t *testing.T) {
 }
 
 func TestConcurrentHealersRunOnce(t *testing.T) {
-	f, s := newMem(t)
-	key := coordinator.Key{Operation: "payment.charge", Key: "heal"}
-	s.Put(key, coordinator.Record{State: coordinator.StateUnreadable, TTL: time.Hour})
-	var k counter
-	slow := func(ctx context.Context) (charge, error) {
-		time.Sleep(20 * time.Millisecond)
-		return k.action("healed")(ctx)
-	}
-	results := make([]charge, 16)
-	var wg sync.WaitGroup
-	for i := range results {
-		wg.Go(func() {
-			v, err := coordinator.Do(t.Context(), f.c, call("heal"), slow)
-			if err != nil {
-				t.Error(err)
-			}
-			results[i] = v
-		})
-	}
-	wg.Wait()
-	if k.n() != 1 {
-		t.Fatalf("action ran %d times, want 1", k.n())
-	}
-	for _, r := range results {
-		if r != results[0] {
-			t.Fatalf("results differ: %+v vs %+v", r, results[0])
+	synctest.Test(t, func(t *testing.T) {
+		const runFor = 20 * time.Millisecond
+		f, s := newMem(t)
+		key := coordinator.Key{Operation: "payment.charge", Key: "heal"}
+		s.Put(key, coordinator.Record{State: coordinator.StateUnreadable, TTL: time.Hour})
+		var k counter
+		slow := func(ctx context.Context) (charge, error) {
+			<-time.After(runFor)
+			return k.action("healed")(ctx)
 		}
-	}
+		results := make([]charge, 16)
+		var wg sync.WaitGroup
+		for i := range results {
+			wg.Go(func() {
+				v, err := coordinator.Do(t.Context(), f.c, call("heal"), slow)
+				if err != nil {
+					t.Error(err)
+				}
+				results[i] = v
+			})
+		}
+		wg.Wait()
+		if k.n() != 1 {
+			t.Fatalf("action ran %d times, want 1", k.n())
+		}
+		for _, r := range results {
+			if r != results[0] {
+				t.Fatalf("results differ: %+v vs %+v", r, results[0])
+			}
+		}
+		// Every healer tried before the winner's action ended (the fake
+		// clock stood still until all of them were waiting); the other 15
+		// waited for it, and replay its result.
+		wantWaits(t, f.rec, len(results)-1, coordinator.WaitHit, runFor)
+	})
 }
 
 func TestLeaseIsInTheActionContext(t *testing.T) {

@@ -42,6 +42,32 @@ func (r *recorder) count(kind coordinator.EventKind, t coordinator.ErrorType) in
 
 func (r *recorder) errors(t coordinator.ErrorType) int { return r.count(coordinator.EventError, t) }
 
+// calls returns how many store calls of method m were made.
+func (r *recorder) calls(m coordinator.Method) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, e := range r.events {
+		if e.Kind == coordinator.EventStorageCall && e.Method == m {
+			n++
+		}
+	}
+	return n
+}
+
+// waits returns the EventWaited events, in order.
+func (r *recorder) waits() []coordinator.Event {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var w []coordinator.Event
+	for _, e := range r.events {
+		if e.Kind == coordinator.EventWaited {
+			w = append(w, e)
+		}
+	}
+	return w
+}
+
 func (r *recorder) all() []coordinator.Event {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -62,6 +88,9 @@ func newFixture(t *testing.T, store coordinator.Store, opts ...coordinator.Optio
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
+	// The poll loops exit before the test ends: goleak, and a synctest
+	// bubble, which fails when goroutines outlive its test function.
+	t.Cleanup(func() { _ = c.Close() })
 	return fixture{c: c, rec: rec}
 }
 
@@ -94,14 +123,18 @@ func call(key string) coordinator.Call {
 	return coordinator.Call{Operation: "payment.charge", Key: key}
 }
 
-// eventually polls cond until it holds or the deadline passes.
-func eventually(t *testing.T, d time.Duration, cond func() bool, msg string) {
+// wantWaits fails the test unless rec saw n waits, each ending with outcome
+// after exactly d: the tests that wait run in a synctest bubble, where
+// durations on the fake clock are exact.
+func wantWaits(t *testing.T, rec *recorder, n int, outcome coordinator.WaitOutcome, d time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v: %s", d, msg)
+	waits := rec.waits()
+	if len(waits) != n {
+		t.Fatalf("%d waits, want %d: %+v", len(waits), n, waits)
+	}
+	for _, e := range waits {
+		if e.Outcome != outcome || e.Duration != d {
+			t.Fatalf("wait ended %s after %v, want %s after %v", e.Outcome, e.Duration, outcome, d)
 		}
-		time.Sleep(time.Millisecond)
 	}
 }

@@ -4,91 +4,138 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/coordinator/memstore"
 )
 
+// The renewal tests run in a synctest bubble (testing/synctest): the
+// renewer's ticker, the waiters' poll timers, the actions' timers and
+// memstore's clock all read the bubble's fake clock, which moves only when
+// every goroutine of the test is blocked. A renewal happens at each exact
+// multiple of the renew interval, so the tests count them exactly; the
+// actions last a time that is not a multiple of the interval, so that no
+// renewal is due at the instant the action returns.
+
 const testLease = 60 * time.Millisecond
 
 func TestRenewalKeepsALongActionExclusive(t *testing.T) {
-	s := memstore.New()
-	opts := []coordinator.Option{coordinator.WithLease(testLease), coordinator.WithRenewInterval(testLease / 4),
-		coordinator.WithWaitTimeout(5 * time.Second), coordinator.WithPollInterval(time.Millisecond)}
-	// Two coordinators over one store: two processes.
-	a := newFixture(t, s, opts...)
-	b := newFixture(t, s, opts...)
-	var k counter
-	long := func(ctx context.Context) (charge, error) {
-		time.Sleep(3 * testLease)
-		if ctx.Err() != nil {
-			return charge{}, context.Cause(ctx)
+	synctest.Test(t, func(t *testing.T) {
+		const (
+			renew = testLease / 4 // 15ms
+			// Three leases, and 10ms past the renewal at 180ms.
+			runFor = 3*testLease + 10*time.Millisecond
+		)
+		s := memstore.New()
+		opts := []coordinator.Option{coordinator.WithLease(testLease), coordinator.WithRenewInterval(renew),
+			coordinator.WithWaitTimeout(5 * time.Second), coordinator.WithPollInterval(time.Millisecond)}
+		// Two coordinators over one store: two processes.
+		a := newFixture(t, s, opts...)
+		b := newFixture(t, s, opts...)
+		var k counter
+		long := func(ctx context.Context) (charge, error) {
+			<-time.After(runFor)
+			if ctx.Err() != nil {
+				return charge{}, context.Cause(ctx)
+			}
+			return k.action("long")(ctx)
 		}
-		return k.action("long")(ctx)
-	}
-	done := make(chan charge, 1)
-	go func() {
-		v, err := coordinator.Do(t.Context(), a.c, call("long"), long)
+		done := make(chan charge, 1)
+		go func() {
+			v, err := coordinator.Do(t.Context(), a.c, call("long"), long)
+			if err != nil {
+				t.Error(err)
+			}
+			done <- v
+		}()
+		synctest.Wait() // a holds the key and runs its action
+		if got := a.rec.count(coordinator.EventMiss, ""); got != 1 {
+			t.Fatalf("a's misses = %d, want 1: a runs", got)
+		}
+		start := time.Now()
+		v, err := coordinator.Do(t.Context(), b.c, call("long"), long)
 		if err != nil {
-			t.Error(err)
+			t.Fatal(err)
 		}
-		done <- v
-	}()
-	eventually(t, time.Second, func() bool { return a.rec.count(coordinator.EventMiss, "") == 1 }, "a runs")
-	v, err := coordinator.Do(t.Context(), b.c, call("long"), long)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if first := <-done; v != first || k.n() != 1 {
-		t.Fatalf("b got %+v, a got %+v, runs %d: want one run and one result", v, first, k.n())
-	}
-	if got := a.rec.count(coordinator.EventStorageCall, ""); got < 5 {
-		t.Fatalf("a made %d store calls; renewals missing", got)
-	}
-	if a.rec.errors("") != 0 {
-		t.Fatalf("errors: %+v", a.rec.all())
-	}
+		if first := <-done; v != first || k.n() != 1 {
+			t.Fatalf("b got %+v, a got %+v, runs %d: want one run and one result", v, first, k.n())
+		}
+		// a renews at 15ms, 30ms, ..., 180ms: without the renewals its
+		// lease would run out at 60ms, and b's read at 63ms would take over.
+		for m, want := range map[coordinator.Method]int{coordinator.MethodReserve: 1, coordinator.MethodRenew: 12, coordinator.MethodComplete: 1} {
+			if got := a.rec.calls(m); got != want {
+				t.Errorf("a made %d %s calls, want %d", got, m, want)
+			}
+		}
+		if got := a.rec.count(coordinator.EventStorageCall, ""); got != 14 {
+			t.Errorf("a made %d store calls, want 14", got)
+		}
+		// b polls at 1, 3, 7, 15, 31, 63, 127 and 255ms (another process:
+		// nobody kicks it), and finds a's result at 255ms.
+		if got := b.rec.calls(coordinator.MethodGet); got != 8 {
+			t.Errorf("b read %d times, want 8", got)
+		}
+		if d := time.Since(start); d != 255*time.Millisecond {
+			t.Errorf("b's Do took %v, want 255ms", d)
+		}
+		wantWaits(t, b.rec, 1, coordinator.WaitHit, 255*time.Millisecond)
+		if a.rec.errors("") != 0 || b.rec.errors("") != 0 {
+			t.Fatalf("errors: a %+v, b %+v", a.rec.all(), b.rec.all())
+		}
+	})
 }
 
 func TestLostLeaseCancelsTheActionAndKeepsTheNewOwner(t *testing.T) {
 	for _, name := range []string{"action honours cancellation", "action ignores cancellation"} {
 		t.Run(name, func(t *testing.T) {
-			s := memstore.New()
-			f := newFixture(t, s, coordinator.WithLease(testLease), coordinator.WithRenewInterval(testLease/6))
-			key := coordinator.Key{Operation: "payment.charge", Key: "stolen"}
-			var cause error
-			v, err := coordinator.Do(t.Context(), f.c, call("stolen"), func(ctx context.Context) (charge, error) {
-				// Another caller takes the key over (as after a store
-				// failover or a long pause past the lease).
-				s.Put(key, coordinator.Record{State: coordinator.StatePending, Token: "new-owner", TTL: time.Minute})
-				select {
-				case <-ctx.Done():
-					cause = context.Cause(ctx)
-				case <-time.After(time.Second):
-					t.Error("the action's context was not cancelled")
+			synctest.Test(t, func(t *testing.T) {
+				const renew = testLease / 6 // 10ms
+				s := memstore.New()
+				f := newFixture(t, s, coordinator.WithLease(testLease), coordinator.WithRenewInterval(renew))
+				key := coordinator.Key{Operation: "payment.charge", Key: "stolen"}
+				var cause error
+				var cancelledAfter time.Duration
+				v, err := coordinator.Do(t.Context(), f.c, call("stolen"), func(ctx context.Context) (charge, error) {
+					// Another caller takes the key over (as after a store
+					// failover or a long pause past the lease).
+					s.Put(key, coordinator.Record{State: coordinator.StatePending, Token: "new-owner", TTL: time.Minute})
+					start := time.Now()
+					select {
+					case <-ctx.Done():
+						cause = context.Cause(ctx)
+						cancelledAfter = time.Since(start)
+					case <-time.After(time.Second):
+						t.Error("the action's context was not cancelled")
+					}
+					if name == "action honours cancellation" {
+						return charge{}, cause
+					}
+					return charge{ID: "late"}, nil
+				})
+				if !errors.Is(cause, coordinator.ErrLeaseLost) {
+					t.Fatalf("cause = %v, want ErrLeaseLost", cause)
+				}
+				// The first renewal, one interval into the action, finds
+				// the lease lost.
+				if cancelledAfter != renew || f.rec.calls(coordinator.MethodRenew) != 1 {
+					t.Fatalf("cancelled after %v and %d renewals, want %v and 1", cancelledAfter, f.rec.calls(coordinator.MethodRenew), renew)
 				}
 				if name == "action honours cancellation" {
-					return charge{}, cause
+					if !errors.Is(err, coordinator.ErrLeaseLost) {
+						t.Fatalf("err = %v", err)
+					}
+				} else if err != nil || v.ID != "late" {
+					t.Fatalf("Do = %+v, %v; want the action's result", v, err)
 				}
-				return charge{ID: "late"}, nil
+				if rec := s.Snapshot(key); rec.State != coordinator.StatePending || rec.Token != "new-owner" {
+					t.Fatalf("the new owner's record was touched: %+v", rec)
+				}
+				if got := f.rec.errors(coordinator.ErrorLeaseLost); got != 1 {
+					t.Fatalf("lease_lost = %d, want 1", got)
+				}
 			})
-			if !errors.Is(cause, coordinator.ErrLeaseLost) {
-				t.Fatalf("cause = %v, want ErrLeaseLost", cause)
-			}
-			if name == "action honours cancellation" {
-				if !errors.Is(err, coordinator.ErrLeaseLost) {
-					t.Fatalf("err = %v", err)
-				}
-			} else if err != nil || v.ID != "late" {
-				t.Fatalf("Do = %+v, %v; want the action's result", v, err)
-			}
-			if rec := s.Snapshot(key); rec.State != coordinator.StatePending || rec.Token != "new-owner" {
-				t.Fatalf("the new owner's record was touched: %+v", rec)
-			}
-			if got := f.rec.errors(coordinator.ErrorLeaseLost); got != 1 {
-				t.Fatalf("lease_lost = %d, want 1", got)
-			}
 		})
 	}
 }
@@ -115,21 +162,34 @@ func TestCompletionAfterATakeoverDoesNotOverwrite(t *testing.T) {
 }
 
 func TestRenewerStopsBeforeCompletion(t *testing.T) {
-	s := memstore.New()
-	f := newFixture(t, s, coordinator.WithLease(testLease), coordinator.WithRenewInterval(5*time.Millisecond))
-	if _, err := coordinator.Do(t.Context(), f.c, call("stop"), func(context.Context) (int, error) {
-		time.Sleep(30 * time.Millisecond)
-		return 1, nil
-	}); err != nil {
-		t.Fatal(err)
-	}
-	n := f.rec.count(coordinator.EventStorageCall, "")
-	time.Sleep(30 * time.Millisecond)
-	if f.rec.count(coordinator.EventStorageCall, "") != n {
-		t.Fatal("store calls after Do returned: the renewer outlived the call")
-	}
-	rec := s.Snapshot(coordinator.Key{Operation: "payment.charge", Key: "stop"})
-	if rec.State != coordinator.StateCompleted || rec.TTL < 59*time.Minute {
-		t.Fatalf("record = %v with TTL %v; a late renewal shortened it?", rec.State, rec.TTL)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		const (
+			renew  = 5 * time.Millisecond
+			runFor = 32 * time.Millisecond // renewals at 5, 10, ..., 30ms
+			after  = 30 * time.Millisecond // six more intervals
+		)
+		s := memstore.New()
+		f := newFixture(t, s, coordinator.WithLease(testLease), coordinator.WithRenewInterval(renew))
+		if _, err := coordinator.Do(t.Context(), f.c, call("stop"), func(context.Context) (int, error) {
+			<-time.After(runFor)
+			return 1, nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if got := f.rec.calls(coordinator.MethodRenew); got != 6 {
+			t.Fatalf("%d renewals during a 32ms action renewed every 5ms, want 6", got)
+		}
+		n := f.rec.count(coordinator.EventStorageCall, "")
+		if n != 8 { // reserve, six renewals, complete
+			t.Fatalf("%d store calls, want 8", n)
+		}
+		<-time.After(after)
+		if got := f.rec.count(coordinator.EventStorageCall, ""); got != n {
+			t.Fatalf("%d store calls %v after Do returned: the renewer outlived the call", got-n, after)
+		}
+		rec := s.Snapshot(coordinator.Key{Operation: "payment.charge", Key: "stop"})
+		if rec.State != coordinator.StateCompleted || rec.TTL != coordinator.DefaultTTL-after {
+			t.Fatalf("record = %v with TTL %v, want completed with %v; a late renewal shortened it?", rec.State, rec.TTL, coordinator.DefaultTTL-after)
+		}
+	})
 }

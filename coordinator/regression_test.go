@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/idemkit/idempotency/coordinator"
@@ -148,16 +149,26 @@ func (s msStrict) Renew(ctx context.Context, key coordinator.Key, token string, 
 }
 
 func TestStoreGetsWholeMilliseconds(t *testing.T) {
-	f := newFixture(t, msStrict{memstore.New()}, coordinator.WithLease(30*time.Second+500*time.Microsecond))
-	var k counter
-	if _, err := coordinator.Do(t.Context(), f.c, call("ms"), k.action("x")); err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range f.rec.all() {
-		if e.Kind == coordinator.EventError {
-			t.Fatalf("the coordinator sent a TTL that breaks the Store contract: %v", e.Err)
+	// On the fake clock the action outlasts one renew interval (a third of
+	// the lease, 10s), so that a renewal's lease is checked too.
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture(t, msStrict{memstore.New()}, coordinator.WithLease(30*time.Second+500*time.Microsecond))
+		var k counter
+		if _, err := coordinator.Do(t.Context(), f.c, call("ms"), func(ctx context.Context) (charge, error) {
+			<-time.After(11 * time.Second)
+			return k.action("x")(ctx)
+		}); err != nil {
+			t.Fatal(err)
 		}
-	}
+		for _, e := range f.rec.all() {
+			if e.Kind == coordinator.EventError {
+				t.Fatalf("the coordinator sent a TTL that breaks the Store contract: %v", e.Err)
+			}
+		}
+		if got := f.rec.calls(coordinator.MethodRenew); got != 1 {
+			t.Fatalf("%d renewals, want 1", got)
+		}
+	})
 }
 
 // ---------------------------------------------------------------------------
@@ -187,56 +198,67 @@ func (s *deadlineOnlyStore) Get(ctx context.Context, key coordinator.Key) (coord
 	if !ok {
 		return s.Store.Get(ctx, key)
 	}
-	time.Sleep(time.Until(d))
+	<-time.After(time.Until(d)) // run in a synctest bubble: on the fake clock
 	return coordinator.Record{}, context.DeadlineExceeded
 }
 
 func TestCancelledWaiterIsNotHeldByASlowPoll(t *testing.T) {
-	s := &deadlineOnlyStore{Store: memstore.New(), slow: make(chan struct{}), entered: make(chan struct{})}
-	f := newFixture(t, s, coordinator.WithPollInterval(time.Millisecond), coordinator.WithStorageTimeout(500*time.Millisecond))
-	release := make(chan struct{})
-	done := holder(t, f.c, "held", release, charge{ID: "first"}, nil)
-	defer func() { close(release); <-done }()
-	ctx, cancel := context.WithCancel(t.Context())
-	errc := make(chan error, 1)
-	go func() {
-		_, err := coordinator.Do(ctx, f.c, call("held"), (&counter{}).action("x"))
-		errc <- err
-	}()
-	eventually(t, time.Second, func() bool { return f.rec.count(coordinator.EventInFlight, "") == 1 }, "the waiter waits")
-	close(s.slow)
-	<-s.entered // the shared poll's Get is on the wire
-	start := time.Now()
-	cancel()
-	err := <-errc
-	if d := time.Since(start); d > 100*time.Millisecond {
-		t.Fatalf("a cancelled waiter returned %v after cancel (err %v); docs: \"A cancelled ctx returns at once\"", d, err)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		s := &deadlineOnlyStore{Store: memstore.New(), slow: make(chan struct{}), entered: make(chan struct{})}
+		f := newFixture(t, s, coordinator.WithPollInterval(time.Millisecond), coordinator.WithStorageTimeout(500*time.Millisecond))
+		release := make(chan struct{})
+		done := holder(t, f.c, "held", release, charge{ID: "first"}, nil)
+		defer func() { close(release); <-done }()
+		ctx, cancel := context.WithCancel(t.Context())
+		errc := make(chan error, 1)
+		go func() {
+			_, err := coordinator.Do(ctx, f.c, call("held"), (&counter{}).action("x"))
+			errc <- err
+		}()
+		synctest.Wait()
+		if n := f.rec.count(coordinator.EventInFlight, ""); n != 1 {
+			t.Fatalf("in-flight events = %d, want 1: the waiter waits", n)
+		}
+		close(s.slow)
+		<-s.entered // the shared poll's Get is on the wire, until 501ms
+		start := time.Now()
+		cancel()
+		err := <-errc
+		if d := time.Since(start); d != 0 {
+			t.Fatalf("a cancelled waiter returned %v after cancel (err %v); docs: \"A cancelled ctx returns at once\"", d, err)
+		}
+	})
 }
 
 func TestCloseWaitsForPollLoops(t *testing.T) {
-	s := &deadlineOnlyStore{Store: memstore.New(), slow: make(chan struct{}), entered: make(chan struct{})}
-	f := newFixture(t, s, coordinator.WithPollInterval(time.Millisecond), coordinator.WithStorageTimeout(200*time.Millisecond))
-	release := make(chan struct{})
-	done := holder(t, f.c, "close", release, charge{ID: "first"}, nil)
-	ctx, cancel := context.WithCancel(t.Context())
-	errc := make(chan error, 1)
-	go func() {
-		_, err := coordinator.Do(ctx, f.c, call("close"), (&counter{}).action("x"))
-		errc <- err
-	}()
-	eventually(t, time.Second, func() bool { return f.rec.count(coordinator.EventInFlight, "") == 1 }, "the waiter waits")
-	close(s.slow)
-	<-s.entered
-	cancel()
-	<-errc
-	start := time.Now()
-	if err := f.c.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if d := time.Since(start); d < 50*time.Millisecond {
-		t.Fatalf("Close returned after %v, before the slow read in flight ended", d)
-	}
-	close(release)
-	<-done
+	synctest.Test(t, func(t *testing.T) {
+		const timeout = 200 * time.Millisecond
+		s := &deadlineOnlyStore{Store: memstore.New(), slow: make(chan struct{}), entered: make(chan struct{})}
+		f := newFixture(t, s, coordinator.WithPollInterval(time.Millisecond), coordinator.WithStorageTimeout(timeout))
+		release := make(chan struct{})
+		done := holder(t, f.c, "close", release, charge{ID: "first"}, nil)
+		ctx, cancel := context.WithCancel(t.Context())
+		errc := make(chan error, 1)
+		go func() {
+			_, err := coordinator.Do(ctx, f.c, call("close"), (&counter{}).action("x"))
+			errc <- err
+		}()
+		synctest.Wait()
+		if n := f.rec.count(coordinator.EventInFlight, ""); n != 1 {
+			t.Fatalf("in-flight events = %d, want 1: the waiter waits", n)
+		}
+		close(s.slow)
+		<-s.entered // the loop's read, at 1ms, runs until its deadline at 201ms
+		cancel()
+		<-errc
+		start := time.Now()
+		if err := f.c.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if d := time.Since(start); d != timeout {
+			t.Fatalf("Close returned after %v, want %v: when the slow read in flight ended", d, timeout)
+		}
+		close(release)
+		<-done
+	})
 }

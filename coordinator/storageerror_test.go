@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/idemkit/idempotency/coordinator"
@@ -129,27 +130,31 @@ func TestStorageError_RunModeFirstRead(t *testing.T) {
 func TestStorageError_ReadAfterContestedReservation(t *testing.T) {
 	for _, mode := range storageModes {
 		t.Run(string(mode), func(t *testing.T) {
-			f, fs, _ := newFaulty(t, coordinator.WithOnStorageError(mode), coordinator.WithPollInterval(time.Millisecond))
-			release := make(chan struct{})
-			done := holder(t, f.c, "contested", release, charge{ID: "holder"}, nil)
-			fs.Fail(coordinator.MethodGet, errConnRefused)
-			var k counter
-			v, err := coordinator.Do(t.Context(), f.c, call("contested"), k.action("waiter"))
-			if mode == coordinator.OnStorageErrorRaise {
-				wantStorageError(t, err, coordinator.MethodGet)
-				if k.n() != 0 {
-					t.Fatal("the waiter ran the action")
+			synctest.Test(t, func(t *testing.T) {
+				f, fs, _ := newFaulty(t, coordinator.WithOnStorageError(mode), coordinator.WithPollInterval(time.Millisecond))
+				release := make(chan struct{})
+				done := holder(t, f.c, "contested", release, charge{ID: "holder"}, nil)
+				fs.Fail(coordinator.MethodGet, errConnRefused)
+				var k counter
+				v, err := coordinator.Do(t.Context(), f.c, call("contested"), k.action("waiter"))
+				if mode == coordinator.OnStorageErrorRaise {
+					wantStorageError(t, err, coordinator.MethodGet)
+					if k.n() != 0 {
+						t.Fatal("the waiter ran the action")
+					}
+				} else if err != nil || v.ID != "waiter" || k.n() != 1 {
+					t.Fatalf("run: %+v, %v, runs %d; want an unprotected run", v, err, k.n())
 				}
-			} else if err != nil || v.ID != "waiter" || k.n() != 1 {
-				t.Fatalf("run: %+v, %v, runs %d; want an unprotected run", v, err, k.n())
-			}
-			if f.rec.errors(coordinator.ErrorStorageGet) < 1 {
-				t.Fatal("storage_get_error not reported")
-			}
-			close(release)
-			if err := <-done; err != nil {
-				t.Fatal(err)
-			}
+				// The first poll, at 1ms, fails and ends the wait.
+				if got := f.rec.errors(coordinator.ErrorStorageGet); got != 1 || fs.Calls(coordinator.MethodGet) != 1 {
+					t.Fatalf("storage_get_error = %d after %d reads, want 1 after 1", got, fs.Calls(coordinator.MethodGet))
+				}
+				wantWaits(t, f.rec, 1, coordinator.WaitError, time.Millisecond)
+				close(release)
+				if err := <-done; err != nil {
+					t.Fatal(err)
+				}
+			})
 		})
 	}
 }
@@ -212,26 +217,39 @@ func TestStorageError_Release(t *testing.T) {
 func TestStorageError_Renew(t *testing.T) {
 	for _, mode := range storageModes {
 		t.Run(string(mode), func(t *testing.T) {
-			f, fs, mem := newFaulty(t, coordinator.WithOnStorageError(mode),
-				coordinator.WithLease(testLease), coordinator.WithRenewInterval(testLease/6))
-			fs.FailTimes(coordinator.MethodRenew, 2, errConnRefused)
-			var k counter
-			v, err := coordinator.Do(t.Context(), f.c, call("renew"), func(ctx context.Context) (charge, error) {
-				time.Sleep(testLease / 2)
-				if ctx.Err() != nil {
-					t.Error("the action was cancelled by a failed renewal")
+			synctest.Test(t, func(t *testing.T) {
+				const (
+					renew = testLease / 6 // 10ms
+					// Past the first lease, and 5ms past the renewal at 60ms.
+					runFor = testLease + 5*time.Millisecond
+				)
+				f, fs, mem := newFaulty(t, coordinator.WithOnStorageError(mode),
+					coordinator.WithLease(testLease), coordinator.WithRenewInterval(renew))
+				fs.FailTimes(coordinator.MethodRenew, 2, errConnRefused)
+				var k counter
+				v, err := coordinator.Do(t.Context(), f.c, call("renew"), func(ctx context.Context) (charge, error) {
+					<-time.After(runFor)
+					if ctx.Err() != nil {
+						t.Error("the action was cancelled by a failed renewal")
+					}
+					return k.action("x")(ctx)
+				})
+				if err != nil || v.ID != "x" {
+					t.Fatalf("Do = %+v, %v", v, err)
 				}
-				return k.action("x")(ctx)
+				// The renewals at 10 and 20ms fail; the one at 30ms is
+				// retried on time and keeps the lease, which would have
+				// run out at 60ms; three more follow.
+				if got := f.rec.errors(coordinator.ErrorStorageRenew); got != 2 {
+					t.Fatalf("storage_renew_error = %d, want 2", got)
+				}
+				if got := fs.Calls(coordinator.MethodRenew); got != 6 {
+					t.Fatalf("%d renewals, want 6", got)
+				}
+				if rec := mem.Snapshot(coordinator.Key{Operation: "payment.charge", Key: "renew"}); rec.State != coordinator.StateCompleted {
+					t.Fatalf("record = %v, want completed", rec.State)
+				}
 			})
-			if err != nil || v.ID != "x" {
-				t.Fatalf("Do = %+v, %v", v, err)
-			}
-			if f.rec.errors(coordinator.ErrorStorageRenew) != 2 {
-				t.Fatalf("storage_renew_error = %d, want 2", f.rec.errors(coordinator.ErrorStorageRenew))
-			}
-			if rec := mem.Snapshot(coordinator.Key{Operation: "payment.charge", Key: "renew"}); rec.State != coordinator.StateCompleted {
-				t.Fatalf("record = %v, want completed", rec.State)
-			}
 		})
 	}
 }
@@ -265,25 +283,32 @@ func TestStorageError_RawErrorIsWrapped(t *testing.T) {
 func TestStorageError_HungStoreTimesOut(t *testing.T) {
 	for _, mode := range storageModes {
 		t.Run(string(mode), func(t *testing.T) {
-			f, fs, _ := newFaulty(t, coordinator.WithOnStorageError(mode), coordinator.WithStorageTimeout(20*time.Millisecond))
-			fs.Before(coordinator.MethodReserve, func(ctx context.Context, _ coordinator.Key) error {
-				<-ctx.Done()
-				return ctx.Err()
-			})
-			var k counter
-			start := time.Now()
-			_, err := coordinator.Do(t.Context(), f.c, call("hung"), k.action("x"))
-			if d := time.Since(start); d > 500*time.Millisecond {
-				t.Fatalf("took %v with a 20ms storage timeout", d)
-			}
-			if mode == coordinator.OnStorageErrorRaise {
-				wantStorageError(t, err, coordinator.MethodReserve)
-				if !errors.Is(err, context.DeadlineExceeded) {
-					t.Fatalf("err = %v, want it to wrap context.DeadlineExceeded", err)
+			synctest.Test(t, func(t *testing.T) {
+				const timeout = 20 * time.Millisecond
+				f, fs, _ := newFaulty(t, coordinator.WithOnStorageError(mode), coordinator.WithStorageTimeout(timeout))
+				fs.Before(coordinator.MethodReserve, func(ctx context.Context, _ coordinator.Key) error {
+					<-ctx.Done()
+					return ctx.Err()
+				})
+				var k counter
+				start := time.Now()
+				_, err := coordinator.Do(t.Context(), f.c, call("hung"), k.action("x"))
+				// Each hung call lasts one storage timeout: raise mode makes
+				// one, the Reserve; run mode a second, the best-effort save
+				// of the unprotected result.
+				reserves := map[coordinator.OnStorageErrorMode]int{coordinator.OnStorageErrorRun: 2, coordinator.OnStorageErrorRaise: 1}[mode]
+				if d, n := time.Since(start), fs.Calls(coordinator.MethodReserve); n != reserves || d != time.Duration(n)*timeout {
+					t.Fatalf("took %v for %d Reserves with a %v storage timeout, want %v for %d", d, n, timeout, time.Duration(reserves)*timeout, reserves)
 				}
-			} else if err != nil || k.n() != 1 {
-				t.Fatalf("run: %v, runs %d", err, k.n())
-			}
+				if mode == coordinator.OnStorageErrorRaise {
+					wantStorageError(t, err, coordinator.MethodReserve)
+					if !errors.Is(err, context.DeadlineExceeded) {
+						t.Fatalf("err = %v, want it to wrap context.DeadlineExceeded", err)
+					}
+				} else if err != nil || k.n() != 1 {
+					t.Fatalf("run: %v, runs %d", err, k.n())
+				}
+			})
 		})
 	}
 }

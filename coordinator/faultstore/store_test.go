@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/idemkit/idempotency/coordinator"
@@ -213,18 +214,26 @@ func TestBeforeHookError(t *testing.T) {
 }
 
 func TestBeforeHookHangsUntilDeadline(t *testing.T) {
-	// A store that hangs until the caller gives up, like a stuck Redis.
-	s, inner := newStore(t)
-	s.Before(coordinator.MethodGet, func(ctx context.Context, _ coordinator.Key) error {
-		<-ctx.Done()
-		return ctx.Err()
+	// A store that hangs until the caller gives up, like a stuck Redis. On
+	// a synctest bubble's fake clock the call lasts exactly the timeout.
+	synctest.Test(t, func(t *testing.T) {
+		const timeout = 10 * time.Millisecond
+		s, inner := newStore(t)
+		s.Before(coordinator.MethodGet, func(ctx context.Context, _ coordinator.Key) error {
+			<-ctx.Done()
+			return ctx.Err()
+		})
+		ctx, cancel := context.WithTimeout(t.Context(), timeout)
+		defer cancel()
+		start := time.Now()
+		if err := call(ctx, s, coordinator.MethodGet); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("error %v, want %v", err, context.DeadlineExceeded)
+		}
+		if d := time.Since(start); d != timeout {
+			t.Fatalf("the hung call returned after %v, want %v: at the deadline", d, timeout)
+		}
+		untouched(t, inner)
 	})
-	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Millisecond)
-	defer cancel()
-	if err := call(ctx, s, coordinator.MethodGet); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("error %v, want %v", err, context.DeadlineExceeded)
-	}
-	untouched(t, inner)
 }
 
 func TestHookMayCallTheStore(t *testing.T) {

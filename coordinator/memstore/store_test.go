@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/idemkit/idempotency/coordinator"
@@ -221,16 +222,24 @@ func TestInvalidArguments(t *testing.T) {
 }
 
 func TestDefaultClockIsTimeNow(t *testing.T) {
-	for _, s := range []*memstore.Store{memstore.New(), memstore.New(memstore.WithClock(nil))} {
-		key := coordinator.Key{Operation: "op", Key: "k"}
-		if _, ok, err := s.Reserve(t.Context(), key, coordinator.Write{State: coordinator.StatePending, Token: "t", TTL: time.Millisecond}); err != nil || !ok {
-			t.Fatalf("Reserve = %v, %v; want true, nil", ok, err)
+	// In a synctest bubble time.Now is the bubble's fake clock: a store
+	// that reads time.Now sees exactly the time the test lets pass.
+	synctest.Test(t, func(t *testing.T) {
+		for _, s := range []*memstore.Store{memstore.New(), memstore.New(memstore.WithClock(nil))} {
+			key := coordinator.Key{Operation: "op", Key: "k"}
+			if _, ok, err := s.Reserve(t.Context(), key, coordinator.Write{State: coordinator.StatePending, Token: "t", TTL: time.Millisecond}); err != nil || !ok {
+				t.Fatalf("Reserve = %v, %v; want true, nil", ok, err)
+			}
+			<-time.After(time.Millisecond - time.Nanosecond)
+			if got := s.Snapshot(key); got.State != coordinator.StatePending || got.TTL != time.Nanosecond {
+				t.Fatalf("record 1ns before its 1ms lease runs out on time.Now = %+v, want pending with 1ns left", got)
+			}
+			<-time.After(time.Nanosecond)
+			if got := s.Snapshot(key); got.State != coordinator.StateAbsent {
+				t.Fatalf("record when its 1ms lease ran out on time.Now = %+v, want absent", got)
+			}
 		}
-		time.Sleep(5 * time.Millisecond)
-		if got := s.Snapshot(key); got.State != coordinator.StateAbsent {
-			t.Fatalf("record 5ms after a 1ms lease on the wall clock = %+v, want absent", got)
-		}
-	}
+	})
 }
 
 func TestFakeClock(t *testing.T) {
