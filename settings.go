@@ -134,7 +134,7 @@ type Settings struct {
 	// log lines: hashed (a digest that correlates the lines of one key
 	// without writing it), plain, or omitted. Empty means hashed. Keys may
 	// carry user or tenant identifiers, hence the default.
-	LogKeys observability.KeyLogging `split_words:"true" default:"hashed" desc:"how keys appear in log lines: hashed, plain or omitted (empty: hashed)"`
+	LogKeys observability.LogKeysMode `split_words:"true" default:"hashed" desc:"how keys appear in log lines: hashed, plain or omitted (empty: hashed)"`
 }
 
 // DefaultSettings returns the documented defaults: what LoadSettings returns
@@ -154,7 +154,7 @@ func DefaultSettings() Settings {
 		StorageTimeout: coordinator.DefaultStorageTimeout,
 		MaxResultBytes: coordinator.DefaultMaxResultBytes,
 		MetricsEnabled: true,
-		LogKeys:        observability.KeyHashed,
+		LogKeys:        observability.LogKeysHashed,
 	}
 }
 
@@ -252,7 +252,7 @@ func unknownVariables(environ []string) []error {
 		if slices.Contains(known, name) {
 			continue
 		}
-		errs = append(errs, fmt.Errorf("%s: unknown variable; did you mean %s? (the variables are listed in docs/configuration.md)", name, closest(name, known)))
+		errs = append(errs, fmt.Errorf("%s: unknown variable; did you mean %s? (every variable: https://github.com/idemkit/idempotency/blob/main/docs/configuration.md)", name, closest(name, known)))
 	}
 	slices.SortFunc(errs, func(a, b error) int { return strings.Compare(a.Error(), b.Error()) })
 	return errs
@@ -318,7 +318,7 @@ func envError(err error) error {
 		return fmt.Errorf("%s: %q is not an integer", pe.KeyName, pe.Value)
 	}
 	// The modes and OperationTTLs say what is wrong themselves.
-	return fmt.Errorf("%s: %s", pe.KeyName, strings.TrimPrefix(pe.Err.Error(), "observability: "))
+	return fmt.Errorf("%s: %s", pe.KeyName, pe.Err)
 }
 
 func invalidSettings(errs []error) error {
@@ -361,7 +361,7 @@ func (s Settings) Validate() error {
 		}
 	}
 	for _, e := range optionErrors(coordinator.ValidateOptions(s.CoordinatorOptions()...)) {
-		bad(optionVariable(e), errors.New(optionNames.Replace(errors.Unwrap(e).Error())))
+		bad(optionVariable(e), optionReason(e))
 	}
 	for _, e := range optionErrors(observability.ValidateOptions(s.observerOptions()...)) {
 		if oe := (*coordinator.OptionError)(nil); errors.As(e, &oe) && oe.Option == "WithOperations" {
@@ -372,7 +372,7 @@ func (s Settings) Validate() error {
 			// empty"): report the problem once.
 			continue
 		}
-		bad(optionVariable(e), errors.New(optionNames.Replace(errors.Unwrap(e).Error())))
+		bad(optionVariable(e), optionReason(e))
 	}
 	if len(errs) > 0 {
 		return invalidSettings(errs)
@@ -398,7 +398,7 @@ var optionVariables = map[string]string{
 	"WithOperationTTLs":  "OPERATION_TTLS",
 	"WithMaxResultBytes": "MAX_RESULT_BYTES",
 	"WithNamespace":      "METRICS_NAMESPACE",
-	"WithKeyLogging":     "LOG_KEYS",
+	"WithLogKeys":        "LOG_KEYS",
 	"WithOperations":     "OPERATION_TTLS",
 }
 
@@ -424,6 +424,16 @@ func optionVariable(e error) string {
 		return v
 	}
 	return "(option " + name + ")" // a new option without a variable: a bug the tests catch
+}
+
+// optionReason returns what e says is wrong, with the options it names
+// replaced by their variables.
+func optionReason(e error) error {
+	msg := e.Error()
+	if oe := (*coordinator.OptionError)(nil); errors.As(e, &oe) {
+		msg = oe.Err.Error()
+	}
+	return errors.New(optionNames.Replace(msg))
 }
 
 // optionErrors returns the *OptionErrors in the tree of err, in order.
@@ -528,7 +538,8 @@ type OperationTTLs map[string]time.Duration
 // entries ("a:1h,,b:2h," is two entries); no entries at all give a nil map.
 // It returns an error naming the entry when an entry has no colon, its
 // duration is not a Go duration, or its operation appeared before. Whether
-// operations are valid and TTLs within bounds is for Settings.Validate.
+// operations are valid and TTLs within bounds is coordinator.New's to say
+// (WithOperationTTLs), and Settings.Validate reports it.
 func (m *OperationTTLs) UnmarshalText(text []byte) error {
 	var out OperationTTLs
 	for entry := range strings.SplitSeq(string(text), ",") {
@@ -576,7 +587,7 @@ func (m OperationTTLs) String() string {
 // logger and the registerer.
 func (s Settings) observerOptions() []observability.Option {
 	return []observability.Option{
-		observability.WithKeyLogging(s.LogKeys),
+		observability.WithLogKeys(s.LogKeys),
 		observability.WithNamespace(s.MetricsNamespace),
 		observability.WithOperations(slices.Sorted(maps.Keys(s.OperationTTLS))...),
 	}

@@ -2,6 +2,7 @@ package idempotency_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"reflect"
@@ -251,8 +252,8 @@ func TestLoadSettings(t *testing.T) {
 		{name: "METRICS_NAMESPACE colon", env: env("METRICS_NAMESPACE", "shop:api"), wantErr: []string{`IDEMPOTENCY_METRICS_NAMESPACE: "shop:api" is not a Prometheus name`}},
 
 		// LOG_KEYS
-		{name: "LOG_KEYS plain", env: env("LOG_KEYS", "plain"), want: func(s *idempotency.Settings) { s.LogKeys = observability.KeyPlain }},
-		{name: "LOG_KEYS omitted", env: env("LOG_KEYS", "omitted"), want: func(s *idempotency.Settings) { s.LogKeys = observability.KeyOmitted }},
+		{name: "LOG_KEYS plain", env: env("LOG_KEYS", "plain"), want: func(s *idempotency.Settings) { s.LogKeys = observability.LogKeysPlain }},
+		{name: "LOG_KEYS omitted", env: env("LOG_KEYS", "omitted"), want: func(s *idempotency.Settings) { s.LogKeys = observability.LogKeysOmitted }},
 		{name: "LOG_KEYS hashed", env: env("LOG_KEYS", "hashed")},
 		{name: "LOG_KEYS empty means hashed", env: env("LOG_KEYS", "")},
 		{name: "LOG_KEYS unknown", env: env("LOG_KEYS", "sha256"), wantErr: []string{"IDEMPOTENCY_LOG_KEYS", `"sha256"`, "accepted values are hashed, plain, omitted"}},
@@ -301,7 +302,7 @@ func TestLoadSettings(t *testing.T) {
 					MaxResultBytes:    4096,
 					MetricsEnabled:    false,
 					MetricsNamespace:  "shop",
-					LogKeys:           observability.KeyOmitted,
+					LogKeys:           observability.LogKeysOmitted,
 				}
 			},
 		},
@@ -391,7 +392,7 @@ func TestLoadSettingsUnknownVariables(t *testing.T) {
 		{
 			name:    "a misspelt mode",
 			env:     env("ON_STORAGE_ERRORS", "raise"),
-			wantErr: []string{"IDEMPOTENCY_ON_STORAGE_ERRORS: unknown variable; did you mean IDEMPOTENCY_ON_STORAGE_ERROR? (the variables are listed in docs/configuration.md)"},
+			wantErr: []string{"IDEMPOTENCY_ON_STORAGE_ERRORS: unknown variable; did you mean IDEMPOTENCY_ON_STORAGE_ERROR? (every variable: https://github.com/idemkit/idempotency/blob/main/docs/configuration.md)"},
 			hidden:  []string{"raise"},
 		},
 		{name: "a test variable", env: env("TEST_ANYTHING", "1")},
@@ -402,8 +403,8 @@ func TestLoadSettingsUnknownVariables(t *testing.T) {
 			name: "two unknown variables, in order",
 			env:  map[string]string{"IDEMPOTENCY_LEASES": "1s", "IDEMPOTENCY_KEYPREFIX": "p:"},
 			wantErr: []string{
-				"IDEMPOTENCY_KEYPREFIX: unknown variable; did you mean IDEMPOTENCY_KEY_PREFIX? (the variables are listed in docs/configuration.md)",
-				"IDEMPOTENCY_LEASES: unknown variable; did you mean IDEMPOTENCY_LEASE? (the variables are listed in docs/configuration.md)",
+				"IDEMPOTENCY_KEYPREFIX: unknown variable; did you mean IDEMPOTENCY_KEY_PREFIX? (every variable: https://github.com/idemkit/idempotency/blob/main/docs/configuration.md)",
+				"IDEMPOTENCY_LEASES: unknown variable; did you mean IDEMPOTENCY_LEASE? (every variable: https://github.com/idemkit/idempotency/blob/main/docs/configuration.md)",
 			},
 		},
 		{
@@ -423,7 +424,7 @@ func TestLoadSettingsUnknownVariables(t *testing.T) {
 			env:  map[string]string{"IDEMPOTENCY_LEASE": "abc", "IDEMPOTENCY_IN_FLIGH": "raise"},
 			wantErr: []string{
 				`IDEMPOTENCY_LEASE: "abc" is not a duration; use a Go duration such as 500ms, 30s or 1h30m`,
-				"IDEMPOTENCY_IN_FLIGH: unknown variable; did you mean IDEMPOTENCY_IN_FLIGHT? (the variables are listed in docs/configuration.md)",
+				"IDEMPOTENCY_IN_FLIGH: unknown variable; did you mean IDEMPOTENCY_IN_FLIGHT? (every variable: https://github.com/idemkit/idempotency/blob/main/docs/configuration.md)",
 			},
 		},
 	}
@@ -576,8 +577,9 @@ func TestOperationTTLsText(t *testing.T) {
 }
 
 // TestCoordinatorOptions checks that the settings reach the coordinator: the
-// modes and lease through its accessors, the TTLs and the lease through the
-// writes it makes to the store.
+// TTLs and the lease through the writes it makes to the store, the kill
+// switch through the calls it does not make. TestModesReachTheCoordinator
+// checks the modes by their behaviour.
 func TestCoordinatorOptions(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent()) // shared test Redis servers may be running
 
@@ -703,4 +705,83 @@ func (r *recordingStore) calls() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.n
+}
+
+// TestModesReachTheCoordinator checks IDEMPOTENCY_IN_FLIGHT and
+// IDEMPOTENCY_ON_STORAGE_ERROR by what the coordinator does with them.
+func TestModesReachTheCoordinator(t *testing.T) {
+	held := coordinator.Key{Operation: "payment.charge", Key: "held"}
+	run := func(context.Context) (string, error) { return "ran", nil }
+	for _, tc := range []struct {
+		inFlight coordinator.InFlightMode
+		onError  coordinator.OnStorageErrorMode
+	}{
+		{coordinator.InFlightRaise, coordinator.OnStorageErrorRaise},
+		{coordinator.InFlightRun, coordinator.OnStorageErrorRun},
+	} {
+		t.Run(string(tc.inFlight)+"/"+string(tc.onError), func(t *testing.T) {
+			s := idempotency.DefaultSettings()
+			s.InFlight, s.OnStorageError = tc.inFlight, tc.onError
+			store := &modeStore{held: held}
+			c, err := coordinator.New(store, s.CoordinatorOptions()...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// A key another caller holds: raise refuses at once, run runs.
+			v, err := coordinator.Do(t.Context(), c, coordinator.Call{Operation: held.Operation, Key: held.Key}, run)
+			switch tc.inFlight {
+			case coordinator.InFlightRaise:
+				if !errors.Is(err, coordinator.ErrInProgress) {
+					t.Fatalf("held key in mode raise: %q, %v; want ErrInProgress", v, err)
+				}
+			case coordinator.InFlightRun:
+				if err != nil || v != "ran" {
+					t.Fatalf("held key in mode run: %q, %v; want ran", v, err)
+				}
+			}
+			// A store that fails: raise refuses, run runs unprotected.
+			store.failing = true
+			v, err = coordinator.Do(t.Context(), c, coordinator.Call{Operation: "payment.charge", Key: "down"}, run)
+			switch tc.onError {
+			case coordinator.OnStorageErrorRaise:
+				if !errors.Is(err, coordinator.ErrStorage) {
+					t.Fatalf("store down in mode raise: %q, %v; want ErrStorage", v, err)
+				}
+			case coordinator.OnStorageErrorRun:
+				if err != nil || v != "ran" {
+					t.Fatalf("store down in mode run: %q, %v; want ran", v, err)
+				}
+			}
+		})
+	}
+}
+
+// modeStore holds one key pending for another caller, and fails every call
+// once failing is set.
+type modeStore struct {
+	recordingStore
+	held    coordinator.Key
+	failing bool
+}
+
+var errStoreDown = errors.New("store down")
+
+func (m *modeStore) Reserve(ctx context.Context, key coordinator.Key, w coordinator.Write) (coordinator.Record, bool, error) {
+	if m.failing {
+		return coordinator.Record{}, false, errStoreDown
+	}
+	if key == m.held {
+		return coordinator.Record{State: coordinator.StatePending, Token: "other", TTL: time.Second}, false, nil
+	}
+	return m.recordingStore.Reserve(ctx, key, w)
+}
+
+func (m *modeStore) Get(ctx context.Context, key coordinator.Key) (coordinator.Record, error) {
+	if m.failing {
+		return coordinator.Record{}, errStoreDown
+	}
+	if key == m.held {
+		return coordinator.Record{State: coordinator.StatePending, Token: "other", TTL: time.Second}, nil
+	}
+	return m.recordingStore.Get(ctx, key)
 }

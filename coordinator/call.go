@@ -67,7 +67,11 @@ type Result[T any] struct {
 	// Value is the result: the action's own, or the stored one decoded.
 	Value T
 	// Replayed reports that Value is the stored result of an earlier (or a
-	// concurrent) call, not the result of this call's action.
+	// concurrent) call, not the result of this call's action. In the
+	// in-flight modes "wait" and "raise" it also means that this call's
+	// action did not run. In mode "run" a call may run its action and still
+	// return a concurrent caller's stored result (it adopts the winner's):
+	// Replayed is then true although the action ran.
 	Replayed bool
 }
 
@@ -96,10 +100,14 @@ func DoResult[T any](ctx context.Context, c *Coordinator, call Call, action func
 }
 
 // DoWithCodec is DoResult with codec in place of JSON. When the action
-// fails, Result.Value is the value it returned with its error.
+// fails, Result.Value is the value it returned with its error. A nil action
+// or codec is an invalid request.
 func DoWithCodec[T any](ctx context.Context, c *Coordinator, call Call, codec Codec[T], action func(context.Context) (T, error)) (Result[T], error) {
-	if action == nil {
+	switch {
+	case action == nil:
 		return Result[T]{}, invalid("action is nil")
+	case codec == nil:
+		return Result[T]{}, invalid("codec is nil")
 	}
 	return do(ctx, c, call, codec, action)
 }

@@ -23,7 +23,7 @@
 // The guarantee is at most one live lease holder per key while the store is up
 // and not failing over; it is not exactly-once. Effects outside the store need
 // their own idempotency: pass the key downstream, or use the owner token that
-// LeaseFromContext exposes as fencing information.
+// ReservationFromContext exposes as fencing information.
 //
 // This package imports nothing but the standard library. Stores live
 // elsewhere: memstore (in memory, for tests), the Redis store in redisrepo, or

@@ -6,13 +6,14 @@ import (
 	"time"
 )
 
-// Errors returned by Do and Coordinator.Execute. Test them with errors.Is; the
+// Errors returned by Do, DoResult, DoWithCodec and Coordinator.Execute. Test them with errors.Is; the
 // typed errors below carry more detail for errors.As. The action's own errors
 // are returned unchanged and never match these.
 var (
 	// ErrInvalidRequest is returned when the operation, key, fingerprint or
-	// TTL of a Call is invalid. The store was not touched and the action did
-	// not run. HTTP 400.
+	// TTL of a Call is invalid, or the action or codec is nil. The store was
+	// not touched and the action did not run. Use errors.As with
+	// *InvalidRequestError for the reason alone. HTTP 400.
 	ErrInvalidRequest = errors.New("idempotency: invalid request")
 
 	// ErrInProgress is returned when another caller holds the key: at once in
@@ -127,6 +128,30 @@ func asStorageError(m Method, k Key, err error) *StorageError {
 	return &out
 }
 
+// InvalidRequestError is the error returned for an invalid Call or action.
+// It matches ErrInvalidRequest.
+type InvalidRequestError struct {
+	// Reason says what is invalid, e.g. "key is empty", without the
+	// "idempotency: invalid request: " that Error puts before it.
+	Reason string
+}
+
+// Error implements error: "idempotency: invalid request: " and the reason.
+func (e *InvalidRequestError) Error() string { return ErrInvalidRequest.Error() + ": " + e.Reason }
+
+// Is reports whether target is ErrInvalidRequest.
+func (e *InvalidRequestError) Is(target error) bool { return target == ErrInvalidRequest }
+
 func invalid(format string, args ...any) error {
-	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidRequest}, args...)...)
+	return &InvalidRequestError{Reason: fmt.Sprintf(format, args...)}
+}
+
+// reason returns what an error of ValidateKey or ValidateOperation says is
+// invalid, or err's whole message for any other error.
+func reason(err error) string {
+	var ir *InvalidRequestError
+	if errors.As(err, &ir) {
+		return ir.Reason
+	}
+	return err.Error()
 }

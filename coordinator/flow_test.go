@@ -185,8 +185,10 @@ func TestInvalidCallsNeverTouchTheStore(t *testing.T) {
 				f, s := newMem(t, coordinator.WithEnabled(enabled))
 				var k counter
 				_, err := coordinator.Do(t.Context(), f.c, tt.call, k.action("x"))
-				if !errors.Is(err, coordinator.ErrInvalidRequest) {
-					t.Fatalf("enabled=%v: err = %v, want ErrInvalidRequest", enabled, err)
+				var ir *coordinator.InvalidRequestError
+				if !errors.Is(err, coordinator.ErrInvalidRequest) || !errors.As(err, &ir) ||
+					err.Error() != "idempotency: invalid request: "+ir.Reason || ir.Reason == "" {
+					t.Fatalf("enabled=%v: err = %v, want an *InvalidRequestError matching ErrInvalidRequest", enabled, err)
 				}
 				if k.n() != 0 || s.Len() != 0 || len(f.rec.all()) != 0 {
 					t.Fatalf("enabled=%v: runs=%d stored=%d events=%d, want 0, 0, 0", enabled, k.n(), s.Len(), len(f.rec.all()))
@@ -206,6 +208,12 @@ func TestNilActionIsInvalid(t *testing.T) {
 		}
 		if _, err := f.c.Execute(t.Context(), call, nil); !errors.Is(err, coordinator.ErrInvalidRequest) {
 			t.Fatalf("enabled=%v: Execute(nil) err = %v, want ErrInvalidRequest", enabled, err)
+		}
+		var k counter
+		_, err = coordinator.DoWithCodec(t.Context(), f.c, call, nil, k.action("x"))
+		var ir *coordinator.InvalidRequestError
+		if !errors.As(err, &ir) || ir.Reason != "codec is nil" || k.n() != 0 {
+			t.Fatalf("enabled=%v: DoWithCodec(nil codec) err = %v after %d runs, want the reason \"codec is nil\" and no run", enabled, err, k.n())
 		}
 		if s.Len() != 0 || len(f.rec.all()) != 0 {
 			t.Fatalf("enabled=%v: stored=%d events=%d, want 0, 0", enabled, s.Len(), len(f.rec.all()))

@@ -249,7 +249,7 @@ func newConfig(opts []Option) (config, error) {
 	for _, op := range slices.Sorted(maps.Keys(c.operationTTLs)) {
 		ttl := c.operationTTLs[op]
 		if err := ValidateOperation(op); err != nil {
-			detail := strings.TrimPrefix(err.Error(), ErrInvalidRequest.Error()+": ")
+			detail := reason(err)
 			if !strings.Contains(detail, strconv.Quote(op)) {
 				detail = fmt.Sprintf("operation %q: %s", op, detail)
 			}

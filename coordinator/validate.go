@@ -10,7 +10,7 @@ const (
 	MaxFingerprintLen = 512
 )
 
-// ValidateKey returns an error matching ErrInvalidRequest unless key is 1 to
+// ValidateKey returns an *InvalidRequestError unless key is 1 to
 // MaxKeyLen bytes of visible ASCII (0x21 to 0x7E). Nothing is stripped or
 // normalised: the key is used exactly as given.
 func ValidateKey(key string) error {
@@ -20,7 +20,7 @@ func ValidateKey(key string) error {
 	return visibleASCII("key", key, MaxKeyLen)
 }
 
-// ValidateOperation returns an error matching ErrInvalidRequest unless op is
+// ValidateOperation returns an *InvalidRequestError unless op is
 // 1 to MaxOperationLen bytes of [A-Za-z0-9._-].
 func ValidateOperation(op string) error {
 	if op == "" {

@@ -8,6 +8,7 @@
 //		"go.uber.org/fx/fxtest"
 //
 //		"github.com/idemkit/idempotency"
+//		"github.com/idemkit/idempotency/coordinator"
 //		"github.com/idemkit/idempotency/coordinator/memstore"
 //		"github.com/idemkit/idempotency/idemfxtest"
 //	)
@@ -22,5 +23,10 @@
 //	)
 //
 // No Redis server is needed: with MemoryStore or FailingStore the module's
-// Redis client is never built.
+// Redis client is never built, unless something in the app injects
+// *redisrepo.Store (the module provides it for operator tools such as an
+// admin endpoint). Those options replace coordinator.Store only, so such an
+// app would still get a Redis store, on a Redis client of its own, that does
+// not see the in-memory records. Give a test of such an endpoint a real Redis,
+// or leave the endpoint out of the test's graph.
 package idemfxtest

@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/idemkit/idempotency/coordinator"
@@ -98,7 +97,10 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	key, err := parseKey(values[0])
 	if err != nil {
-		detail := strings.TrimPrefix(err.Error(), coordinator.ErrInvalidRequest.Error()+": ")
+		detail := err.Error()
+		if ir := (*coordinator.InvalidRequestError)(nil); errors.As(err, &ir) {
+			detail = ir.Reason
+		}
 		h.fail(w, r, problem(ProblemKeyInvalid, http.StatusBadRequest,
 			fmt.Sprintf("The %s header is invalid: %s. Send 1 to %d visible ASCII characters, raw or as a quoted string.",
 				KeyHeader, detail, coordinator.MaxKeyLen), err))

@@ -42,7 +42,7 @@
 // # Logs
 //
 // Every line is written to the logger of WithLogger, named "idempotency", and
-// carries the operation and, as WithKeyLogging says, the key, its hash
+// carries the operation and, as WithLogKeys says, the key, its hash
 // (the default) or neither; unless the key is logged plain, it is also
 // replaced in error messages. Error lines carry error_type, the store method
 // when there is one, and the error. Routine events (hit, miss, stored, each

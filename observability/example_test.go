@@ -61,11 +61,11 @@ func Example() {
 
 // Log lines carry the operation and, by default, a hash of the key rather
 // than the key itself.
-func ExampleWithKeyLogging() {
-	for _, mode := range []observability.KeyLogging{observability.KeyHashed, observability.KeyPlain, observability.KeyOmitted} {
+func ExampleWithLogKeys() {
+	for _, mode := range []observability.LogKeysMode{observability.LogKeysHashed, observability.LogKeysPlain, observability.LogKeysOmitted} {
 		obs, err := observability.New(
 			observability.WithLogger(zap.NewExample()),
-			observability.WithKeyLogging(mode),
+			observability.WithLogKeys(mode),
 		)
 		if err != nil {
 			fmt.Println(err)

@@ -34,7 +34,7 @@ const (
 // eventLogger writes events as log lines.
 type eventLogger struct {
 	log  *zap.Logger
-	keys KeyLogging
+	keys LogKeysMode
 }
 
 // logEvent writes e, if its level is enabled.
@@ -46,11 +46,11 @@ func (l *eventLogger) logEvent(e coordinator.Event) {
 	}
 	fields := make([]zap.Field, 0, 7)
 	fields = append(fields, zap.String("operation", e.Key.Operation))
-	var hidden string // what stands for the key in error messages; "" for KeyPlain
+	var hidden string // what stands for the key in error messages; "" for LogKeysPlain
 	switch l.keys {
-	case KeyPlain:
+	case LogKeysPlain:
 		fields = append(fields, zap.String("key", e.Key.Key))
-	case KeyOmitted:
+	case LogKeysOmitted:
 		hidden = "<key>"
 	default:
 		h := hashKey(e.Key.Key)

@@ -124,19 +124,19 @@ func hashOf(key string) string {
 
 func TestKeyLogging(t *testing.T) {
 	tests := []struct {
-		mode      observability.KeyLogging
+		mode      observability.LogKeysMode
 		field     string
 		value     any
 		forbidden string
 	}{
 		{"", "key_hash", hashOf("order-42"), "key"},
-		{observability.KeyHashed, "key_hash", hashOf("order-42"), "key"},
-		{observability.KeyPlain, "key", "order-42", "key_hash"},
-		{observability.KeyOmitted, "", nil, "key"},
+		{observability.LogKeysHashed, "key_hash", hashOf("order-42"), "key"},
+		{observability.LogKeysPlain, "key", "order-42", "key_hash"},
+		{observability.LogKeysOmitted, "", nil, "key"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.mode.String(), func(t *testing.T) {
-			o, logs := logged(t, observability.WithKeyLogging(tt.mode))
+			o, logs := logged(t, observability.WithLogKeys(tt.mode))
 			feed(t, o, coordinator.Event{Kind: coordinator.EventError, Key: key("payment.charge"),
 				ErrorType: coordinator.ErrorKeyReuse, Err: coordinator.ErrKeyReuse})
 			f := only(t, logs).ContextMap()
@@ -149,7 +149,7 @@ func TestKeyLogging(t *testing.T) {
 			if _, ok := f[tt.forbidden]; ok {
 				t.Errorf("field %s logged in mode %s: %v", tt.forbidden, tt.mode, f)
 			}
-			if tt.mode == observability.KeyOmitted {
+			if tt.mode == observability.LogKeysOmitted {
 				if _, ok := f["key_hash"]; ok {
 					t.Errorf("key_hash logged in mode omitted: %v", f)
 				}
@@ -160,7 +160,7 @@ func TestKeyLogging(t *testing.T) {
 
 func TestKeyLoggingText(t *testing.T) {
 	for _, s := range []string{"hashed", "plain", "omitted", ""} {
-		var m observability.KeyLogging
+		var m observability.LogKeysMode
 		if err := m.UnmarshalText([]byte(s)); err != nil {
 			t.Fatalf("UnmarshalText(%q): %v", s, err)
 		}
@@ -169,7 +169,7 @@ func TestKeyLoggingText(t *testing.T) {
 			t.Errorf("%q round-trips to %q", s, b)
 		}
 	}
-	var m observability.KeyLogging
+	var m observability.LogKeysMode
 	if err := m.UnmarshalText([]byte("HASHED")); err == nil {
 		t.Error("UnmarshalText(HASHED) accepted; the names are case-sensitive")
 	}
@@ -207,33 +207,33 @@ func TestErrorMessagesDoNotLeakTheKey(t *testing.T) {
 	hidden := "<key " + hashOf("order-42") + ">"
 	tests := []struct {
 		name string
-		mode observability.KeyLogging
+		mode observability.LogKeysMode
 		key  coordinator.Key
 		err  error
 		want string
 	}{
-		{"key reuse, hashed", observability.KeyHashed, k,
+		{"key reuse, hashed", observability.LogKeysHashed, k,
 			&coordinator.KeyReuseError{Operation: k.Operation, Key: k.Key, Stored: "fp-a", Got: "fp-b"},
 			`idempotency: key "` + hidden + `" of operation "payment.charge" reused for a different request (stored fingerprint "fp-a", got "fp-b")`},
-		{"key reuse, omitted", observability.KeyOmitted, k,
+		{"key reuse, omitted", observability.LogKeysOmitted, k,
 			&coordinator.KeyReuseError{Operation: k.Operation, Key: k.Key, Stored: "fp-a", Got: "fp-b"},
 			`idempotency: key "<key>" of operation "payment.charge" reused for a different request (stored fingerprint "fp-a", got "fp-b")`},
-		{"redis key name in a driver error", observability.KeyHashed, k,
+		{"redis key name in a driver error", observability.LogKeysHashed, k,
 			&coordinator.StorageError{Method: coordinator.MethodGet, Err: errors.New("WRONGTYPE idempotency:payment.charge:order-42")},
 			"idempotency: storage get: WRONGTYPE idempotency:payment.charge:" + hidden},
-		{"plain key anywhere", observability.KeyOmitted, k,
+		{"plain key anywhere", observability.LogKeysOmitted, k,
 			errors.New("record order-42 is corrupt"),
 			"record <key> is corrupt"},
-		{"short key only in unambiguous forms", observability.KeyOmitted, short,
+		{"short key only in unambiguous forms", observability.LogKeysOmitted, short,
 			&coordinator.KeyReuseError{Operation: short.Operation, Key: short.Key, Stored: "a42", Got: "b42"},
 			`idempotency: key "<key>" of operation "payment.charge" reused for a different request (stored fingerprint "a42", got "b42")`},
-		{"plain mode keeps the message", observability.KeyPlain, k,
+		{"plain mode keeps the message", observability.LogKeysPlain, k,
 			&coordinator.KeyReuseError{Operation: k.Operation, Key: k.Key, Stored: "fp-a", Got: "fp-b"},
 			`idempotency: key "order-42" of operation "payment.charge" reused for a different request (stored fingerprint "fp-a", got "fp-b")`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			o, logs := logged(t, observability.WithKeyLogging(tt.mode))
+			o, logs := logged(t, observability.WithLogKeys(tt.mode))
 			feed(t, o, coordinator.Event{Kind: coordinator.EventError, Key: tt.key, ErrorType: coordinator.ErrorKeyReuse, Err: tt.err})
 			if got := only(t, logs).ContextMap()["error"]; got != tt.want {
 				t.Fatalf("error = %q\n          want %q", got, tt.want)

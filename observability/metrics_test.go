@@ -411,7 +411,7 @@ func TestInvalidOptions(t *testing.T) {
 		{"namespace with a colon", observability.WithNamespace("shop:x"), "WithNamespace"},
 		{"invalid operation", observability.WithOperations("payment charge"), "WithOperations"},
 		{"zero operation limit", observability.WithOperationLimit(0), "WithOperationLimit"},
-		{"unknown key logging", observability.WithKeyLogging("loud"), "WithKeyLogging"},
+		{"unknown key logging", observability.WithLogKeys("loud"), "WithLogKeys"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

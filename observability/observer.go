@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 
 	"go.uber.org/zap"
 
@@ -38,7 +37,7 @@ func New(opts ...Option) (*Observer, error) {
 		return nil, err
 	}
 	log := c.logger.Named(subsystem)
-	o := &Observer{log: &eventLogger{log: log, keys: c.keyLogging}}
+	o := &Observer{log: &eventLogger{log: log, keys: c.logKeys}}
 	if c.registerer != nil {
 		m, err := newMetrics(c.registerer, c.namespace, c.operations, c.operationLimit, log)
 		if err != nil {
@@ -75,8 +74,8 @@ func newConfig(opts []Option) (config, error) {
 		errs = append(errs, &coordinator.OptionError{Option: option, Err: err})
 	}
 	var err error
-	if c.keyLogging, err = c.keyLogging.parse(); err != nil {
-		bad("WithKeyLogging", err)
+	if c.logKeys, err = c.logKeys.parse(); err != nil {
+		bad("WithLogKeys", err)
 	}
 	if !validNamespace(c.namespace) {
 		bad("WithNamespace", fmt.Errorf("%q is not a Prometheus name; use letters, digits and underscores, not starting with a digit", c.namespace))
@@ -86,7 +85,10 @@ func newConfig(opts []Option) (config, error) {
 	}
 	for _, op := range c.operations {
 		if err := coordinator.ValidateOperation(op); err != nil {
-			bad("WithOperations", errors.New(strings.TrimPrefix(err.Error(), coordinator.ErrInvalidRequest.Error()+": ")))
+			if ir := (*coordinator.InvalidRequestError)(nil); errors.As(err, &ir) {
+				err = errors.New(ir.Reason)
+			}
+			bad("WithOperations", err)
 		}
 	}
 	if len(errs) > 0 {

@@ -29,14 +29,14 @@ type config struct {
 	registerer     prometheus.Registerer
 	namespace      string
 	logger         *zap.Logger
-	keyLogging     KeyLogging
+	logKeys        LogKeysMode
 	operations     []string
 	operationLimit int
 }
 
 func defaultConfig() config {
 	return config{
-		keyLogging:     KeyHashed,
+		logKeys:        LogKeysHashed,
 		operationLimit: DefaultOperationLimit,
 	}
 }
@@ -63,12 +63,12 @@ func WithLogger(logger *zap.Logger) Option {
 	return optionFunc(func(c *config) { c.logger = logger })
 }
 
-// WithKeyLogging sets how log lines show the idempotency key. With KeyHashed
-// and KeyOmitted the key is also replaced in the "error" field, where error
-// messages name it: by "<key HASH>" or "<key>". Default KeyHashed; "" also
-// means KeyHashed; New refuses any other value.
-func WithKeyLogging(mode KeyLogging) Option {
-	return optionFunc(func(c *config) { c.keyLogging = mode })
+// WithLogKeys sets how log lines show the idempotency key. With LogKeysHashed
+// and LogKeysOmitted the key is also replaced in the "error" field, where error
+// messages name it: by "<key HASH>" or "<key>". Default LogKeysHashed; "" also
+// means LogKeysHashed; New refuses any other value.
+func WithLogKeys(mode LogKeysMode) Option {
+	return optionFunc(func(c *config) { c.logKeys = mode })
 }
 
 // WithOperations names the operations known up front, e.g. those with a TTL
@@ -92,45 +92,45 @@ func WithOperationLimit(n int) Option {
 	return optionFunc(func(c *config) { c.operationLimit = n })
 }
 
-// KeyLogging says how log lines show the idempotency key. The zero value
-// means KeyHashed.
-type KeyLogging string
+// LogKeysMode says how log lines show the idempotency key. The zero value
+// means LogKeysHashed.
+type LogKeysMode string
 
-// The key logging modes.
+// The modes of WithLogKeys (IDEMPOTENCY_LOG_KEYS in the fx module).
 const (
-	// KeyHashed logs field "key_hash": the first 16 hex digits (64 bits) of
+	// LogKeysHashed logs field "key_hash": the first 16 hex digits (64 bits) of
 	// the SHA-256 of the key, enough to correlate the lines of one key and to
 	// match a known key, without writing the key itself. The default.
-	KeyHashed KeyLogging = "hashed"
-	// KeyPlain logs field "key": the key as given.
-	KeyPlain KeyLogging = "plain"
-	// KeyOmitted logs no key at all.
-	KeyOmitted KeyLogging = "omitted"
+	LogKeysHashed LogKeysMode = "hashed"
+	// LogKeysPlain logs field "key": the key as given.
+	LogKeysPlain LogKeysMode = "plain"
+	// LogKeysOmitted logs no key at all.
+	LogKeysOmitted LogKeysMode = "omitted"
 )
 
-// parse returns the mode m names, with "" meaning KeyHashed.
-func (m KeyLogging) parse() (KeyLogging, error) {
+// parse returns the mode m names, with "" meaning LogKeysHashed.
+func (m LogKeysMode) parse() (LogKeysMode, error) {
 	switch m {
-	case "", KeyHashed:
-		return KeyHashed, nil
-	case KeyPlain, KeyOmitted:
+	case "", LogKeysHashed:
+		return LogKeysHashed, nil
+	case LogKeysPlain, LogKeysOmitted:
 		return m, nil
 	}
 	return "", fmt.Errorf("unknown key logging mode %q: accepted values are hashed, plain, omitted", string(m))
 }
 
 // String returns the mode's name; the zero value prints as "hashed".
-func (m KeyLogging) String() string {
+func (m LogKeysMode) String() string {
 	if m == "" {
-		return string(KeyHashed)
+		return string(LogKeysHashed)
 	}
 	return string(m)
 }
 
 // UnmarshalText parses "hashed", "plain" or "omitted"; empty text means
 // "hashed". It returns an error naming the accepted values for anything else.
-func (m *KeyLogging) UnmarshalText(b []byte) error {
-	v, err := KeyLogging(b).parse()
+func (m *LogKeysMode) UnmarshalText(b []byte) error {
+	v, err := LogKeysMode(b).parse()
 	if err != nil {
 		return err
 	}
@@ -139,4 +139,4 @@ func (m *KeyLogging) UnmarshalText(b []byte) error {
 }
 
 // MarshalText returns the mode's name.
-func (m KeyLogging) MarshalText() ([]byte, error) { return []byte(m.String()), nil }
+func (m LogKeysMode) MarshalText() ([]byte, error) { return []byte(m.String()), nil }

@@ -3,7 +3,7 @@
 //   - POST /payments charges a (fake) payment provider through the
 //     idemhttp middleware: a retried request with the same Idempotency-Key
 //     gets the first response back instead of a second charge.
-//   - A queue consumer processes refund messages with coordinator.Do: a
+//   - A queue consumer processes refund messages with coordinator.DoResult: a
 //     redelivered message is processed once.
 //   - GET /ledger shows every real charge and refund; GET /metrics the
 //     idempotency_* metrics.

@@ -18,7 +18,7 @@ import (
 // This file uses the coordinator directly, without HTTP: a queue consumer
 // that processes "refund" messages. Brokers deliver at least once, so the
 // same message may arrive twice, even at two workers at the same time;
-// coordinator.Do, keyed by the message ID, makes the refund happen once.
+// coordinator.DoResult, keyed by the message ID, makes the refund happen once.
 
 // refundMessage is a message on the refund queue.
 type refundMessage struct {
@@ -53,7 +53,7 @@ func publishRefund(q *refundQueue) http.Handler {
 			writeProblem(w, http.StatusBadRequest, "invalid JSON body: "+err.Error())
 			return
 		}
-		// Check up front what coordinator.Do would refuse later.
+		// Check up front what coordinator.DoResult would refuse later.
 		if err := coordinator.ValidateKey(msg.ID); err != nil {
 			writeProblem(w, http.StatusBadRequest, "id: "+err.Error())
 			return
