@@ -31,7 +31,8 @@ import (
 // when Redis is down (one dial attempt per connection, a dial timeout of at
 // most IDEMPOTENCY_STORAGE_TIMEOUT) and honours context deadlines
 // (ContextTimeoutEnabled), so the storage timeout bounds every call. The
-// caller owns the client and closes it.
+// caller owns the client and closes it. It returns an error naming
+// IDEMPOTENCY_REDIS_URL, and no client, when the URL is invalid.
 func NewRedisClient(s Settings) (redis.UniversalClient, error) {
 	// The same check as Settings.Validate, whose messages never quote the URL
 	// (it may hold a password).
@@ -103,6 +104,9 @@ func NewStore(s Settings, client redisrepo.Client) *redisrepo.Store {
 // on reg (nil: prometheus.DefaultRegisterer) under MetricsNamespace, with the
 // operations of OperationTTLS pre-initialised. Building it twice on one
 // registerer is not an error; the second counts into the first's metrics.
+// It returns an error when the settings' namespace, key logging mode or
+// operation names are invalid (each a *coordinator.OptionError; Validate
+// names their variables), or when a metric cannot be registered.
 func NewObserver(s Settings, logger *zap.Logger, reg prometheus.Registerer) (*observability.Observer, error) {
 	opts := append(s.observerOptions(), observability.WithLogger(logger))
 	if s.MetricsEnabled {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/observability"
+	"github.com/idemkit/idempotency/redisrepo"
 )
 
 // EnvPrefix is the prefix of every environment variable LoadSettings reads:
@@ -143,7 +144,7 @@ func DefaultSettings() Settings {
 	return Settings{
 		Enabled:        true,
 		RedisURL:       "redis://localhost:6379/0",
-		KeyPrefix:      "idempotency:",
+		KeyPrefix:      redisrepo.DefaultKeyPrefix,
 		DefaultTTL:     coordinator.DefaultTTL,
 		MinTTL:         coordinator.DefaultMinTTL,
 		MaxTTL:         coordinator.DefaultMaxTTL,

@@ -131,12 +131,12 @@ type WaitOutcome string
 
 // The wait outcomes.
 const (
-	WaitHit      WaitOutcome = "hit"      // the holder completed; its result is replayed
-	WaitTakeover WaitOutcome = "takeover" // the reservation disappeared; this caller reserved and runs
-	WaitTimeout  WaitOutcome = "timeout"  // the wait bound passed: ErrInProgress
-	WaitCanceled WaitOutcome = "canceled" // the caller's context ended
-	WaitError    WaitOutcome = "error"    // the store failed while polling
-	WaitReuse    WaitOutcome = "key_reuse"
+	WaitHit      WaitOutcome = "hit"       // the holder completed; its result is replayed
+	WaitTakeover WaitOutcome = "takeover"  // the reservation disappeared; this caller reserved and runs
+	WaitTimeout  WaitOutcome = "timeout"   // the wait bound passed: ErrInProgress
+	WaitCanceled WaitOutcome = "canceled"  // the caller's context ended
+	WaitError    WaitOutcome = "error"     // the store failed while polling
+	WaitReuse    WaitOutcome = "key_reuse" // the holder completed another request's key: ErrKeyReuse
 )
 
 // WaitOutcomes lists every WaitOutcome, for pre-initialising metrics.
