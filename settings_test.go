@@ -767,21 +767,27 @@ type modeStore struct {
 var errStoreDown = errors.New("store down")
 
 func (m *modeStore) Reserve(ctx context.Context, key coordinator.Key, w coordinator.Write) (coordinator.Record, bool, error) {
-	if m.failing {
-		return coordinator.Record{}, false, errStoreDown
-	}
-	if key == m.held {
-		return coordinator.Record{State: coordinator.StatePending, Token: "other", TTL: time.Second}, false, nil
+	if rec, handled, err := m.answer(key); handled {
+		return rec, false, err
 	}
 	return m.recordingStore.Reserve(ctx, key, w)
 }
 
 func (m *modeStore) Get(ctx context.Context, key coordinator.Key) (coordinator.Record, error) {
-	if m.failing {
-		return coordinator.Record{}, errStoreDown
-	}
-	if key == m.held {
-		return coordinator.Record{State: coordinator.StatePending, Token: "other", TTL: time.Second}, nil
+	if rec, handled, err := m.answer(key); handled {
+		return rec, err
 	}
 	return m.recordingStore.Get(ctx, key)
+}
+
+// answer is what the store says without the recordingStore: an error when
+// failing, the other caller's reservation for the held key.
+func (m *modeStore) answer(key coordinator.Key) (rec coordinator.Record, handled bool, err error) {
+	switch {
+	case m.failing:
+		return coordinator.Record{}, true, errStoreDown
+	case key == m.held:
+		return coordinator.Record{State: coordinator.StatePending, Token: "other", TTL: time.Second}, true, nil
+	}
+	return coordinator.Record{}, false, nil
 }
