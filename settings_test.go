@@ -190,7 +190,12 @@ func TestLoadSettings(t *testing.T) {
 
 		// LEASE
 		{name: "LEASE 2s", env: env("LEASE", "2s"), want: func(s *idempotency.Settings) { s.Lease = 2 * time.Second }},
-		{name: "LEASE 1ms", env: env("LEASE", "1ms"), want: func(s *idempotency.Settings) { s.Lease = time.Millisecond }},
+		{name: "LEASE 1ms", env: env("LEASE", "1ms", "STORAGE_TIMEOUT", "500us"), want: func(s *idempotency.Settings) {
+			s.Lease, s.StorageTimeout = time.Millisecond, 500*time.Microsecond
+		}},
+		{name: "LEASE too short for a slow renewal", env: env("LEASE", "300ms", "STORAGE_TIMEOUT", "1s"), wantErr: []string{
+			"IDEMPOTENCY_LEASE: must be longer than IDEMPOTENCY_RENEW_INTERVAL (100ms) plus IDEMPOTENCY_STORAGE_TIMEOUT (1s) plus a tenth of itself " +
+				"(the watchdog's margin), so that one slow renewal cannot lose it: more than 1.222s, got 300ms"}},
 		{name: "LEASE zero", env: env("LEASE", "0s"), wantErr: []string{"IDEMPOTENCY_LEASE: must be at least 1ms, got 0s"}},
 		{name: "LEASE below 1ms", env: env("LEASE", "500us"), wantErr: []string{"IDEMPOTENCY_LEASE: must be at least 1ms, got 500µs"}},
 		{name: "LEASE without unit", env: env("LEASE", "30"), wantErr: []string{`IDEMPOTENCY_LEASE: "30" is not a duration; use a Go duration such as 500ms, 30s or 1h30m`}},
@@ -373,8 +378,13 @@ func TestLoadSettings(t *testing.T) {
 }
 
 // env returns one IDEMPOTENCY_ variable.
-func env(name, value string) map[string]string {
-	return map[string]string{"IDEMPOTENCY_" + name: value}
+// env returns IDEMPOTENCY_-prefixed variables from name, value pairs.
+func env(nameValues ...string) map[string]string {
+	m := make(map[string]string, len(nameValues)/2)
+	for i := 0; i+1 < len(nameValues); i += 2 {
+		m["IDEMPOTENCY_"+nameValues[i]] = nameValues[i+1]
+	}
+	return m
 }
 
 // TestLoadSettingsUnknownVariables: a misspelt IDEMPOTENCY_* variable must not

@@ -14,18 +14,21 @@ type Call struct {
 	// operations without colliding.
 	Operation string
 	// Key is the caller's idempotency key: 1 to 255 bytes of visible ASCII
-	// (0x21-0x7E), used exactly as given. "" means no idempotency: the action
-	// just runs.
+	// (0x21-0x7E), used exactly as given. "" is invalid (ErrInvalidRequest):
+	// a caller without a key does not call Do, so that a key lost on its way
+	// (an empty header, message ID or attribute) cannot silently turn the
+	// protection off.
 	Key string
 	// Fingerprint identifies the request, so that a key reused for a
 	// different request is refused with ErrKeyReuse. Optional; Fingerprint
 	// computes one. Compared only when both the stored and the new one are
 	// set. At most 512 bytes of visible ASCII.
 	Fingerprint string
-	// TTL is how long the result is kept. 0 means the operation's TTL
-	// (WithOperationTTLs), else the default (WithDefaultTTL). It is rounded
-	// down to the millisecond and must lie within the TTL bounds
-	// (WithMinTTL, WithMaxTTL); otherwise the call fails with ErrInvalidRequest.
+	// TTL is how long the result is kept, unless the operator set a TTL for
+	// the operation (WithOperationTTLs, IDEMPOTENCY_OPERATION_TTLS), which
+	// wins. 0 means the default (WithDefaultTTL). It is rounded down to the
+	// millisecond and must lie within the TTL bounds (WithMinTTL,
+	// WithMaxTTL); otherwise the call fails with ErrInvalidRequest.
 	TTL time.Duration
 }
 
@@ -136,8 +139,8 @@ type reservationKey struct{}
 
 // ReservationFromContext returns the reservation under which the action
 // running with ctx holds its key. It reports false for an action that runs
-// without a reservation (in-flight mode "run", an unprotected run, an empty
-// key, the kill switch).
+// without a reservation (in-flight mode "run", an unprotected run, the kill
+// switch).
 func ReservationFromContext(ctx context.Context) (Reservation, bool) {
 	r, ok := ctx.Value(reservationKey{}).(Reservation)
 	return r, ok

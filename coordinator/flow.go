@@ -24,7 +24,7 @@ func do[T any](ctx context.Context, c *Coordinator, call Call, codec Codec[T], a
 	if err != nil {
 		return Result[T]{}, err
 	}
-	if call.Key == "" || !c.cfg.enabled {
+	if !c.cfg.enabled {
 		v, err := action(ctx)
 		return Result[T]{Value: v}, err
 	}
@@ -44,24 +44,25 @@ func (c *Coordinator) check(call Call) (time.Duration, error) {
 	if err := ValidateOperation(call.Operation); err != nil {
 		return 0, err
 	}
-	if call.Key != "" {
-		if err := ValidateKey(call.Key); err != nil {
-			return 0, err
-		}
+	if err := ValidateKey(call.Key); err != nil {
+		return 0, err
 	}
 	if err := validateFingerprint(call.Fingerprint); err != nil {
 		return 0, err
 	}
-	ttl := call.TTL
+	if call.TTL < 0 {
+		return 0, invalid("TTL %v is negative", call.TTL)
+	}
+	// The operator's per-operation TTL wins over the call's, which wins over
+	// the default, as in the library we port: an operator can shorten a TTL
+	// that a service hard-codes.
+	ttl, ok := c.cfg.operationTTLs[call.Operation]
 	switch {
-	case ttl < 0:
-		return 0, invalid("TTL %v is negative", ttl)
-	case ttl == 0:
-		if t, ok := c.cfg.operationTTLs[call.Operation]; ok {
-			ttl = t
-		} else {
-			ttl = c.cfg.defaultTTL
-		}
+	case ok:
+	case call.TTL > 0:
+		ttl = call.TTL
+	default:
+		ttl = c.cfg.defaultTTL
 	}
 	ttl = ttl.Truncate(time.Millisecond)
 	if ttl < c.cfg.minTTL || ttl > c.cfg.maxTTL {

@@ -128,16 +128,20 @@ func TestKeyReuseWhilePending(t *testing.T) {
 	}
 }
 
-func TestEmptyKeyJustRuns(t *testing.T) {
-	f, s := newMem(t)
-	var k counter
-	for range 3 {
-		if _, err := coordinator.Do(t.Context(), f.c, call(""), k.action("x")); err != nil {
-			t.Fatal(err)
+func TestEmptyKeyIsInvalid(t *testing.T) {
+	// A key lost on its way (an empty header or message ID) must not turn
+	// the protection off silently.
+	for _, mode := range []coordinator.InFlightMode{coordinator.InFlightWait, coordinator.InFlightRaise, coordinator.InFlightRun} {
+		f, s := newMem(t, coordinator.WithInFlight(mode))
+		var k counter
+		_, err := coordinator.Do(t.Context(), f.c, call(""), k.action("x"))
+		var ir *coordinator.InvalidRequestError
+		if !errors.As(err, &ir) || ir.Reason != "key is empty" {
+			t.Fatalf("%s: err = %v, want ErrInvalidRequest: key is empty", mode, err)
 		}
-	}
-	if k.n() != 3 || s.Len() != 0 || len(f.rec.all()) != 0 {
-		t.Fatalf("runs=%d stored=%d events=%d, want 3, 0, 0", k.n(), s.Len(), len(f.rec.all()))
+		if k.n() != 0 || s.Len() != 0 || len(f.rec.all()) != 0 {
+			t.Fatalf("%s: runs=%d stored=%d events=%d, want 0, 0, 0", mode, k.n(), s.Len(), len(f.rec.all()))
+		}
 	}
 }
 
@@ -255,7 +259,11 @@ func TestTTLResolution(t *testing.T) {
 		}{
 			{coordinator.Call{Operation: "payment.charge", Key: "default"}, 2 * time.Hour},
 			{coordinator.Call{Operation: "order.create", Key: "op"}, 3 * time.Hour},
-			{coordinator.Call{Operation: "order.create", Key: "call", TTL: 90*time.Second + 1500*time.Microsecond}, 90*time.Second + time.Millisecond},
+			// The operator's TTL for the operation wins over the call's.
+			{coordinator.Call{Operation: "order.create", Key: "call", TTL: time.Minute}, 3 * time.Hour},
+			// The call's TTL wins over the default, rounded down to the
+			// millisecond.
+			{coordinator.Call{Operation: "payment.charge", Key: "call", TTL: 90*time.Second + 1500*time.Microsecond}, 90*time.Second + time.Millisecond},
 		}
 		for _, tt := range tests {
 			if _, err := coordinator.Do(t.Context(), f.c, tt.call, k.action("x")); err != nil {

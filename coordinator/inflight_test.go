@@ -226,7 +226,7 @@ func TestWaiterTakesOverAnExpiredLease(t *testing.T) {
 	// A holder that crashed stops renewing; its lease runs out and the
 	// waiter runs.
 	synctest.Test(t, func(t *testing.T) {
-		f, s := newMem(t, coordinator.WithLease(50*time.Millisecond), coordinator.WithPollInterval(time.Millisecond),
+		f, s := newMem(t, coordinator.WithLease(50*time.Millisecond), coordinator.WithStorageTimeout(testStorageTimeout), coordinator.WithPollInterval(time.Millisecond),
 			coordinator.WithWaitTimeout(5*time.Second))
 		key := coordinator.Key{Operation: "payment.charge", Key: "crashed"}
 		s.Put(key, coordinator.Record{State: coordinator.StatePending, Token: "crashed-holder", TTL: 50 * time.Millisecond})

@@ -21,6 +21,10 @@ import (
 
 const testLease = 60 * time.Millisecond
 
+// testStorageTimeout fits the lease rule: a renewal that takes its whole
+// timeout still ends before the watchdog's deadline.
+const testStorageTimeout = 20 * time.Millisecond
+
 func TestRenewalKeepsALongActionExclusive(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const (
@@ -29,7 +33,7 @@ func TestRenewalKeepsALongActionExclusive(t *testing.T) {
 			runFor = 3*testLease + 10*time.Millisecond
 		)
 		s := memstore.New()
-		opts := []coordinator.Option{coordinator.WithLease(testLease), coordinator.WithRenewInterval(renew),
+		opts := []coordinator.Option{coordinator.WithLease(testLease), coordinator.WithRenewInterval(renew), coordinator.WithStorageTimeout(testStorageTimeout),
 			coordinator.WithWaitTimeout(5 * time.Second), coordinator.WithPollInterval(time.Millisecond)}
 		// Two coordinators over one store: two processes.
 		a := newFixture(t, s, opts...)
@@ -93,7 +97,7 @@ func TestLostLeaseCancelsTheActionAndKeepsTheNewOwner(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				const renew = testLease / 6 // 10ms
 				s := memstore.New()
-				f := newFixture(t, s, coordinator.WithLease(testLease), coordinator.WithRenewInterval(renew))
+				f := newFixture(t, s, coordinator.WithLease(testLease), coordinator.WithRenewInterval(renew), coordinator.WithStorageTimeout(testStorageTimeout))
 				key := coordinator.Key{Operation: "payment.charge", Key: "stolen"}
 				var cause error
 				var cancelledAfter time.Duration
@@ -169,7 +173,7 @@ func TestRenewerStopsBeforeCompletion(t *testing.T) {
 			after  = 30 * time.Millisecond // six more intervals
 		)
 		s := memstore.New()
-		f := newFixture(t, s, coordinator.WithLease(testLease), coordinator.WithRenewInterval(renew))
+		f := newFixture(t, s, coordinator.WithLease(testLease), coordinator.WithRenewInterval(renew), coordinator.WithStorageTimeout(testStorageTimeout))
 		if _, err := coordinator.Do(t.Context(), f.c, call("stop"), func(context.Context) (int, error) {
 			<-time.After(runFor)
 			return 1, nil

@@ -10,6 +10,12 @@ import (
 	"time"
 )
 
+// watchdogMargin is how long before a lease could expire the watchdog
+// cancels the action that holds it: a tenth of the lease, for the drift
+// between this process's monotonic clock and Redis's, and for the time an
+// action takes to notice that its context is cancelled.
+func watchdogMargin(lease time.Duration) time.Duration { return lease / 10 }
+
 // maxPoll is the longest interval between a waiter's reads, unless the poll
 // interval itself is longer.
 const maxPoll = 500 * time.Millisecond
@@ -232,6 +238,16 @@ func newConfig(opts []Option) (config, error) {
 	}
 	if c.storageTimeout <= 0 {
 		bad("WithStorageTimeout", "must be positive, got %v", c.storageTimeout)
+	}
+	if c.lease >= time.Millisecond && c.renewInterval > 0 && c.renewInterval < c.lease && c.storageTimeout > 0 &&
+		c.renewInterval+c.storageTimeout >= c.lease-watchdogMargin(c.lease) {
+		// The watchdog cancels an action whose renewal has not been confirmed
+		// for the lease minus its margin: one renewal that takes its whole
+		// timeout must end before that.
+		least := (c.renewInterval + c.storageTimeout) * 10 / 9
+		bad("WithLease", "must be longer than WithRenewInterval (%v) plus WithStorageTimeout (%v) plus a tenth of itself "+
+			"(the watchdog's margin), so that one slow renewal cannot lose it: more than %v, got %s",
+			c.renewInterval, c.storageTimeout, least.Truncate(time.Millisecond), rounded(lease, c.lease))
 	}
 	minTTL, maxTTL, defaultTTL := c.minTTL, c.maxTTL, c.defaultTTL
 	c.minTTL, c.maxTTL, c.defaultTTL = ms(minTTL), ms(maxTTL), ms(defaultTTL)

@@ -25,6 +25,7 @@ func TestNewRefusesNonsense(t *testing.T) {
 		{"lease rounds to zero", []coordinator.Option{coordinator.WithLease(900 * time.Microsecond)}, "WithLease", "must be at least 1ms, got 900µs"},
 		{"renew not shorter than lease", []coordinator.Option{coordinator.WithLease(time.Second), coordinator.WithRenewInterval(time.Second)}, "WithRenewInterval", "must be shorter than WithLease (1s), got 1s"},
 		{"renew not shorter than the rounded lease", []coordinator.Option{coordinator.WithLease(1500 * time.Microsecond), coordinator.WithRenewInterval(1200 * time.Microsecond)}, "WithRenewInterval", "must be shorter than WithLease (1ms, rounded down from 1.5ms), got 1.2ms"},
+		{"lease too short for a slow renewal", []coordinator.Option{coordinator.WithLease(300 * time.Millisecond), coordinator.WithStorageTimeout(time.Second)}, "WithLease", "must be longer than WithRenewInterval (100ms) plus WithStorageTimeout (1s) plus a tenth of itself (the watchdog's margin), so that one slow renewal cannot lose it: more than 1.222s, got 300ms"},
 		{"negative renew", []coordinator.Option{coordinator.WithRenewInterval(-time.Second)}, "WithRenewInterval", "must not be negative (0s means a third of the lease), got -1s"},
 		{"negative wait", []coordinator.Option{coordinator.WithWaitTimeout(-time.Second)}, "WithWaitTimeout", "must not be negative (0s means one lease), got -1s"},
 		{"zero poll", []coordinator.Option{coordinator.WithPollInterval(0)}, "WithPollInterval", "must be positive, got 0s"},

@@ -81,20 +81,15 @@ func TestDoResultReportsReplayOnEveryPath(t *testing.T) {
 		replayed(t, res, err, false, "unprotected")
 	})
 
-	t.Run("the kill switch and an empty key are never replays", func(t *testing.T) {
+	t.Run("the kill switch never replays", func(t *testing.T) {
 		f, _ := newMem(t, coordinator.WithEnabled(false))
 		var k counter
 		for range 2 {
 			res, err := coordinator.DoResult(t.Context(), f.c, call("off"), k.action("off"))
 			replayed(t, res, err, false, "off")
 		}
-		g, _ := newMem(t)
-		for range 2 {
-			res, err := coordinator.DoResult(t.Context(), g.c, call(""), k.action("nokey"))
-			replayed(t, res, err, false, "nokey")
-		}
-		if k.n() != 4 {
-			t.Fatalf("runs = %d, want 4", k.n())
+		if k.n() != 2 {
+			t.Fatalf("runs = %d, want 2", k.n())
 		}
 	})
 

@@ -224,7 +224,7 @@ func TestStorageError_Renew(t *testing.T) {
 					runFor = testLease + 5*time.Millisecond
 				)
 				f, fs, mem := newFaulty(t, coordinator.WithOnStorageError(mode),
-					coordinator.WithLease(testLease), coordinator.WithRenewInterval(renew))
+					coordinator.WithLease(testLease), coordinator.WithRenewInterval(renew), coordinator.WithStorageTimeout(testStorageTimeout))
 				fs.FailTimes(coordinator.MethodRenew, 2, errConnRefused)
 				var k counter
 				v, err := coordinator.Do(t.Context(), f.c, call("renew"), func(ctx context.Context) (charge, error) {

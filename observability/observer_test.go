@@ -63,7 +63,7 @@ func TestWithCoordinator(t *testing.T) {
 	core, logs := observer.New(zap.InfoLevel)
 	o, reg := newObserver(t, observability.WithOperations("payment.charge"), observability.WithLogger(zap.New(core)))
 	store := &flakyStore{Store: memstore.New()}
-	c, err := coordinator.New(store, coordinator.WithObserver(o), coordinator.WithLease(time.Second))
+	c, err := coordinator.New(store, coordinator.WithObserver(o), coordinator.WithLease(time.Second), coordinator.WithStorageTimeout(100*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -303,7 +303,7 @@ func TestEngineStorageFailsAfterTheAction(t *testing.T) {
 			fs := faultstore.Wrap(s)
 			fs.FailTimes(coordinator.MethodRenew, 2, boom)
 			c, ev := coord(t, fs, coordinator.WithOnStorageError(mode),
-				coordinator.WithLease(300*time.Millisecond), coordinator.WithRenewInterval(20*time.Millisecond))
+				coordinator.WithLease(300*time.Millisecond), coordinator.WithRenewInterval(20*time.Millisecond), coordinator.WithStorageTimeout(200*time.Millisecond))
 			v, err := coordinator.Do(t.Context(), c, callOf(newKey("renew")), func(ctx context.Context) (charge, error) {
 				time.Sleep(150 * time.Millisecond)
 				return charge{ID: "done"}, context.Cause(ctx)
@@ -321,7 +321,7 @@ func TestEngineStorageFailsAfterTheAction(t *testing.T) {
 func TestEngineRenewalKeepsALongActionExclusive(t *testing.T) {
 	eachRealRedis(t, func(t *testing.T, r redisEngine) {
 		const lease = 200 * time.Millisecond
-		a, ev := coord(t, r.store, coordinator.WithLease(lease), coordinator.WithRenewInterval(lease/4))
+		a, ev := coord(t, r.store, coordinator.WithLease(lease), coordinator.WithRenewInterval(lease/4), coordinator.WithStorageTimeout(lease/2))
 		b, _ := coord(t, r.store, coordinator.WithInFlight(coordinator.InFlightRaise))
 		key := newKey("long")
 		var k runs
@@ -360,7 +360,7 @@ func TestEngineRenewalKeepsALongActionExclusive(t *testing.T) {
 // context is cancelled with ErrLeaseLost, and the new owner's record stays.
 func TestEngineLeaseLost(t *testing.T) {
 	eachRealRedis(t, func(t *testing.T, r redisEngine) {
-		c, ev := coord(t, r.store, coordinator.WithLease(300*time.Millisecond), coordinator.WithRenewInterval(20*time.Millisecond))
+		c, ev := coord(t, r.store, coordinator.WithLease(300*time.Millisecond), coordinator.WithRenewInterval(20*time.Millisecond), coordinator.WithStorageTimeout(200*time.Millisecond))
 		key := newKey("stolen")
 		var cause error
 		_, err := coordinator.Do(t.Context(), c, callOf(key), func(ctx context.Context) (charge, error) {
@@ -455,7 +455,7 @@ func TestEngineRedisKilledMidCall(t *testing.T) {
 			// A short lease: miniredis, unlike redis-server, keeps the
 			// reservation across the restart, and the next call waits it out.
 			c, ev := coord(t, redisrepo.New(client), coordinator.WithOnStorageError(mode),
-				coordinator.WithLease(300*time.Millisecond), coordinator.WithWaitTimeout(5*time.Second))
+				coordinator.WithLease(300*time.Millisecond), coordinator.WithStorageTimeout(150*time.Millisecond), coordinator.WithWaitTimeout(5*time.Second))
 			key := coordinator.Key{Operation: "payment.charge", Key: "killed"}
 			var k runs
 			v, err := coordinator.Do(t.Context(), c, callOf(key), func(ctx context.Context) (charge, error) {
