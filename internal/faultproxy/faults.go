@@ -1,0 +1,249 @@
+package faultproxy
+
+import (
+	"fmt"
+	"slices"
+	"time"
+)
+
+// answerWait bounds how long Release waits for the server to answer one
+// connection's bytes before it delivers the next connection's.
+const answerWait = time.Second
+
+// SetLatency delays every chunk, in both directions, by d from when the
+// proxy reads it, on new and existing connections; 0 (the default) turns
+// the delay off. The proxy reads a connection's next chunk in a direction
+// only once the last one is delivered, so chunks sent back to back can be
+// delayed by up to d each: a link with d of latency and one chunk in flight.
+// A chunk already waiting keeps the delay it started with.
+func (p *Proxy) SetLatency(d time.Duration) {
+	p.latency.Store(int64(max(d, 0)))
+}
+
+// Refuse switches refusal on or off. While it is on, the proxy accepts every
+// new connection and aborts it at once with a TCP RST: the client's connect
+// succeeds (the kernel completes the handshake before the proxy accepts) and
+// its first write or read fails ("broken pipe", "connection reset by peer"),
+// which go-redis reports at once, as it would a refused dial. (Not accepting
+// at all would leave clients waiting in the listen backlog, and closing the
+// listener would give the port away.) Existing connections are not touched.
+func (p *Proxy) Refuse(on bool) {
+	p.mu.Lock()
+	p.refuse = on
+	p.mu.Unlock()
+}
+
+// Reset aborts every open connection with a TCP RST, on both sides, as a
+// crashed server, a failover or CLIENT KILL would: a call waiting for its
+// reply fails ("connection reset by peer", or EOF). go-redis checks an idle
+// pooled connection when it takes it from the pool, finds it dead and dials
+// a new one, so only calls in flight fail. Bytes held for those connections
+// are dropped. New connections are not affected.
+func (p *Proxy) Reset() {
+	p.mu.Lock()
+	links := p.linkList()
+	p.stats.Reset += int64(len(links))
+	p.mu.Unlock()
+	for _, l := range links {
+		abort(l.client)
+		abort(l.server)
+		l.close()
+	}
+}
+
+// Cut switches a partition on or off. While it is on, the proxy drops every
+// chunk in both directions, on new and existing connections, without
+// closing anything. Connections stay open and hang; a client sees only its
+// own timeouts. New connections are accepted and dialed upstream, then hang
+// too (a client's connect succeeds but its handshake times out). Cut(false)
+// forwards again, but what was dropped is gone: a connection that lost bytes
+// in the middle of a request or reply is out of step, and clients should
+// discard it (go-redis does, after a timeout), so recovery shows on new
+// connections.
+func (p *Proxy) Cut(on bool) {
+	p.mu.Lock()
+	p.cut = on
+	p.mu.Unlock()
+}
+
+// Order is the order in which Release delivers held bytes.
+type Order int
+
+// The orders of Release.
+const (
+	// InOrder delivers held chunks in the order they arrived, across
+	// connections: late, but as sent.
+	InOrder Order = iota
+	// NewestFirst delivers the connections' held bytes one connection at a
+	// time, starting with the connection whose last held chunk arrived
+	// last. Within a connection the bytes keep their order: TCP cannot
+	// reorder a stream.
+	NewestFirst
+)
+
+// String returns "in-order" or "newest-first".
+func (o Order) String() string {
+	switch o {
+	case InOrder:
+		return "in-order"
+	case NewestFirst:
+		return "newest-first"
+	}
+	return fmt.Sprintf("Order(%d)", int(o))
+}
+
+// heldChunk is one client→server chunk held until Release.
+type heldChunk struct {
+	link *link
+	data []byte
+}
+
+// Hold holds every chunk that clients send to the server, on new and
+// existing connections, until Release; server→client bytes keep flowing.
+// This is the network delivering requests late: a client's command leaves
+// but does not arrive, so the client times out, and the command still
+// arrives later, possibly after commands sent after it. A connection opened
+// while holding does not complete a handshake that needs an answer (go-redis
+// sends HELLO), so open the connections to hold before calling Hold.
+func (p *Proxy) Hold() {
+	p.releaseMu.Lock()
+	defer p.releaseMu.Unlock()
+	p.mu.Lock()
+	p.holding = true
+	p.mu.Unlock()
+}
+
+// Release delivers every held chunk in the given order and returns to
+// pass-through. Chunks that arrive while Release runs are held and
+// delivered after those before them. Each time it moves on to another
+// connection, Release first waits, up to a second, until the server answers
+// the bytes it delivered on the last one, so that the server has applied
+// them before it reads the next connection's: the order is the one the
+// server executes, not only the one the bytes arrive in. Bytes of a
+// connection closed meanwhile are dropped. Release without Hold does
+// nothing.
+func (p *Proxy) Release(order Order) {
+	p.releaseMu.Lock()
+	defer p.releaseMu.Unlock()
+	for {
+		p.mu.Lock()
+		held := p.held
+		p.held = nil
+		p.stats.Held = Traffic{}
+		if len(held) == 0 || p.closed {
+			p.holding = false
+			p.mu.Unlock()
+			return
+		}
+		p.mu.Unlock()
+		runs := arrange(held, order)
+		for i, run := range runs {
+			p.deliver(run, i < len(runs)-1)
+		}
+	}
+}
+
+// arrange splits held chunks into runs, each of one connection, in the
+// order of delivery.
+func arrange(held []heldChunk, order Order) [][]heldChunk {
+	var runs [][]heldChunk
+	if order == NewestFirst {
+		byLink := make(map[*link]int) // index in runs
+		for _, h := range held {
+			i, ok := byLink[h.link]
+			if !ok {
+				i = len(runs)
+				byLink[h.link] = i
+				runs = append(runs, nil)
+			}
+			runs[i] = append(runs[i], h)
+		}
+		// Sort by the arrival of each connection's last chunk, newest first.
+		last := make(map[*link]int)
+		for i, h := range held {
+			last[h.link] = i
+		}
+		slices.SortFunc(runs, func(a, b []heldChunk) int { return last[b[0].link] - last[a[0].link] })
+		return runs
+	}
+	for _, h := range held {
+		if n := len(runs); n > 0 && runs[n-1][0].link == h.link {
+			runs[n-1] = append(runs[n-1], h)
+			continue
+		}
+		runs = append(runs, []heldChunk{h})
+	}
+	return runs
+}
+
+// deliver writes one connection's run of held chunks to the server and,
+// when wait is set, waits for the server's answer (see Release).
+func (p *Proxy) deliver(run []heldChunk, wait bool) {
+	l := run[0].link
+	select {
+	case <-l.answered: // an answer to something earlier
+	default:
+	}
+	l.serverMu.Lock()
+	for _, h := range run {
+		if !p.write(l.server, true, h.data) {
+			break
+		}
+	}
+	l.serverMu.Unlock()
+	if !wait {
+		return
+	}
+	t := time.NewTimer(answerWait)
+	defer t.Stop()
+	select {
+	case <-l.answered:
+	case <-l.done:
+	case <-p.done:
+	case <-t.C:
+	}
+}
+
+// Stats counts what the proxy did, to check that a fault was hit.
+type Stats struct {
+	// Accepted counts the connections accepted, refused ones included.
+	Accepted int64
+	// Refused counts the connections aborted at once by Refuse.
+	Refused int64
+	// DialFailed counts the connections aborted because upstream could not
+	// be reached.
+	DialFailed int64
+	// Reset counts the connections aborted by Reset.
+	Reset int64
+	// Open is the number of connections open now.
+	Open int64
+	// ToServer and ToClient count the bytes forwarded each way, held bytes
+	// once Release delivers them.
+	ToServer, ToClient Traffic
+	// Dropped counts the bytes Cut dropped, both ways.
+	Dropped Traffic
+	// Held is what is held now, waiting for Release.
+	Held Traffic
+}
+
+// Traffic counts chunks (reads from one side of a connection) and their bytes.
+type Traffic struct {
+	Chunks, Bytes int64
+}
+
+func (t *Traffic) add(n int) {
+	t.Chunks++
+	t.Bytes += int64(n)
+}
+
+func (t *Traffic) sub(n int) {
+	t.Chunks--
+	t.Bytes -= int64(n)
+}
+
+// Stats returns the counters so far.
+func (p *Proxy) Stats() Stats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.stats
+}

@@ -1,0 +1,280 @@
+package faultproxy
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Proxy is a TCP proxy between clients and one upstream server that injects
+// faults on demand. Start one with Start; its methods are safe for
+// concurrent use.
+type Proxy struct {
+	upstream string
+	ln       net.Listener
+	stop     context.CancelFunc // ends the proxy's context: dials, latency waits, Release
+	done     <-chan struct{}    // closed by stop
+	wg       sync.WaitGroup     // the accept loop and every connection's goroutines
+
+	latency   atomic.Int64 // time.Duration
+	releaseMu sync.Mutex   // serialises Hold and Release
+
+	mu      sync.Mutex
+	closed  bool
+	refuse  bool
+	cut     bool
+	holding bool
+	held    []heldChunk // client→server chunks held, in arrival order
+	links   map[*link]struct{}
+	stats   Stats
+}
+
+// Start starts a proxy that listens on a free port of 127.0.0.1 and forwards
+// every connection it accepts to upstream (host:port), passing bytes through
+// unchanged until a fault is switched on. It returns the error of the
+// listener. Close the proxy when done.
+func Start(upstream string) (*Proxy, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	p := &Proxy{
+		upstream: upstream,
+		ln:       ln,
+		stop:     stop,
+		done:     ctx.Done(),
+		links:    make(map[*link]struct{}),
+	}
+	p.wg.Add(1)
+	go p.accept(ctx)
+	return p, nil
+}
+
+// Addr returns the address that clients connect to, 127.0.0.1:port.
+func (p *Proxy) Addr() string { return p.ln.Addr().String() }
+
+// Close stops the listener, closes every connection (dropping any held
+// bytes) and returns once the proxy's goroutines have ended. It returns the
+// listener's error; closing a closed proxy does nothing and returns nil.
+func (p *Proxy) Close() error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed = true
+	links := p.linkList()
+	p.mu.Unlock()
+
+	p.stop()
+	err := p.ln.Close()
+	for _, l := range links {
+		l.close()
+	}
+	p.wg.Wait()
+	return err
+}
+
+// accept accepts connections until the listener is closed.
+func (p *Proxy) accept(ctx context.Context) {
+	defer p.wg.Done()
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			// Out of file descriptors, say: try again shortly.
+			select {
+			case <-p.done:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+			continue
+		}
+		p.mu.Lock()
+		p.stats.Accepted++
+		refuse := p.refuse || p.closed
+		if p.refuse {
+			p.stats.Refused++
+		}
+		p.mu.Unlock()
+		if refuse {
+			abort(c)
+			continue
+		}
+		p.wg.Add(1)
+		go p.serve(ctx, c)
+	}
+}
+
+// serve dials upstream for the client connection c and forwards between
+// them until either side closes or the proxy does.
+func (p *Proxy) serve(ctx context.Context, c net.Conn) {
+	defer p.wg.Done()
+	var d net.Dialer
+	s, err := d.DialContext(ctx, "tcp", p.upstream)
+	if err != nil {
+		p.mu.Lock()
+		p.stats.DialFailed++
+		p.mu.Unlock()
+		abort(c) // the client sees the upstream refuse
+		return
+	}
+	l := &link{p: p, client: c, server: s, answered: make(chan struct{}, 1), done: make(chan struct{})}
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		l.close()
+		return
+	}
+	p.links[l] = struct{}{}
+	p.stats.Open++
+	p.mu.Unlock()
+
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		p.pump(ctx, l, false)
+	}()
+	p.pump(ctx, l, true)
+}
+
+// linkList returns the open links. p.mu is held.
+func (p *Proxy) linkList() []*link {
+	links := make([]*link, 0, len(p.links))
+	for l := range p.links {
+		links = append(links, l)
+	}
+	return links
+}
+
+// link is one proxied connection: a client's connection to the proxy and
+// the proxy's connection to upstream.
+type link struct {
+	p              *Proxy
+	client, server net.Conn
+	serverMu       sync.Mutex    // serialises writes to server: the pump's and Release's
+	answered       chan struct{} // gets a value when the server sends bytes
+	done           chan struct{} // closed by close
+	closeOnce      sync.Once
+}
+
+// close closes both connections, once, and forgets the link and its held
+// bytes.
+func (l *link) close() {
+	l.closeOnce.Do(func() {
+		_ = l.client.Close()
+		_ = l.server.Close()
+		close(l.done)
+		p := l.p
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if _, ok := p.links[l]; !ok {
+			return
+		}
+		delete(p.links, l)
+		p.stats.Open--
+		kept := p.held[:0]
+		for _, h := range p.held {
+			if h.link == l {
+				p.stats.Held.sub(len(h.data))
+				continue
+			}
+			kept = append(kept, h)
+		}
+		clear(p.held[len(kept):])
+		p.held = kept
+	})
+}
+
+// abort closes c with a TCP RST instead of a FIN, as a crashed or
+// firewalled peer would.
+func abort(c net.Conn) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetLinger(0)
+	}
+	_ = c.Close()
+}
+
+// pump copies one direction of l, client to server when up, applying the
+// faults to every chunk it reads. It closes l when either side ends.
+func (p *Proxy) pump(ctx context.Context, l *link, up bool) {
+	defer l.close()
+	src := l.server
+	if up {
+		src = l.client
+	}
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			if !up {
+				select {
+				case l.answered <- struct{}{}:
+				default:
+				}
+			}
+			if !p.forward(ctx, l, up, buf[:n]) {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// forward delivers one chunk, after the latency, unless it is cut or held.
+// It reports whether the link is still usable.
+func (p *Proxy) forward(ctx context.Context, l *link, up bool, chunk []byte) bool {
+	if d := time.Duration(p.latency.Load()); d > 0 {
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return false
+		case <-t.C:
+		}
+	}
+	dst := l.client
+	if up {
+		dst = l.server
+		// Held bytes go out before anything read after them.
+		l.serverMu.Lock()
+		defer l.serverMu.Unlock()
+	}
+	p.mu.Lock()
+	switch {
+	case p.cut:
+		p.stats.Dropped.add(len(chunk))
+		p.mu.Unlock()
+		return true
+	case up && p.holding:
+		p.held = append(p.held, heldChunk{link: l, data: append([]byte(nil), chunk...)})
+		p.stats.Held.add(len(chunk))
+		p.mu.Unlock()
+		return true
+	}
+	p.mu.Unlock()
+	return p.write(dst, up, chunk)
+}
+
+// write writes chunk to dst and counts it.
+func (p *Proxy) write(dst net.Conn, up bool, chunk []byte) bool {
+	if _, err := dst.Write(chunk); err != nil {
+		return false
+	}
+	p.mu.Lock()
+	if up {
+		p.stats.ToServer.add(len(chunk))
+	} else {
+		p.stats.ToClient.add(len(chunk))
+	}
+	p.mu.Unlock()
+	return true
+}
