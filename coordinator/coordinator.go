@@ -16,8 +16,8 @@ type Coordinator struct {
 
 	mu    sync.Mutex
 	polls map[Key]*poll
-	loops int        // running poll loops; guarded by mu
-	idle  *sync.Cond // on mu: broadcast when loops drops to 0
+	bg    int        // running background goroutines (poll loops, saves, releases); guarded by mu
+	idle  *sync.Cond // on mu: broadcast when bg drops to 0
 }
 
 // New returns a Coordinator over store. It returns an error, and no
@@ -37,18 +37,45 @@ func New(store Store, opts ...Option) (*Coordinator, error) {
 	return c, nil
 }
 
-// Close waits until the poll loops that waiting callers shared have exited.
-// A loop stops when its last waiter leaves, and exits once its read in flight
-// returns, within one storage timeout; Close lets an application (the fx
-// module does it on stop) or a test with goleak wait for that. It does not
-// stop calls in progress, and the Coordinator stays usable. It returns nil.
+// Close waits until the coordinator's background work has ended: the poll
+// loops that waiting callers shared, the saves of results whose first
+// completion failed, and the releases of reservations whose Reserve timed
+// out. A poll loop exits within one storage timeout once its last waiter has
+// left; a release within one storage timeout; a save when its result is
+// stored, or when the lease may have expired (at most one lease after its
+// last confirmed renewal). Close lets an application (the fx module does it
+// on stop) or a test with goleak wait for that. It does not stop calls in
+// progress, and the Coordinator stays usable. It returns nil.
 func (c *Coordinator) Close() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for c.loops > 0 {
+	for c.bg > 0 {
 		c.idle.Wait()
 	}
 	return nil
+}
+
+// background runs f on a goroutine that Close waits for.
+func (c *Coordinator) background(f func()) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.backgroundLocked(f)
+}
+
+// backgroundLocked is background with c.mu held.
+func (c *Coordinator) backgroundLocked(f func()) {
+	c.bg++
+	go func() {
+		defer func() {
+			c.mu.Lock()
+			c.bg--
+			if c.bg == 0 {
+				c.idle.Broadcast()
+			}
+			c.mu.Unlock()
+		}()
+		f()
+	}()
 }
 
 // Enabled reports whether the coordinator protects calls (see WithEnabled).

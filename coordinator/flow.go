@@ -136,6 +136,13 @@ func (x *exec) release(ctx context.Context) {
 	x.c.kick(x.key)
 }
 
+// releaseLater gives the reservation up in the background, so that a call
+// that is refused returns within one storage timeout.
+func (x *exec) releaseLater(ctx context.Context) {
+	ctx = context.WithoutCancel(ctx)
+	x.c.background(func() { x.release(ctx) })
+}
+
 // completedByUs reports whether the key holds the result this call
 // completed: a refused completion is checked before it is called a lost lease.
 func (x *exec) completedByUs(ctx context.Context) bool {
@@ -239,6 +246,7 @@ func (f *flow[T]) reserved(ctx context.Context) (Result[T], error) {
 	w := Write{State: StatePending, Token: f.token, Fingerprint: f.fp, TTL: f.c.cfg.lease}
 	var deadline time.Time // of waiting; set when a holder is first seen
 	for range maxRounds {
+		sent := time.Now()
 		rec, written, err := f.storeReserve(ctx, w)
 		switch {
 		case err != nil:
@@ -246,7 +254,7 @@ func (f *flow[T]) reserved(ctx context.Context) (Result[T], error) {
 		case written || f.ours(rec, StatePending):
 			// The second case is our own reservation, met again because a
 			// client retried the call after losing the first reply.
-			return f.runReserved(ctx)
+			return f.runReserved(ctx, sent)
 		}
 		if rec.State == StatePending {
 			// A wait ends on a record that is not pending.
@@ -282,12 +290,14 @@ func (f *flow[T]) reserveFailed(ctx context.Context, err error) (Result[T], erro
 	if ctx.Err() != nil {
 		// The caller hung up. The script may have run with its reply lost:
 		// give the key back rather than leave it reserved for a lease.
-		f.release(ctx)
+		f.releaseLater(ctx)
 		return Result[T]{}, ctx.Err()
 	}
 	se := f.storageFailed(ctx, ErrorStorageReserve, MethodReserve, err)
 	if f.c.cfg.onStorageError == OnStorageErrorRaise && replyMayBeLost(err) {
-		f.release(ctx)
+		// The same, in the background: a refused call returns within one
+		// storage timeout.
+		f.releaseLater(ctx)
 	}
 	return f.onStorageError(ctx, se)
 }
@@ -351,13 +361,14 @@ func (f *flow[T]) saveUnprotected(ctx context.Context) {
 	}
 }
 
-// runReserved runs the action under this call's reservation.
-func (f *flow[T]) runReserved(ctx context.Context) (Result[T], error) {
+// runReserved runs the action under this call's reservation, which the
+// Reserve sent at sent made.
+func (f *flow[T]) runReserved(ctx context.Context, sent time.Time) (Result[T], error) {
 	f.observe(ctx, Event{Kind: EventMiss})
 	res := Reservation{Operation: f.key.Operation, Key: f.key.Key, Token: f.token}
 	actx, cancel := context.WithCancelCause(context.WithValue(ctx, reservationKey{}, res))
 	defer cancel(nil)
-	r := f.startRenewer(ctx, cancel)
+	r := f.startRenewer(ctx, cancel, sent)
 
 	returned := false
 	defer func() {
@@ -381,28 +392,90 @@ func (f *flow[T]) runReserved(ctx context.Context) (Result[T], error) {
 	if lost {
 		return f.mine(), nil // reported by the renewer
 	}
-	f.complete(ctx)
+	// The reservation can be ours until a lease (and the call that renewed
+	// it) after the last renewal that was confirmed.
+	until := r.deadline.Add(watchdogMargin(f.c.cfg.lease) + f.c.cfg.storageTimeout)
+	if !f.complete(ctx) {
+		f.saveLater(ctx, until)
+	}
 	return f.mine(), nil
 }
 
-// complete stores the action's result under this call's reservation, and
-// wakes the waiters of this process.
-func (f *flow[T]) complete(ctx context.Context) {
+// complete stores the action's result under this call's reservation, once,
+// and wakes the waiters of this process. It reports whether the outcome is
+// settled: false when the store failed, and the completion may or may not
+// have been applied.
+func (f *flow[T]) complete(ctx context.Context) (settled bool) {
 	ok, err := f.storeComplete(context.WithoutCancel(ctx), f.payload)
-	switch {
-	case err != nil:
+	if err != nil {
 		f.storageFailed(ctx, ErrorStorageSave, MethodComplete, err)
-		f.release(ctx) // let waiters take over now rather than after the lease
-	case !ok && f.completedByUs(ctx):
-		// A client retried the call after losing the first reply.
+		return false
+	}
+	f.settle(ctx, ok)
+	return true
+}
+
+// settle reports a completion that the store answered: applied (ok), or
+// refused because the key is no longer our pending record.
+func (f *flow[T]) settle(ctx context.Context, ok bool) {
+	switch {
+	case ok:
 		f.observe(ctx, Event{Kind: EventStored})
-	case !ok:
+	case f.completedByUs(ctx):
+		// An earlier completion of ours was applied after all (its reply
+		// was lost, or a client retried it).
+		f.observe(ctx, Event{Kind: EventStored})
+	default:
 		f.observe(ctx, Event{Kind: EventError, ErrorType: ErrorLeaseLost,
 			Err: fmt.Errorf("%w: %s was taken over before completion; the result is not stored", ErrLeaseLost, f.key)})
-	default:
-		f.observe(ctx, Event{Kind: EventStored})
 	}
 	f.c.kick(f.key)
+}
+
+// saveLater retries, in the background, a completion whose outcome is not
+// known, while the reservation can still be ours (until until), renewing the
+// lease between attempts. It never releases the key: a release could overtake
+// a completion still on its way and destroy a result that exists. Both steps
+// are owner-checked, so a retry is safe whatever became of the first.
+func (f *flow[T]) saveLater(ctx context.Context, until time.Time) {
+	ctx = context.WithoutCancel(ctx)
+	f.c.background(func() {
+		lease := f.c.cfg.lease
+		backoff := f.c.cfg.pollInterval
+		for {
+			t := time.NewTimer(min(backoff, max(time.Until(until), 0)))
+			<-t.C
+			backoff = min(backoff*2, f.c.cfg.renewInterval)
+			if !time.Now().Before(until) {
+				break
+			}
+			at := time.Now()
+			cctx, cancel := context.WithDeadline(ctx, until)
+			ok, err := f.storeRenew(cctx)
+			if err != nil {
+				cancel()
+				f.storageFailed(ctx, ErrorStorageRenew, MethodRenew, err)
+				continue
+			}
+			if ok { // still ours, for another lease: complete
+				until = at.Add(lease + f.c.cfg.storageTimeout)
+				if ok, err = f.storeComplete(cctx, f.payload); err != nil {
+					cancel()
+					f.storageFailed(ctx, ErrorStorageSave, MethodComplete, err)
+					continue
+				}
+			}
+			cancel()
+			// Complete answered, or Renew found the key no longer our
+			// pending record: completed by a late completion of ours,
+			// another caller's, or gone.
+			f.settle(ctx, ok)
+			return
+		}
+		f.observe(ctx, Event{Kind: EventError, ErrorType: ErrorStorageSave, Method: MethodComplete,
+			Err: fmt.Errorf("idempotency: the result of %s is not stored: the store failed until the reservation could have expired", f.key)})
+		f.c.kick(f.key)
+	})
 }
 
 // unreserved is the flow of in-flight mode "run": read, run, write if

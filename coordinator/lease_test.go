@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/coordinator/faultstore"
 	"github.com/idemkit/idempotency/coordinator/memstore"
 )
 
@@ -194,6 +195,85 @@ func TestRenewerStopsBeforeCompletion(t *testing.T) {
 		rec := s.Snapshot(coordinator.Key{Operation: "payment.charge", Key: "stop"})
 		if rec.State != coordinator.StateCompleted || rec.TTL != coordinator.DefaultTTL-after {
 			t.Fatalf("record = %v with TTL %v, want completed with %v; a late renewal shortened it?", rec.State, rec.TTL, coordinator.DefaultTTL-after)
+		}
+	})
+}
+
+// The watchdog: a holder cut off from the store (every renewal fails, or
+// hangs) has its action's context cancelled with ErrLeaseLost when no
+// renewal has been confirmed for the lease less its margin — while its
+// reservation is still in the store, so before another caller could take
+// the key over.
+func TestWatchdogCancelsAHolderCutOffFromTheStore(t *testing.T) {
+	const renew = testLease / 6 // 10ms
+	margin := testLease / 10    // 6ms
+	for _, fault := range []string{"renewals fail", "renewals hang"} {
+		t.Run(fault, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				mem := memstore.New()
+				fs := faultstore.Wrap(mem)
+				f := newFixture(t, fs, coordinator.WithLease(testLease), coordinator.WithRenewInterval(renew),
+					coordinator.WithStorageTimeout(testStorageTimeout))
+				// One renewal goes through, at 10ms; after that the holder is
+				// cut off.
+				var renewals int
+				fs.Before(coordinator.MethodRenew, func(ctx context.Context, _ coordinator.Key) error {
+					renewals++
+					switch {
+					case renewals == 1:
+						return nil
+					case fault == "renewals fail":
+						return errConnRefused
+					}
+					<-ctx.Done() // hangs until the call's deadline
+					return ctx.Err()
+				})
+				key := coordinator.Key{Operation: "payment.charge", Key: "cut-off"}
+				start := time.Now()
+				var cancelledAt time.Duration
+				var left coordinator.Record
+				_, err := coordinator.Do(t.Context(), f.c, call("cut-off"), func(ctx context.Context) (charge, error) {
+					<-ctx.Done()
+					cancelledAt = time.Since(start)
+					left = mem.Snapshot(key)
+					return charge{}, context.Cause(ctx)
+				})
+				if !errors.Is(err, coordinator.ErrLeaseLost) {
+					t.Fatalf("Do err = %v, want the action's ErrLeaseLost", err)
+				}
+				// The last confirmed renewal was sent at 10ms: the watchdog
+				// fires at 10ms + lease - margin.
+				if want := renew + testLease - margin; cancelledAt != want {
+					t.Fatalf("cancelled after %v, want %v", cancelledAt, want)
+				}
+				if left.State != coordinator.StatePending || left.TTL != margin {
+					t.Fatalf("when cancelled the record was %v with %v left; want still pending, %v left", left.State, left.TTL, margin)
+				}
+				if f.rec.errors(coordinator.ErrorLeaseLost) != 1 {
+					t.Fatalf("lease_lost = %d, want 1", f.rec.errors(coordinator.ErrorLeaseLost))
+				}
+			})
+		})
+	}
+}
+
+// The watchdog stays quiet while renewals are confirmed, however long the
+// action runs, and while a renewal is slow but within its timeout.
+func TestWatchdogQuietWhileRenewalsAreConfirmed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		fs := faultstore.Wrap(memstore.New())
+		f := newFixture(t, fs, coordinator.WithLease(testLease), coordinator.WithRenewInterval(testLease/6),
+			coordinator.WithStorageTimeout(testStorageTimeout))
+		fs.Before(coordinator.MethodRenew, func(ctx context.Context, _ coordinator.Key) error {
+			<-time.After(testStorageTimeout - time.Millisecond) // slow, within the timeout
+			return nil
+		})
+		v, err := coordinator.Do(t.Context(), f.c, call("slow"), func(ctx context.Context) (charge, error) {
+			<-time.After(10 * testLease)
+			return charge{ID: "done"}, context.Cause(ctx)
+		})
+		if err != nil || v.ID != "done" || f.rec.errors(coordinator.ErrorLeaseLost) != 0 {
+			t.Fatalf("Do = %+v, %v, lease_lost %d; want done and no loss", v, err, f.rec.errors(coordinator.ErrorLeaseLost))
 		}
 	})
 }

@@ -89,6 +89,7 @@ func TestHangUpDuringReserveGivesTheKeyBack(t *testing.T) {
 	if _, err := coordinator.Do(ctx, f.c, call("hangup"), k.action("x")); !errors.Is(err, context.Canceled) {
 		t.Fatalf("err = %v, want context.Canceled", err)
 	}
+	f.c.Close() // the release runs in the background
 	key := coordinator.Key{Operation: "payment.charge", Key: "hangup"}
 	if rec := mem.Snapshot(key); rec.State == coordinator.StatePending {
 		// The client retries at once.
@@ -110,6 +111,7 @@ func TestLostReserveReplyDoesNotBlockTheKey(t *testing.T) {
 			fs.LoseReplies(coordinator.MethodReserve, 1, context.DeadlineExceeded)
 			var k counter
 			first, _ := coordinator.Do(t.Context(), f.c, call("lost-reply"), k.action("first"))
+			f.c.Close() // a release runs in the background
 			key := coordinator.Key{Operation: "payment.charge", Key: "lost-reply"}
 			rec := mem.Snapshot(key)
 			if rec.State == coordinator.StatePending {

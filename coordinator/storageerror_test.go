@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -177,24 +178,97 @@ func TestStorageError_RaiseModeNeedsNoRead(t *testing.T) {
 	<-done
 }
 
+// A completion that fails is retried in the background, never followed by
+// a release: the result exists and is stored as soon as the store lets it,
+// and a retry of the client replays it.
 func TestStorageError_Save(t *testing.T) {
 	for _, mode := range storageModes {
 		t.Run(string(mode), func(t *testing.T) {
-			f, fs, mem := newFaulty(t, coordinator.WithOnStorageError(mode))
-			fs.FailOnce(coordinator.MethodComplete, errConnRefused)
-			var k counter
-			v, err := coordinator.Do(t.Context(), f.c, call("save"), k.action("x"))
-			if err != nil || v.ID != "x" {
-				t.Fatalf("Do = %+v, %v; want the result: the effect has happened", v, err)
-			}
-			if f.rec.errors(coordinator.ErrorStorageSave) != 1 {
-				t.Fatal("storage_save_error not reported")
-			}
-			if mem.Len() != 0 {
-				t.Fatal("the reservation was not released after a failed save")
-			}
+			synctest.Test(t, func(t *testing.T) {
+				f, fs, mem := newFaulty(t, coordinator.WithOnStorageError(mode))
+				fs.FailOnce(coordinator.MethodComplete, errConnRefused)
+				var k counter
+				start := time.Now()
+				v, err := coordinator.Do(t.Context(), f.c, call("save"), k.action("x"))
+				if err != nil || v.ID != "x" || time.Since(start) != 0 {
+					t.Fatalf("Do = %+v, %v after %v; want the result at once: the effect has happened", v, err, time.Since(start))
+				}
+				f.c.Close() // the save is retried in the background
+				if got := time.Since(start); got != coordinator.DefaultPollInterval {
+					t.Fatalf("the retried save ended after %v, want one poll interval (%v)", got, coordinator.DefaultPollInterval)
+				}
+				if f.rec.errors(coordinator.ErrorStorageSave) != 1 || f.rec.count(coordinator.EventStored, "") != 1 {
+					t.Fatalf("storage_save_error %d, stored %d; want 1, 1", f.rec.errors(coordinator.ErrorStorageSave), f.rec.count(coordinator.EventStored, ""))
+				}
+				if fs.Calls(coordinator.MethodRelease) != 0 || fs.Calls(coordinator.MethodComplete) != 2 || fs.Calls(coordinator.MethodRenew) != 1 {
+					t.Fatalf("release %d, complete %d, renew %d; want 0, 2, 1",
+						fs.Calls(coordinator.MethodRelease), fs.Calls(coordinator.MethodComplete), fs.Calls(coordinator.MethodRenew))
+				}
+				if rec := mem.Snapshot(coordinator.Key{Operation: "payment.charge", Key: "save"}); rec.State != coordinator.StateCompleted {
+					t.Fatalf("record %v, want completed", rec.State)
+				}
+				again, err := coordinator.Do(t.Context(), f.c, call("save"), k.action("retry"))
+				if err != nil || again.ID != "x" || k.n() != 1 {
+					t.Fatalf("retry = %+v, %v after %d runs; want the stored x after 1", again, err, k.n())
+				}
+			})
 		})
 	}
+}
+
+// A completion that the store applied although its reply was lost (a
+// timeout): the background retry finds it applied and reports it stored.
+func TestStorageError_LateSave(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f, fs, mem := newFaulty(t, coordinator.WithOnStorageError(coordinator.OnStorageErrorRaise))
+		fs.LoseReplies(coordinator.MethodComplete, 1, context.DeadlineExceeded)
+		var k counter
+		if _, err := coordinator.Do(t.Context(), f.c, call("late"), k.action("x")); err != nil {
+			t.Fatal(err)
+		}
+		f.c.Close()
+		if f.rec.count(coordinator.EventStored, "") != 1 || f.rec.errors(coordinator.ErrorLeaseLost) != 0 || fs.Calls(coordinator.MethodRelease) != 0 {
+			t.Fatalf("stored %d, lease_lost %d, releases %d; want 1, 0, 0",
+				f.rec.count(coordinator.EventStored, ""), f.rec.errors(coordinator.ErrorLeaseLost), fs.Calls(coordinator.MethodRelease))
+		}
+		if rec := mem.Snapshot(coordinator.Key{Operation: "payment.charge", Key: "late"}); rec.State != coordinator.StateCompleted {
+			t.Fatalf("record %v, want completed", rec.State)
+		}
+	})
+}
+
+// A store that stays down after the action: the save is retried until the
+// reservation could have expired, then given up, reported once; the key is
+// never released.
+func TestStorageError_SaveGivesUpAfterTheLease(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f, fs, _ := newFaulty(t, coordinator.WithLease(testLease), coordinator.WithStorageTimeout(testStorageTimeout))
+		fs.Fail(coordinator.MethodComplete, errConnRefused)
+		fs.Fail(coordinator.MethodRenew, errConnRefused)
+		var k counter
+		start := time.Now()
+		if _, err := coordinator.Do(t.Context(), f.c, call("down"), k.action("x")); err != nil {
+			t.Fatal(err)
+		}
+		f.c.Close()
+		// The reservation was sent at start: it may be ours until the lease
+		// and one storage timeout have passed.
+		if got, want := time.Since(start), testLease+testStorageTimeout; got != want {
+			t.Fatalf("gave up after %v, want %v", got, want)
+		}
+		if fs.Calls(coordinator.MethodRelease) != 0 || f.rec.count(coordinator.EventStored, "") != 0 {
+			t.Fatalf("releases %d, stored %d; want 0, 0", fs.Calls(coordinator.MethodRelease), f.rec.count(coordinator.EventStored, ""))
+		}
+		var gaveUp int
+		for _, e := range f.rec.all() {
+			if e.Kind == coordinator.EventError && e.ErrorType == coordinator.ErrorStorageSave && strings.Contains(e.Err.Error(), "is not stored") {
+				gaveUp++
+			}
+		}
+		if gaveUp != 1 {
+			t.Fatalf("%d give-up events, want 1", gaveUp)
+		}
+	})
 }
 
 func TestStorageError_Release(t *testing.T) {

@@ -72,18 +72,7 @@ func (c *Coordinator) joinPoll(ctx context.Context, x *exec, last Record) *poll 
 	pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	p := &poll{refs: 1, kick: make(chan struct{}, 1), done: make(chan struct{}), cancel: cancel, exited: make(chan struct{}), ttl: last.TTL}
 	c.polls[x.key] = p
-	c.loops++
-	go func() {
-		defer func() {
-			c.mu.Lock()
-			c.loops--
-			if c.loops == 0 {
-				c.idle.Broadcast()
-			}
-			c.mu.Unlock()
-		}()
-		c.runPoll(pctx, x, p)
-	}()
+	c.backgroundLocked(func() { c.runPoll(pctx, x, p) })
 	return p
 }
 

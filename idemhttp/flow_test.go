@@ -175,7 +175,7 @@ func TestStoreDown(t *testing.T) {
 	})
 	t.Run("failed save still serves the response", func(t *testing.T) {
 		fs := faultstore.Wrap(memstore.New())
-		fs.Fail(coordinator.MethodComplete, nil)
+		fs.FailOnce(coordinator.MethodComplete, nil) // then stored by the coordinator's retry
 		c, _ := newCoordinatorOn(t, fs, coordinator.WithOnStorageError(coordinator.OnStorageErrorRaise))
 		var p payments
 		mux := route("POST /payments", &p, idemhttp.Middleware(c))

@@ -73,6 +73,7 @@ func newCoordinatorOn(t *testing.T, s coordinator.Store, opts ...coordinator.Opt
 	if err != nil {
 		t.Fatalf("coordinator.New: %v", err)
 	}
+	t.Cleanup(func() { _ = c.Close() }) // waits for the coordinator's background work
 	return c, ev
 }
 
