@@ -12,8 +12,8 @@
 //
 //   - [Proxy.SetLatency] delays every chunk both ways: a slow network, to
 //     push calls past their timeouts.
-//   - [Proxy.Refuse] aborts new connections at once: a server that is down
-//     or refuses clients, to measure how fast a call against it fails.
+//   - [Proxy.Refuse] stops listening, so that new connections are refused:
+//     a server that is down, to measure how fast a call against it fails.
 //   - [Proxy.Reset] aborts every open connection with a TCP RST: a crash, a
 //     failover or a connection killed under a request in flight.
 //   - [Proxy.Cut] drops every byte both ways without closing anything: a

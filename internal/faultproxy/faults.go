@@ -2,6 +2,7 @@ package faultproxy
 
 import (
 	"fmt"
+	"net"
 	"slices"
 	"time"
 )
@@ -20,17 +21,33 @@ func (p *Proxy) SetLatency(d time.Duration) {
 	p.latency.Store(int64(max(d, 0)))
 }
 
-// Refuse switches refusal on or off. While it is on, the proxy accepts every
-// new connection and aborts it at once with a TCP RST: the client's connect
-// succeeds (the kernel completes the handshake before the proxy accepts) and
-// its first write or read fails ("broken pipe", "connection reset by peer"),
-// which go-redis reports at once, as it would a refused dial. (Not accepting
-// at all would leave clients waiting in the listen backlog, and closing the
-// listener would give the port away.) Existing connections are not touched.
-func (p *Proxy) Refuse(on bool) {
+// Refuse switches refusal on or off. While it is on, nothing listens on
+// Addr, so that a new connection is refused by the kernel: the client's dial
+// fails at once with "connection refused", exactly as with a server that is
+// down (go-redis then retries the dial DialerRetries times, and after
+// PoolSize failed dials its pool returns the last dial error without dialing
+// until a background probe, once a second, gets through). Connections
+// waiting to be accepted are reset; open connections are not touched.
+// Refuse(false) listens on Addr again and returns the error of that, should
+// the port have been taken meanwhile; Refuse(true) returns nil.
+func (p *Proxy) Refuse(on bool) error {
 	p.mu.Lock()
-	p.refuse = on
-	p.mu.Unlock()
+	defer p.mu.Unlock()
+	switch {
+	case p.closed:
+		return nil
+	case on && p.ln != nil:
+		_ = p.ln.Close()
+		p.ln = nil
+	case !on && p.ln == nil:
+		ln, err := net.Listen("tcp", p.addr)
+		if err != nil {
+			return fmt.Errorf("faultproxy: listen again on %s: %w", p.addr, err)
+		}
+		p.ln = ln
+		p.lnReady.Broadcast()
+	}
+	return nil
 }
 
 // Reset aborts every open connection with a TCP RST, on both sides, as a
@@ -115,8 +132,9 @@ func (p *Proxy) Hold() {
 
 // Release delivers every held chunk in the given order and returns to
 // pass-through. Chunks that arrive while Release runs are held and
-// delivered after those before them. Each time it moves on to another
-// connection, Release first waits, up to a second, until the server answers
+// delivered after those before them. The chunks of one connection that are
+// next to each other in that order go out in one write, and each time it
+// moves on to another connection, Release first waits, up to a second, until the server answers
 // the bytes it delivered on the last one, so that the server has applied
 // them before it reads the next connection's: the order is the one the
 // server executes, not only the one the bytes arrive in. Bytes of a
@@ -176,20 +194,21 @@ func arrange(held []heldChunk, order Order) [][]heldChunk {
 	return runs
 }
 
-// deliver writes one connection's run of held chunks to the server and,
-// when wait is set, waits for the server's answer (see Release).
+// deliver writes one connection's run of held chunks to the server, in one
+// write so that the server reads them together, and, when wait is set,
+// waits for the server's answer (see Release).
 func (p *Proxy) deliver(run []heldChunk, wait bool) {
 	l := run[0].link
 	select {
 	case <-l.answered: // an answer to something earlier
 	default:
 	}
-	l.serverMu.Lock()
+	var data []byte
 	for _, h := range run {
-		if !p.write(l.server, true, h.data) {
-			break
-		}
+		data = append(data, h.data...)
 	}
+	l.serverMu.Lock()
+	p.write(l.server, true, data, len(run))
 	l.serverMu.Unlock()
 	if !wait {
 		return
@@ -206,10 +225,8 @@ func (p *Proxy) deliver(run []heldChunk, wait bool) {
 
 // Stats counts what the proxy did, to check that a fault was hit.
 type Stats struct {
-	// Accepted counts the connections accepted, refused ones included.
+	// Accepted counts the connections accepted.
 	Accepted int64
-	// Refused counts the connections aborted at once by Refuse.
-	Refused int64
 	// DialFailed counts the connections aborted because upstream could not
 	// be reached.
 	DialFailed int64
@@ -231,8 +248,8 @@ type Traffic struct {
 	Chunks, Bytes int64
 }
 
-func (t *Traffic) add(n int) {
-	t.Chunks++
+func (t *Traffic) add(chunks, n int) {
+	t.Chunks += int64(chunks)
 	t.Bytes += int64(n)
 }
 

@@ -3,6 +3,7 @@ package faultproxy
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -14,8 +15,8 @@ import (
 // concurrent use.
 type Proxy struct {
 	upstream string
-	ln       net.Listener
-	stop     context.CancelFunc // ends the proxy's context: dials, latency waits, Release
+	addr     string
+	stop     context.CancelFunc // ends the proxy's context: dials, latency waits
 	done     <-chan struct{}    // closed by stop
 	wg       sync.WaitGroup     // the accept loop and every connection's goroutines
 
@@ -23,8 +24,9 @@ type Proxy struct {
 	releaseMu sync.Mutex   // serialises Hold and Release
 
 	mu      sync.Mutex
+	lnReady sync.Cond    // signalled when ln is set, or the proxy closed
+	ln      net.Listener // nil while refusing
 	closed  bool
-	refuse  bool
 	cut     bool
 	holding bool
 	held    []heldChunk // client→server chunks held, in arrival order
@@ -39,23 +41,26 @@ type Proxy struct {
 func Start(upstream string) (*Proxy, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("faultproxy: %w", err)
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	p := &Proxy{
 		upstream: upstream,
+		addr:     ln.Addr().String(),
 		ln:       ln,
 		stop:     stop,
 		done:     ctx.Done(),
 		links:    make(map[*link]struct{}),
 	}
+	p.lnReady.L = &p.mu
 	p.wg.Add(1)
 	go p.accept(ctx)
 	return p, nil
 }
 
-// Addr returns the address that clients connect to, 127.0.0.1:port.
-func (p *Proxy) Addr() string { return p.ln.Addr().String() }
+// Addr returns the address that clients connect to, 127.0.0.1:port. It
+// stays the same for the life of the proxy, refusals included.
+func (p *Proxy) Addr() string { return p.addr }
 
 // Close stops the listener, closes every connection (dropping any held
 // bytes) and returns once the proxy's goroutines have ended. It returns the
@@ -67,11 +72,16 @@ func (p *Proxy) Close() error {
 		return nil
 	}
 	p.closed = true
+	var err error
+	if p.ln != nil {
+		err = p.ln.Close()
+		p.ln = nil
+	}
+	p.lnReady.Broadcast()
 	links := p.linkList()
 	p.mu.Unlock()
 
 	p.stop()
-	err := p.ln.Close()
 	for _, l := range links {
 		l.close()
 	}
@@ -79,15 +89,30 @@ func (p *Proxy) Close() error {
 	return err
 }
 
-// accept accepts connections until the listener is closed.
+// listener returns the listener to accept on, waiting while the proxy
+// refuses, or nil once the proxy is closed.
+func (p *Proxy) listener() net.Listener {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for p.ln == nil && !p.closed {
+		p.lnReady.Wait()
+	}
+	return p.ln
+}
+
+// accept accepts connections until the proxy is closed.
 func (p *Proxy) accept(ctx context.Context) {
 	defer p.wg.Done()
 	for {
-		c, err := p.ln.Accept()
+		ln := p.listener()
+		if ln == nil {
+			return
+		}
+		c, err := ln.Accept()
+		if errors.Is(err, net.ErrClosed) {
+			continue // refusing or closed: listener says which
+		}
 		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return
-			}
 			// Out of file descriptors, say: try again shortly.
 			select {
 			case <-p.done:
@@ -98,15 +123,7 @@ func (p *Proxy) accept(ctx context.Context) {
 		}
 		p.mu.Lock()
 		p.stats.Accepted++
-		refuse := p.refuse || p.closed
-		if p.refuse {
-			p.stats.Refused++
-		}
 		p.mu.Unlock()
-		if refuse {
-			abort(c)
-			continue
-		}
 		p.wg.Add(1)
 		go p.serve(ctx, c)
 	}
@@ -251,29 +268,30 @@ func (p *Proxy) forward(ctx context.Context, l *link, up bool, chunk []byte) boo
 	p.mu.Lock()
 	switch {
 	case p.cut:
-		p.stats.Dropped.add(len(chunk))
+		p.stats.Dropped.add(1, len(chunk))
 		p.mu.Unlock()
 		return true
 	case up && p.holding:
 		p.held = append(p.held, heldChunk{link: l, data: append([]byte(nil), chunk...)})
-		p.stats.Held.add(len(chunk))
+		p.stats.Held.add(1, len(chunk))
 		p.mu.Unlock()
 		return true
 	}
 	p.mu.Unlock()
-	return p.write(dst, up, chunk)
+	return p.write(dst, up, chunk, 1)
 }
 
-// write writes chunk to dst and counts it.
-func (p *Proxy) write(dst net.Conn, up bool, chunk []byte) bool {
-	if _, err := dst.Write(chunk); err != nil {
+// write writes data, made of chunks chunks, to dst and counts it. It
+// reports whether the write succeeded.
+func (p *Proxy) write(dst net.Conn, up bool, data []byte, chunks int) bool {
+	if _, err := dst.Write(data); err != nil {
 		return false
 	}
 	p.mu.Lock()
 	if up {
-		p.stats.ToServer.add(len(chunk))
+		p.stats.ToServer.add(chunks, len(data))
 	} else {
-		p.stats.ToClient.add(len(chunk))
+		p.stats.ToClient.add(chunks, len(data))
 	}
 	p.mu.Unlock()
 	return true
