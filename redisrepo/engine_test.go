@@ -89,6 +89,7 @@ func coord(t *testing.T, store coordinator.Store, opts ...coordinator.Option) (*
 	if err != nil {
 		t.Fatalf("coordinator.New: %v", err)
 	}
+	t.Cleanup(func() { _ = c.Close() }) // waits for background saves and releases
 	return c, ev
 }
 

@@ -64,6 +64,9 @@ func spawn(dir string, port int, extra []string) (*proc, error) {
 		"--appendonly", "no",
 		"--dir", dir,
 		"--logfile", logPath,
+		// Fault tests stall the server with DEBUG SLEEP (Redis 7 refuses
+		// DEBUG unless it is enabled).
+		"--enable-debug-command", "local",
 	}, extra...)
 	cmd := exec.Command("redis-server", args...)
 	cmd.Dir = dir
