@@ -15,8 +15,6 @@ import (
 	"github.com/idemkit/idempotency/coordinator"
 )
 
-// storeUnavailableRetryAfter is the Retry-After of a 503 for a failed store.
-const storeUnavailableRetryAfter = time.Second
 
 // errNotStored is the action's error for a response that the store policy
 // refuses: the coordinator releases the key, and the middleware sends the
@@ -206,14 +204,14 @@ func (h *handler) problemFor(w http.ResponseWriter, err error) Problem {
 	var inProgress *coordinator.InProgressError
 	switch {
 	case errors.As(err, &inProgress):
-		w.Header().Set("Retry-After", retryAfter(inProgress.RetryAfter))
+		w.Header().Set("Retry-After", retryAfter(h.cfg.retryAfter))
 		return problem(ProblemInProgress, http.StatusConflict,
 			"A request with this Idempotency-Key is still being processed. Retry it later with the same key.", err)
 	case errors.Is(err, coordinator.ErrKeyReuse):
 		return problem(ProblemKeyReuse, http.StatusUnprocessableEntity,
 			"This Idempotency-Key was used for a different request (method, path, query or body). Use a new key for a new request.", err)
 	case errors.Is(err, coordinator.ErrStorage):
-		w.Header().Set("Retry-After", retryAfter(storeUnavailableRetryAfter))
+		w.Header().Set("Retry-After", retryAfter(h.cfg.retryAfter))
 		return problem(ProblemStoreUnavailable, http.StatusServiceUnavailable,
 			"The idempotency store is unavailable, so the request was not processed. Retry it later with the same key.", err)
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):

@@ -45,6 +45,7 @@ type config struct {
 	replayHeaders  []string
 	storePolicy    func(status int) bool
 	ttl            time.Duration
+	retryAfter     time.Duration
 	problemWriter  func(http.ResponseWriter, *http.Request, Problem)
 	replaySet      map[string]bool // canonical names of replayHeaders
 	methodSet      map[string]bool
@@ -58,6 +59,7 @@ func defaultConfig() config {
 		maxResponse:   DefaultMaxResponseBytes,
 		replayHeaders: DefaultReplayHeaders(),
 		storePolicy:   DefaultStorePolicy,
+		retryAfter:    DefaultRetryAfter,
 	}
 }
 
@@ -177,6 +179,21 @@ func WithTTL(d time.Duration) Option {
 	return optionFunc(func(c *config) { c.ttl = d })
 }
 
+// DefaultRetryAfter is the default Retry-After of the 409 and 503 responses;
+// see WithRetryAfter.
+const DefaultRetryAfter = time.Second
+
+// WithRetryAfter sets the Retry-After of a 409 (the first request with the
+// key is still running) and of a 503 (the store is down): when a client
+// should try again. It is sent in whole seconds, rounded up. Default
+// DefaultRetryAfter (1s): most actions take milliseconds, so the holder's
+// remaining lease (30s by default, the time a crashed holder keeps its key)
+// would keep clients away far too long. Middleware panics when d is not
+// positive.
+func WithRetryAfter(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.retryAfter = d })
+}
+
 // WithProblemWriter sets the function that writes the middleware's error
 // responses, for APIs with their own error format. The middleware has set
 // Retry-After on w where the problem calls for it. Default WriteProblem
@@ -251,6 +268,9 @@ func (c *config) validate() error {
 	}
 	if c.ttl < 0 {
 		return fmt.Errorf("WithTTL(%v): must not be negative", c.ttl)
+	}
+	if c.retryAfter <= 0 {
+		return fmt.Errorf("WithRetryAfter(%v): must be positive", c.retryAfter)
 	}
 	c.replaySet = make(map[string]bool, len(c.replayHeaders))
 	for _, h := range c.replayHeaders {
