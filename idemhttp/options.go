@@ -171,8 +171,10 @@ func WithStorePolicy(store func(status int) bool) Option {
 	return optionFunc(func(c *config) { c.storePolicy = store })
 }
 
-// WithTTL sets how long stored responses are kept (coordinator.Call.TTL).
-// Default 0: the coordinator's TTL for the operation, else its default TTL.
+// WithTTL sets how long stored responses are kept (coordinator.Call.TTL),
+// unless the operator set a TTL for the operation (coordinator
+// WithOperationTTLs, IDEMPOTENCY_OPERATION_TTLS), which wins. Default 0: the
+// coordinator's default TTL.
 // A TTL outside the coordinator's bounds fails every protected request with
 // 500. Middleware panics when d is negative.
 func WithTTL(d time.Duration) Option {
