@@ -41,12 +41,22 @@ const ObserversGroup = "idempotency.observers"
 //     on start and closes it on stop. An unreachable Redis does not stop the
 //     app: it is logged as a warning naming the address, and each call then
 //     follows IDEMPOTENCY_ON_STORAGE_ERROR.
-//   - *coordinator.Coordinator, configured by the settings.
+//   - *coordinator.Coordinator, configured by the settings. When
+//     IDEMPOTENCY_ENABLED is false, start-up logs a warning that protection
+//     is off.
 //
 // It uses the app's *zap.Logger and prometheus.Registerer when the graph has
-// them (a no-op logger and prometheus.DefaultRegisterer otherwise). Note that
-// fx matches types exactly: an app that provides a *prometheus.Registry must
-// also provide it as a prometheus.Registerer (fx.As) for Module to find it.
+// them, and prometheus.DefaultRegisterer otherwise. Without a *zap.Logger in
+// the graph, its warnings and errors (an unreachable Redis at start-up, the
+// kill switch off, a failing store) are written to standard error as JSON
+// lines, as zap.NewProduction writes them but from level Warn up; supply
+// zap.NewNop() to silence them:
+//
+//	fx.New(idempotency.Module, fx.Supply(zap.NewNop()), ...)
+//
+// Note that fx matches types exactly: an app that provides a
+// *prometheus.Registry must also provide it as a prometheus.Registerer
+// (fx.As) for Module to find it.
 // Building Module in many apps in one process (one fxtest app per test) is
 // fine: metrics registered by an earlier app are reused, not registered
 // twice.
@@ -57,7 +67,7 @@ var Module = fx.Module("idempotency",
 		provideStore,
 		provideCoordinator,
 	),
-	fx.Provide(fx.Private, provideObserver),
+	fx.Provide(fx.Private, provideObserver, provideLogger),
 )
 
 // UseRedisClient points Module at a Redis client the app already has in its
@@ -138,12 +148,31 @@ func provideSettings(p settingsParams) (Settings, error) {
 	return s, s.Validate()
 }
 
+// moduleLogger is the logger of the module's own lines and its observer's:
+// the app's *zap.Logger, or one that writes warnings and errors to standard
+// error.
+type moduleLogger struct{ *zap.Logger }
+
+type loggerParams struct {
+	fx.In
+
+	Logger *zap.Logger `optional:"true"`
+}
+
+func provideLogger(p loggerParams) (moduleLogger, error) {
+	if p.Logger != nil {
+		return moduleLogger{p.Logger}, nil
+	}
+	logger, err := newStderrLogger()
+	return moduleLogger{logger}, err
+}
+
 type storeParams struct {
 	fx.In
 
 	Lifecycle fx.Lifecycle
 	Settings  Settings
-	Logger    *zap.Logger           `optional:"true"`
+	Logger    moduleLogger
 	Client    redis.UniversalClient `name:"idempotency.redis" optional:"true"`
 }
 
@@ -159,13 +188,9 @@ func provideRedisStore(p storeParams) (*redisrepo.Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	logger := p.Logger
-	if logger == nil {
-		logger = zap.NewNop()
-	}
 	p.Lifecycle.Append(fx.Hook{
 		OnStart: func(ctx context.Context) error {
-			ping(ctx, client, p.Settings, logger)
+			ping(ctx, client, p.Settings, p.Logger.Logger)
 			return nil
 		},
 		OnStop: func(context.Context) error { return client.Close() },
@@ -177,24 +202,45 @@ type observerParams struct {
 	fx.In
 
 	Settings   Settings
-	Logger     *zap.Logger            `optional:"true"`
+	Logger     moduleLogger
 	Registerer prometheus.Registerer  `optional:"true"`
 	Extra      []coordinator.Observer `group:"idempotency.observers"`
 }
 
 func provideObserver(p observerParams) (coordinator.Observer, error) {
-	obs, err := NewObserver(p.Settings, p.Logger, p.Registerer)
+	obs, err := NewObserver(p.Settings, p.Logger.Logger, p.Registerer)
 	if err != nil {
 		return nil, err
 	}
 	return observability.Multi(append([]coordinator.Observer{obs}, p.Extra...)...), nil
 }
 
-func provideCoordinator(lc fx.Lifecycle, s Settings, store coordinator.Store, obs coordinator.Observer) (*coordinator.Coordinator, error) {
-	c, err := NewCoordinator(s, store, obs)
+type coordinatorParams struct {
+	fx.In
+
+	Lifecycle fx.Lifecycle
+	Settings  Settings
+	Store     coordinator.Store
+	Observer  coordinator.Observer
+	Logger    moduleLogger
+}
+
+// killSwitchWarning is logged on start when IDEMPOTENCY_ENABLED is false.
+const killSwitchWarning = "idempotency: protection is off (IDEMPOTENCY_ENABLED=false): every call runs its action unprotected"
+
+func provideCoordinator(p coordinatorParams) (*coordinator.Coordinator, error) {
+	c, err := NewCoordinator(p.Settings, p.Store, p.Observer)
 	if err != nil {
 		return nil, err
 	}
-	lc.Append(fx.StopHook(c.Close))
+	p.Lifecycle.Append(fx.Hook{
+		OnStart: func(context.Context) error {
+			if !p.Settings.Enabled {
+				p.Logger.Warn(killSwitchWarning)
+			}
+			return nil
+		},
+		OnStop: func(context.Context) error { return c.Close() },
+	})
 	return c, nil
 }

@@ -1,8 +1,12 @@
 package idempotency_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"os"
+	"os/exec"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -436,5 +440,139 @@ func TestModuleOnARedisCluster(t *testing.T) {
 	cluster := redistest.Cluster(t)
 	if n, err := cluster.Exists(t.Context(), prefix+"payment.charge:cluster-7").Result(); err != nil || n != 1 {
 		t.Fatalf("record not on the cluster: %d, %v", n, err)
+	}
+}
+
+// The kill switch off is worth a warning at start-up, once, on the app's
+// logger.
+func TestModuleWarnsThatProtectionIsOff(t *testing.T) {
+	for _, enabled := range []string{"false", "true"} {
+		t.Run("ENABLED="+enabled, func(t *testing.T) {
+			clearEnv(t)
+			t.Setenv("IDEMPOTENCY_ENABLED", enabled)
+			_, regOpt := registry()
+			core, logs := observer.New(zap.InfoLevel)
+			app := fxtest.New(t, idempotency.Module, idemfxtest.MemoryStore(), regOpt, fx.Supply(zap.New(core)),
+				fx.Invoke(func(*coordinator.Coordinator) {})) // a coordinator is built
+			app.RequireStart()
+			app.RequireStop()
+			const msg = "idempotency: protection is off (IDEMPOTENCY_ENABLED=false): every call runs its action unprotected"
+			got := logs.FilterMessage(msg).All()
+			want := map[string]int{"false": 1, "true": 0}[enabled]
+			if len(got) != want || want == 1 && got[0].Level != zap.WarnLevel {
+				t.Fatalf("%d lines %q (%+v); want %d at Warn", len(got), msg, got, want)
+			}
+		})
+	}
+}
+
+// Without a *zap.Logger in the graph the module's warnings and errors, its
+// observer's included, go to standard error as JSON lines; zap.NewNop()
+// silences them. The README promises that an unreachable Redis is logged.
+func TestModuleWithoutALoggerWritesToStderr(t *testing.T) {
+	lines := runStderrScenario(t, "module-no-logger")
+	msgs := map[string]map[string]any{} // the first line of each message
+	for _, l := range lines {
+		msg, _ := l["msg"].(string)
+		if msgs[msg] == nil {
+			msgs[msg] = l
+		}
+		if l["level"] != "warn" && l["level"] != "error" {
+			t.Errorf("a line below Warn: %v", l)
+		}
+	}
+	if l := msgs["idempotency: redis is unreachable at start-up; calls follow IDEMPOTENCY_ON_STORAGE_ERROR until it is back"]; l == nil || l["redis_addr"] != "127.0.0.1:1" {
+		t.Errorf("no start-up warning naming the address in %v", lines)
+	}
+	if l := msgs["storage call failed"]; l == nil || l["logger"] != "idempotency" || l["error_type"] != "storage_reserve_error" {
+		t.Errorf("no observer error line in %v", lines)
+	}
+	if msgs["running action unprotected: store failed"] == nil {
+		t.Errorf("no observer warning in %v", lines)
+	}
+
+	lines = runStderrScenario(t, "module-kill-switch")
+	if len(lines) != 1 || lines[0]["msg"] != "idempotency: protection is off (IDEMPOTENCY_ENABLED=false): every call runs its action unprotected" {
+		t.Errorf("kill switch off: stderr lines %v; want the one warning", lines)
+	}
+
+	if lines := runStderrScenario(t, "module-nop-logger"); len(lines) != 0 {
+		t.Errorf("with fx.Supply(zap.NewNop()): stderr lines %v; want none", lines)
+	}
+}
+
+// stderrScenarioEnv names the scenario that TestStderrScenarioChild runs.
+const stderrScenarioEnv = "IDEMPOTENCY_TEST_STDERR_SCENARIO"
+
+// runStderrScenario runs TestStderrScenarioChild's scenario name in a child
+// process of the test binary and returns the JSON lines it wrote to standard
+// error (go-redis's own log lines, which are not JSON, are left out).
+func runStderrScenario(t *testing.T, name string) []map[string]any {
+	t.Helper()
+	cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.run=^TestStderrScenarioChild$", "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), stderrScenarioEnv+"="+name)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	stdout, err := cmd.Output()
+	if err != nil || !bytes.Contains(stdout, []byte("--- PASS: TestStderrScenarioChild")) {
+		t.Fatalf("scenario %s: %v\nstdout:\n%s\nstderr:\n%s", name, err, stdout, stderr.Bytes())
+	}
+	var lines []map[string]any
+	for line := range strings.Lines(stderr.String()) {
+		if !strings.HasPrefix(line, "{") {
+			continue
+		}
+		var l map[string]any
+		if err := json.Unmarshal([]byte(line), &l); err != nil {
+			t.Fatalf("scenario %s: stderr line %q: %v", name, line, err)
+		}
+		lines = append(lines, l)
+	}
+	return lines
+}
+
+// TestStderrScenarioChild is the child process of runStderrScenario; it only
+// runs when stderrScenarioEnv names a scenario.
+func TestStderrScenarioChild(t *testing.T) {
+	scenario := os.Getenv(stderrScenarioEnv)
+	if scenario == "" {
+		t.Skip("runs as a child process of runStderrScenario")
+	}
+	clearEnv(t)
+	t.Setenv("IDEMPOTENCY_METRICS_ENABLED", "false")
+	call := coordinator.Call{Operation: "payment.charge", Key: "k"}
+	action := func(context.Context) (int, error) { return 1, nil }
+	switch scenario {
+	case "module-no-logger", "module-nop-logger":
+		t.Setenv("IDEMPOTENCY_REDIS_URL", "redis://127.0.0.1:1/0")
+		opts := []fx.Option{idempotency.Module}
+		if scenario == "module-nop-logger" {
+			opts = append(opts, fx.Supply(zap.NewNop()))
+		}
+		var c *coordinator.Coordinator
+		app := fxtest.New(t, append(opts, fx.Populate(&c))...)
+		app.RequireStart()
+		if _, err := coordinator.Do(t.Context(), c, call, action); err != nil {
+			t.Fatal(err)
+		}
+		app.RequireStop()
+	case "module-kill-switch":
+		t.Setenv("IDEMPOTENCY_ENABLED", "false")
+		fxtest.New(t, idempotency.Module, idemfxtest.MemoryStore(), fx.Invoke(func(*coordinator.Coordinator) {})).RequireStart().RequireStop()
+	case "observer-nil-logger", "observer-nop-logger":
+		var logger *zap.Logger
+		if scenario == "observer-nop-logger" {
+			logger = zap.NewNop()
+		}
+		obs, err := idempotency.NewObserver(idempotency.DefaultSettings(), logger, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		key := coordinator.Key{Operation: "payment.charge", Key: "k"}
+		obs.Observe(t.Context(), coordinator.Event{Kind: coordinator.EventHit, Key: key}) // Debug
+		obs.Observe(t.Context(), coordinator.Event{Kind: coordinator.EventError, Key: key, ErrorType: coordinator.ErrorStorageReserve,
+			Method: coordinator.MethodReserve, Err: errors.New("connection refused")})
+	default:
+		t.Fatalf("unknown scenario %q", scenario)
 	}
 }

@@ -100,14 +100,27 @@ func NewStore(s Settings, client redisrepo.Client) *redisrepo.Store {
 }
 
 // NewObserver returns the observer the settings describe: zap log lines on
-// logger (nil: none), and, when MetricsEnabled, Prometheus metrics registered
-// on reg (nil: prometheus.DefaultRegisterer) under MetricsNamespace, with the
+// logger, and, when MetricsEnabled, Prometheus metrics registered on reg
+// (nil: prometheus.DefaultRegisterer) under MetricsNamespace, with the
 // operations of OperationTTLS pre-initialised. Building it twice on one
 // registerer is not an error; the second counts into the first's metrics.
+//
+// A nil logger means what no logger in the graph means to Module: warnings
+// and errors are written to standard error as JSON lines, as
+// zap.NewProduction writes them but from level Warn up and without stack
+// traces, so that a failing store is never silent. Pass zap.NewNop() for no
+// log lines at all.
+//
 // It returns an error when the settings' namespace, key logging mode or
 // operation names are invalid (each a *coordinator.OptionError; Validate
 // names their variables), or when a metric cannot be registered.
 func NewObserver(s Settings, logger *zap.Logger, reg prometheus.Registerer) (*observability.Observer, error) {
+	if logger == nil {
+		var err error
+		if logger, err = newStderrLogger(); err != nil {
+			return nil, err
+		}
+	}
 	opts := append(s.observerOptions(), observability.WithLogger(logger))
 	if s.MetricsEnabled {
 		if reg == nil {
@@ -116,6 +129,19 @@ func NewObserver(s Settings, logger *zap.Logger, reg prometheus.Registerer) (*ob
 		opts = append(opts, observability.WithRegisterer(reg))
 	}
 	return observability.New(opts...)
+}
+
+// newStderrLogger returns the logger that Module and NewObserver use when
+// they are given none: zap.NewProduction's JSON lines on standard error, at
+// level Warn and above, sampled as zap.NewProduction samples, without stack
+// traces (each line of the library comes from one of a few call sites). It
+// needs no Close, and no Sync: writes to standard error are not buffered (and
+// Sync on it fails with EINVAL on Linux when it is a terminal or a pipe).
+func newStderrLogger() (*zap.Logger, error) {
+	cfg := zap.NewProductionConfig()
+	cfg.Level = zap.NewAtomicLevelAt(zap.WarnLevel)
+	cfg.DisableStacktrace = true
+	return cfg.Build()
 }
 
 // NewCoordinator returns the coordinator the settings describe, over store,

@@ -41,3 +41,16 @@ func TestNewRedisClientKeepsThePasswordOutOfErrors(t *testing.T) {
 		t.Fatalf("err = %v; want one naming the variable, without the password", err)
 	}
 }
+
+// A nil logger to NewObserver means what no logger in the graph means to
+// Module: warnings and errors go to standard error (see stderrScenarios).
+func TestNewObserverWithoutALoggerWritesToStderr(t *testing.T) {
+	lines := runStderrScenario(t, "observer-nil-logger")
+	if len(lines) != 1 || lines[0]["msg"] != "storage call failed" || lines[0]["level"] != "error" ||
+		lines[0]["logger"] != "idempotency" || lines[0]["error_type"] != "storage_reserve_error" {
+		t.Fatalf("stderr lines %v; want the storage error, and not the Debug line", lines)
+	}
+	if lines := runStderrScenario(t, "observer-nop-logger"); len(lines) != 0 {
+		t.Fatalf("with zap.NewNop(), stderr lines %v; want none", lines)
+	}
+}

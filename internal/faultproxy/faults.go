@@ -117,11 +117,15 @@ type heldChunk struct {
 
 // Hold holds every chunk that clients send to the server, on new and
 // existing connections, until Release; server→client bytes keep flowing.
-// This is the network delivering requests late: a client's command leaves
-// but does not arrive, so the client times out, and the command still
-// arrives later, possibly after commands sent after it. A connection opened
-// while holding does not complete a handshake that needs an answer (go-redis
-// sends HELLO), so open the connections to hold before calling Hold.
+// This is the network delivering requests late: a command leaves the client
+// but does not arrive, the client times out (go-redis then closes the
+// connection), and the command still arrives later, possibly after commands
+// sent after it on other connections. A client that closes its connection
+// does not take back what it sent: the connection stays open to the server
+// (Stats.Draining) until Release has delivered its bytes, then the server
+// sees the end of the stream. A connection opened while holding does not
+// complete a handshake that needs an answer (go-redis sends HELLO), so open
+// the connections to hold before calling Hold.
 func (p *Proxy) Hold() {
 	p.releaseMu.Lock()
 	defer p.releaseMu.Unlock()
@@ -131,15 +135,15 @@ func (p *Proxy) Hold() {
 }
 
 // Release delivers every held chunk in the given order and returns to
-// pass-through. Chunks that arrive while Release runs are held and
-// delivered after those before them. The chunks of one connection that are
-// next to each other in that order go out in one write, and each time it
-// moves on to another connection, Release first waits, up to a second, until the server answers
-// the bytes it delivered on the last one, so that the server has applied
-// them before it reads the next connection's: the order is the one the
-// server executes, not only the one the bytes arrive in. Bytes of a
-// connection closed meanwhile are dropped. Release without Hold does
-// nothing.
+// pass-through. It delivers them run by run, a run being the chunks of one
+// connection that are next to each other in that order, each run in one
+// write; after each run it waits, up to a second, until the server answers
+// on that connection, so that the server has applied a run before it reads
+// the next: the order is the one the server executes, not only the one the
+// bytes arrive in, and when Release returns the server has answered
+// everything it delivered. Chunks that arrive while Release runs are held
+// and delivered after the others. Bytes of a connection reset or closed by
+// the proxy meanwhile are dropped. Release without Hold does nothing.
 func (p *Proxy) Release(order Order) {
 	p.releaseMu.Lock()
 	defer p.releaseMu.Unlock()
@@ -154,9 +158,8 @@ func (p *Proxy) Release(order Order) {
 			return
 		}
 		p.mu.Unlock()
-		runs := arrange(held, order)
-		for i, run := range runs {
-			p.deliver(run, i < len(runs)-1)
+		for _, run := range arrange(held, order) {
+			p.deliver(run)
 		}
 	}
 }
@@ -195,9 +198,9 @@ func arrange(held []heldChunk, order Order) [][]heldChunk {
 }
 
 // deliver writes one connection's run of held chunks to the server, in one
-// write so that the server reads them together, and, when wait is set,
-// waits for the server's answer (see Release).
-func (p *Proxy) deliver(run []heldChunk, wait bool) {
+// write so that the server reads them together, and waits for the server's
+// answer (see Release).
+func (p *Proxy) deliver(run []heldChunk) {
 	l := run[0].link
 	select {
 	case <-l.answered: // an answer to something earlier
@@ -210,9 +213,7 @@ func (p *Proxy) deliver(run []heldChunk, wait bool) {
 	l.serverMu.Lock()
 	p.write(l.server, true, data, len(run))
 	l.serverMu.Unlock()
-	if !wait {
-		return
-	}
+	l.delivered(len(run))
 	t := time.NewTimer(answerWait)
 	defer t.Stop()
 	select {
@@ -232,8 +233,12 @@ type Stats struct {
 	DialFailed int64
 	// Reset counts the connections aborted by Reset.
 	Reset int64
-	// Open is the number of connections open now.
+	// Open is the number of connections open now, Draining ones included.
 	Open int64
+	// Draining is the number of connections whose client has left with
+	// bytes held: they stay open to the server until Release delivers those
+	// bytes, as a network delivers what a client sent before it closed.
+	Draining int64
 	// ToServer and ToClient count the bytes forwarded each way, held bytes
 	// once Release delivers them.
 	ToServer, ToClient Traffic

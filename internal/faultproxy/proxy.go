@@ -156,9 +156,9 @@ func (p *Proxy) serve(ctx context.Context, c net.Conn) {
 	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
-		p.pump(ctx, l, false)
+		p.pumpDown(ctx, l)
 	}()
-	p.pump(ctx, l, true)
+	p.pumpUp(ctx, l)
 }
 
 // linkList returns the open links. p.mu is held.
@@ -179,6 +179,10 @@ type link struct {
 	answered       chan struct{} // gets a value when the server sends bytes
 	done           chan struct{} // closed by close
 	closeOnce      sync.Once
+
+	// Under p.mu:
+	pending  int  // chunks held and not yet written by Release
+	draining bool // the client left with chunks pending: deliver them, then close
 }
 
 // close closes both connections, once, and forgets the link and its held
@@ -196,6 +200,9 @@ func (l *link) close() {
 		}
 		delete(p.links, l)
 		p.stats.Open--
+		if l.draining {
+			p.stats.Draining--
+		}
 		kept := p.held[:0]
 		for _, h := range p.held {
 			if h.link == l {
@@ -209,6 +216,46 @@ func (l *link) close() {
 	})
 }
 
+// clientGone handles the end of the client's side of l. Bytes the client
+// sent before it left are still on their way, as they would be in a
+// network, so a link with held bytes stays open to the server until Release
+// has delivered them; any other link is closed. It reports whether l stays
+// open.
+func (l *link) clientGone() bool {
+	p := l.p
+	p.mu.Lock()
+	if !l.draining && l.pending > 0 {
+		l.draining = true
+		p.stats.Draining++
+	}
+	draining := l.draining
+	p.mu.Unlock()
+	if !draining {
+		l.close()
+		return false
+	}
+	_ = l.client.Close()
+	return true
+}
+
+// delivered records that Release wrote n held chunks of l, and half-closes
+// the server side of a link whose client has left once nothing is pending:
+// the server reads the bytes, then the end of the stream.
+func (l *link) delivered(n int) {
+	p := l.p
+	p.mu.Lock()
+	l.pending -= n
+	finish := l.draining && l.pending == 0
+	p.mu.Unlock()
+	if finish {
+		if tc, ok := l.server.(*net.TCPConn); ok {
+			_ = tc.CloseWrite()
+		} else {
+			l.close()
+		}
+	}
+}
+
 // abort closes c with a TCP RST instead of a FIN, as a crashed or
 // firewalled peer would.
 func abort(c net.Conn) {
@@ -218,25 +265,38 @@ func abort(c net.Conn) {
 	_ = c.Close()
 }
 
-// pump copies one direction of l, client to server when up, applying the
-// faults to every chunk it reads. It closes l when either side ends.
-func (p *Proxy) pump(ctx context.Context, l *link, up bool) {
-	defer l.close()
-	src := l.server
-	if up {
-		src = l.client
-	}
+// pumpUp copies l from the client to the server, applying the faults to
+// every chunk it reads.
+func (p *Proxy) pumpUp(ctx context.Context, l *link) {
 	buf := make([]byte, 32<<10)
 	for {
-		n, err := src.Read(buf)
+		n, err := l.client.Read(buf)
+		if n > 0 && !p.forward(ctx, l, true, buf[:n]) {
+			l.close() // the server left, or the proxy is closing
+			return
+		}
+		if err != nil {
+			l.clientGone()
+			return
+		}
+	}
+}
+
+// pumpDown copies l from the server to the client, applying the faults to
+// every chunk it reads, and closes l when the server leaves. Once the client
+// has left it goes on reading (and dropping) the server's answers to the
+// bytes Release delivers late.
+func (p *Proxy) pumpDown(ctx context.Context, l *link) {
+	defer l.close()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := l.server.Read(buf)
 		if n > 0 {
-			if !up {
-				select {
-				case l.answered <- struct{}{}:
-				default:
-				}
+			select {
+			case l.answered <- struct{}{}:
+			default:
 			}
-			if !p.forward(ctx, l, up, buf[:n]) {
+			if !p.forward(ctx, l, false, buf[:n]) && !l.clientGone() {
 				return
 			}
 		}
@@ -273,6 +333,7 @@ func (p *Proxy) forward(ctx context.Context, l *link, up bool, chunk []byte) boo
 		return true
 	case up && p.holding:
 		p.held = append(p.held, heldChunk{link: l, data: append([]byte(nil), chunk...)})
+		l.pending++
 		p.stats.Held.add(1, len(chunk))
 		p.mu.Unlock()
 		return true

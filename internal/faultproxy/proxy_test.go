@@ -288,3 +288,35 @@ func resp(args ...string) string {
 	}
 	return s
 }
+
+// TestLateWrite is the late save of issue 9: client A's SET times out while
+// held, and go-redis closes A's connection; client B then sets the key.
+// Delivered newest first, B's SET is applied, then A's late one.
+func TestLateWrite(t *testing.T) {
+	p := startRedis(t)
+	a := client(t, p, func(o *redis.Options) { o.ContextTimeoutEnabled = true })
+	b := client(t, p, nil)
+	ping(t, a)
+	ping(t, b)
+	key := redistest.Prefix(t) + "k"
+
+	p.Hold()
+	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	defer cancel()
+	if err := a.Set(ctx, key, "a", 0).Err(); !isTimeout(err) {
+		t.Fatalf("held SET = %v, want a timeout", err)
+	}
+	waitFor(t, "A's connection to drain", func() bool { return p.Stats().Draining == 1 })
+	set := make(chan error, 1)
+	go func() { set <- b.Set(context.Background(), key, "b", 0).Err() }()
+	waitFor(t, "B's SET to be held", func() bool { return p.Stats().Held.Chunks == 2 })
+
+	p.Release(faultproxy.NewestFirst)
+	if err := <-set; err != nil {
+		t.Fatalf("SET b: %v", err)
+	}
+	if v, err := b.Get(t.Context(), key).Result(); v != "a" || err != nil {
+		t.Errorf("GET = %q, %v, want a: the late SET applied last", v, err)
+	}
+	_ = b.Del(t.Context(), key)
+}
