@@ -25,23 +25,24 @@ import (
 
 // NewRedisClient returns the Redis client the settings describe, without
 // connecting: a *redis.ClusterClient over RedisClusterAddrs when that is set,
-// else a *redis.Client for RedisURL. In cluster mode the user name, password
-// and TLS (rediss://) of RedisURL apply to every node, and its host and
-// database are ignored (a cluster has database 0 only). The client fails fast
-// when Redis is down (one dial attempt per connection, a dial timeout of at
-// most IDEMPOTENCY_STORAGE_TIMEOUT) and honours context deadlines
-// (ContextTimeoutEnabled), so the storage timeout bounds every call. The
-// caller owns the client and closes it. It returns an error naming
-// IDEMPOTENCY_REDIS_URL, and no client, when the URL is invalid.
+// else a *redis.Client for RedisURL. In cluster mode the user name, password,
+// TLS (rediss://) and every query option of RedisURL apply to every node, its
+// host is ignored, and its database must be 0 (a cluster has no other). The
+// client fails fast when Redis is down (one dial attempt per connection, a
+// dial timeout of at most IDEMPOTENCY_STORAGE_TIMEOUT) and honours context
+// deadlines (ContextTimeoutEnabled), so the storage timeout bounds every call.
+// The caller owns the client and closes it.
+//
+// It returns an error naming IDEMPOTENCY_REDIS_URL, and no client, when the
+// URL is invalid, or, in cluster mode, sets a database other than 0 or a
+// query option that a cluster client would ignore. The error never shows the
+// user name or password, nor any part of them.
 func NewRedisClient(s Settings) (redis.UniversalClient, error) {
-	// The same check as Settings.Validate, whose messages never quote the URL
-	// (it may hold a password).
-	if err := validateRedisURL(s.RedisURL); err != nil {
-		return nil, fmt.Errorf("IDEMPOTENCY_REDIS_URL: %w", err)
-	}
-	opts, err := redis.ParseURL(s.RedisURL)
+	cluster := len(s.RedisClusterAddrs) > 0
+	// The same check as Settings.Validate.
+	opts, err := parseRedisURL(s.RedisURL, cluster)
 	if err != nil {
-		return nil, fmt.Errorf("IDEMPOTENCY_REDIS_URL: %w", err)
+		return nil, fmt.Errorf("%s_REDIS_URL: %w", EnvPrefix, err)
 	}
 	// Fail fast when Redis is down: every call is bounded by the storage
 	// timeout anyway, and go-redis's default of five dial attempts 100ms apart
@@ -55,29 +56,59 @@ func NewRedisClient(s Settings) (redis.UniversalClient, error) {
 	if opts.DialTimeout == 0 || opts.DialTimeout > s.StorageTimeout && s.StorageTimeout > 0 {
 		opts.DialTimeout = s.StorageTimeout
 	}
-	if len(s.RedisClusterAddrs) == 0 {
+	if !cluster {
 		return redis.NewClient(opts), nil
 	}
-	tlsConfig := opts.TLSConfig
+	return redis.NewClusterClient(clusterOptions(opts, s.RedisClusterAddrs)), nil
+}
+
+// clusterOptions returns the options of a cluster client over addrs that
+// carry every field of o that redis.ParseURL sets, but the node's address
+// and database (parseRedisURL refuses a database other than 0 in cluster
+// mode). appliesToCluster lists the query options whose fields these are.
+func clusterOptions(o *redis.Options, addrs []string) *redis.ClusterOptions {
+	tlsConfig := o.TLSConfig
 	if tlsConfig != nil {
 		// redis.ParseURL names the URL's host as the TLS server; on a cluster
-		// each node is verified under its own name instead.
+		// each node is verified under its own name instead. skip_verify
+		// (InsecureSkipVerify) is kept.
 		tlsConfig = tlsConfig.Clone()
 		tlsConfig.ServerName = ""
 	}
-	return redis.NewClusterClient(&redis.ClusterOptions{
-		Addrs:                 s.RedisClusterAddrs,
-		Username:              opts.Username,
-		Password:              opts.Password,
-		TLSConfig:             tlsConfig,
-		DialTimeout:           opts.DialTimeout,
-		ReadTimeout:           opts.ReadTimeout,
-		WriteTimeout:          opts.WriteTimeout,
-		PoolSize:              opts.PoolSize,
-		MaxRetries:            opts.MaxRetries,
-		DialerRetries:         opts.DialerRetries,
-		ContextTimeoutEnabled: true,
-	}), nil
+	return &redis.ClusterOptions{
+		Addrs:     addrs,
+		Username:  o.Username,
+		Password:  o.Password,
+		TLSConfig: tlsConfig,
+
+		Protocol:   o.Protocol,
+		ClientName: o.ClientName,
+
+		MaxRetries:      o.MaxRetries,
+		MinRetryBackoff: o.MinRetryBackoff,
+		MaxRetryBackoff: o.MaxRetryBackoff,
+
+		DialTimeout:           o.DialTimeout,
+		DialerRetries:         o.DialerRetries,
+		ReadTimeout:           o.ReadTimeout,
+		WriteTimeout:          o.WriteTimeout,
+		ContextTimeoutEnabled: o.ContextTimeoutEnabled,
+
+		PoolFIFO:              o.PoolFIFO,
+		PoolSize:              o.PoolSize,
+		PoolTimeout:           o.PoolTimeout,
+		MaxConcurrentDials:    o.MaxConcurrentDials,
+		MinIdleConns:          o.MinIdleConns,
+		MaxIdleConns:          o.MaxIdleConns,
+		MaxActiveConns:        o.MaxActiveConns,
+		ConnMaxIdleTime:       o.ConnMaxIdleTime,
+		ConnMaxLifetime:       o.ConnMaxLifetime,
+		ConnMaxLifetimeJitter: o.ConnMaxLifetimeJitter,
+
+		PipelinePoolSize:        o.PipelinePoolSize,
+		PipelineReadBufferSize:  o.PipelineReadBufferSize,
+		PipelineWriteBufferSize: o.PipelineWriteBufferSize,
+	}
 }
 
 // redisAddr describes where client points, for log lines: the address of a

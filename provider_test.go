@@ -1,8 +1,16 @@
 package idempotency_test
 
 import (
+	"bytes"
+	"crypto/tls"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -42,6 +50,222 @@ func TestNewRedisClientKeepsThePasswordOutOfErrors(t *testing.T) {
 	}
 }
 
+// goRedisQueryOptions returns the query options that redis.ParseURL reads, as
+// setupConnParams in the go-redis source this module builds with reads them,
+// each with the kind of value it takes (int, string, duration or bool).
+func goRedisQueryOptions(t *testing.T) map[string]string {
+	t.Helper()
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/redis/go-redis/v9").Output()
+	if err != nil {
+		t.Fatalf("locating go-redis: %v", err)
+	}
+	src, err := os.ReadFile(filepath.Join(strings.TrimSpace(string(out)), "options.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, ok := strings.CutPrefix(string(src[bytes.Index(src, []byte("\nfunc setupConnParams(")):]), "\n")
+	if !ok {
+		t.Fatal("no setupConnParams in go-redis's options.go")
+	}
+	body = body[:strings.Index(body, "\n}\n")]
+	kinds := map[string]string{}
+	for _, m := range regexp.MustCompile(`q\.(int|string|duration|bool|has|strings)\("([a-z_]+)"\)`).FindAllStringSubmatch(body, -1) {
+		if m[1] != "has" || kinds[m[2]] == "" {
+			kinds[m[2]] = m[1]
+		}
+	}
+	if len(kinds) < 20 {
+		t.Fatalf("found only %d query options in setupConnParams: %v", len(kinds), kinds)
+	}
+	return kinds
+}
+
+// Every query option that redis.ParseURL accepts either reaches the cluster
+// client (its ClusterOptions carry every field the option sets on a
+// single-server client) or is refused in cluster mode, naming it. The options
+// are read from the go-redis source, so an option a later go-redis adds is
+// covered without a change here.
+func TestNewRedisClientClusterCarriesEveryQueryOption(t *testing.T) {
+	const base = "redis://app:secret@127.0.0.1:1/0"
+	baseOpts, err := redis.ParseURL(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, kind := range goRedisQueryOptions(t) {
+		t.Run(name, func(t *testing.T) {
+			if name == "db" {
+				t.Skip("a cluster has database 0 only: TestNewRedisClientClusterRefusesADatabase")
+			}
+			value := map[string]string{"int": "7", "string": "name7", "duration": "700ms", "bool": "true"}[kind]
+			if value == "" {
+				t.Fatalf("no test value for a %s option", kind)
+			}
+			raw, ref := base+"?"+name+"="+value, baseOpts
+			switch name {
+			case "skip_verify": // TLS only
+				raw = strings.Replace(raw, "redis://", "rediss://", 1)
+				if ref, err = redis.ParseURL(strings.Replace(base, "redis://", "rediss://", 1)); err != nil {
+					t.Fatal(err)
+				}
+			case "conn_max_lifetime_jitter": // at most the lifetime
+				raw += "&conn_max_lifetime=1h"
+			}
+			single, err := redis.ParseURL(raw)
+			if err != nil {
+				t.Fatalf("redis.ParseURL(%s): %v", raw, err)
+			}
+			s := idempotency.DefaultSettings()
+			s.RedisURL = raw
+			s.RedisClusterAddrs = []string{"127.0.0.1:2"}
+			client, err := idempotency.NewRedisClient(s)
+			if err != nil {
+				want := "IDEMPOTENCY_REDIS_URL: query option " + name + " has no effect on a cluster client (IDEMPOTENCY_REDIS_CLUSTER_ADDRS is set)"
+				if err.Error() != want {
+					t.Fatalf("NewRedisClient() error = %q; want it applied, or refused with %q", err, want)
+				}
+				if verr := s.Validate(); verr == nil || !strings.Contains(verr.Error(), want) {
+					t.Fatalf("Validate() = %v; want it to refuse the option as NewRedisClient does", verr)
+				}
+				return
+			}
+			defer client.Close()
+			got := reflect.ValueOf(*client.(*redis.ClusterClient).Options())
+			refV, singleV := reflect.ValueOf(*ref), reflect.ValueOf(*single)
+			set := 0
+			for i := range singleV.NumField() {
+				field := singleV.Type().Field(i)
+				if !field.IsExported() || reflect.DeepEqual(refV.Field(i).Interface(), singleV.Field(i).Interface()) {
+					continue
+				}
+				set++
+				want := singleV.Field(i).Interface()
+				if field.Name == "TLSConfig" {
+					if g := got.FieldByName("TLSConfig").Interface().(*tls.Config); g == nil || g.InsecureSkipVerify != single.TLSConfig.InsecureSkipVerify {
+						t.Errorf("cluster TLSConfig = %+v; want InsecureSkipVerify %v", g, single.TLSConfig.InsecureSkipVerify)
+					}
+					continue
+				}
+				g := got.FieldByName(field.Name)
+				if !g.IsValid() {
+					t.Errorf("%s sets Options.%s, which ClusterOptions lacks, yet NewRedisClient accepted it", name, field.Name)
+					continue
+				}
+				if !reflect.DeepEqual(g.Interface(), want) {
+					t.Errorf("%s=%s: cluster Options().%s = %v, want %v", name, value, field.Name, g.Interface(), want)
+				}
+			}
+			if set == 0 {
+				t.Fatalf("%s=%s sets no field of redis.Options; pick another test value", name, value)
+			}
+		})
+	}
+}
+
+// The fields NewRedisClient sets itself reach the cluster client too.
+func TestNewRedisClientClusterFailsFast(t *testing.T) {
+	s := idempotency.DefaultSettings()
+	s.StorageTimeout = 250 * time.Millisecond
+	s.RedisClusterAddrs = []string{"127.0.0.1:2"}
+	client, err := idempotency.NewRedisClient(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	o := client.(*redis.ClusterClient).Options()
+	if !o.ContextTimeoutEnabled || o.DialerRetries != 1 || o.DialTimeout != s.StorageTimeout {
+		t.Fatalf("cluster options: ContextTimeoutEnabled %v, DialerRetries %d, DialTimeout %v; want true, 1, %v",
+			o.ContextTimeoutEnabled, o.DialerRetries, o.DialTimeout, s.StorageTimeout)
+	}
+}
+
+// A cluster has database 0 only: a URL that selects another is refused in
+// cluster mode, by Validate (so at start-up) and NewRedisClient, rather than
+// ignored.
+func TestNewRedisClientClusterRefusesADatabase(t *testing.T) {
+	for _, tt := range []struct {
+		url     string
+		wantErr string // "" accepted
+	}{
+		{url: "redis://cache:6379/0"},
+		{url: "redis://cache:6379"},
+		{url: "redis://cache:6379/?db=0"},
+		{url: "redis://cache:6379/3", wantErr: "IDEMPOTENCY_REDIS_URL: database 3 has no effect on a cluster client, which has database 0 only (IDEMPOTENCY_REDIS_CLUSTER_ADDRS is set)"},
+		{url: "redis://cache:6379/0?db=2", wantErr: "IDEMPOTENCY_REDIS_URL: database 2 has no effect on a cluster client, which has database 0 only (IDEMPOTENCY_REDIS_CLUSTER_ADDRS is set)"},
+	} {
+		s := idempotency.DefaultSettings()
+		s.RedisURL = tt.url
+		s.RedisClusterAddrs = []string{"node-a:7000"}
+		client, err := idempotency.NewRedisClient(s)
+		verr := s.Validate()
+		if tt.wantErr == "" {
+			if err != nil || verr != nil {
+				t.Errorf("%s: NewRedisClient() error = %v, Validate() = %v; want neither", tt.url, err, verr)
+			}
+			if client != nil {
+				client.Close()
+			}
+			continue
+		}
+		if err == nil || err.Error() != tt.wantErr {
+			t.Errorf("%s: NewRedisClient() error = %v; want %q", tt.url, err, tt.wantErr)
+		}
+		if verr == nil || !strings.Contains(verr.Error(), "\n"+tt.wantErr) {
+			t.Errorf("%s: Validate() = %v; want a line %q", tt.url, verr, tt.wantErr)
+		}
+		// A single server has databases: the same URL is fine there.
+		s.RedisClusterAddrs = nil
+		if err := s.Validate(); err != nil {
+			t.Errorf("%s without a cluster: Validate() = %v", tt.url, err)
+		}
+	}
+}
+
+// No error and no printed Settings show any part of the user name or
+// password, even of a URL so malformed that the parser cannot tell where they
+// end; the errors still say what to fix. FuzzRedisURLErrorsHideThePassword
+// tries many more.
+func TestRedisURLErrorsHideTheUserInformation(t *testing.T) {
+	for _, tt := range []struct {
+		url, secret string
+		wantErr     string // a part of the message
+	}{
+		// url.Parse: invalid URL escape "%zz"
+		{url: "redis://user:p%zzss@host:6379/0", secret: "%zz", wantErr: "a '%' in the user name or password is not followed by two hex digits"},
+		{url: "redis://u%zzq:pw@host:6379/0", secret: "%zz", wantErr: "a '%' in the user name or password is not followed by two hex digits"},
+		{url: "redis://user:zqwvx%4@host:6379/0", secret: "%4", wantErr: "not followed by two hex digits"},
+		// a '/' ends the host early: invalid port ":zq" after host
+		{url: "redis://user:zq/wvx@host:6379/0", secret: "zq", wantErr: "cannot be told apart"},
+		// ... or makes the rest a path: invalid database number "wvx@host:6379"
+		{url: "redis://user:1234/wvx@host:6379", secret: "wvx", wantErr: "cannot be told apart"},
+		// '?' and '#' likewise
+		{url: "redis://user:1234?wvx@host:6379/0", secret: "wvx", wantErr: "percent-encoded (%2F, %3F, %23)"},
+		{url: "redis://user:zq#wvx@host:6379/0", secret: "zq", wantErr: "cannot be told apart"},
+		// no "//": all of it is opaque
+		{url: "redis:user:zqwvx@host:6379/0", secret: "zqwvx", wantErr: "cannot be told apart"},
+		// a message of go-redis that happens to share bytes with the password
+		{url: "redis://user:database@host:6379/x", secret: "database", wantErr: "the reason is not shown"},
+		// an invalid host is still named: it is not the user information
+		{url: "redis://user:zqwvx@ho%zzst:6379/0", secret: "zqwvx", wantErr: `invalid URL escape "%zz"`},
+	} {
+		s := idempotency.DefaultSettings()
+		s.RedisURL = tt.url
+		verr := s.Validate()
+		_, err := idempotency.NewRedisClient(s)
+		if verr == nil || err == nil {
+			t.Errorf("%s: Validate() = %v, NewRedisClient() error = %v; want errors", tt.url, verr, err)
+			continue
+		}
+		for _, e := range []error{verr, err} {
+			if strings.Contains(e.Error(), tt.secret) || !strings.Contains(e.Error(), "IDEMPOTENCY_REDIS_URL: ") || !strings.Contains(e.Error(), tt.wantErr) {
+				t.Errorf("%s: error = %q; want one naming the variable and saying %q, without %q", tt.url, e, tt.wantErr, tt.secret)
+			}
+		}
+		if got := s.String(); strings.Contains(got, tt.secret) {
+			t.Errorf("%s: String() = %s", tt.url, got)
+		}
+	}
+}
+
 // A nil logger to NewObserver means what no logger in the graph means to
 // Module: warnings and errors go to standard error (see stderrScenarios).
 func TestNewObserverWithoutALoggerWritesToStderr(t *testing.T) {
@@ -52,5 +276,19 @@ func TestNewObserverWithoutALoggerWritesToStderr(t *testing.T) {
 	}
 	if lines := runStderrScenario(t, "observer-nop-logger"); len(lines) != 0 {
 		t.Fatalf("with zap.NewNop(), stderr lines %v; want none", lines)
+	}
+}
+
+// redis:host:port has no "//": url.Parse reads it as opaque, and go-redis
+// would connect to localhost:6379 instead.
+func TestRedisURLWithoutSlashesIsRefused(t *testing.T) {
+	s := idempotency.DefaultSettings()
+	s.RedisURL = "redis:cache:6380"
+	const want = "IDEMPOTENCY_REDIS_URL: want redis://host:port/db, got no // after redis:"
+	if err := s.Validate(); err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("Validate() = %v; want %q", err, want)
+	}
+	if _, err := idempotency.NewRedisClient(s); err == nil || err.Error() != want {
+		t.Errorf("NewRedisClient() error = %v; want %q", err, want)
 	}
 }

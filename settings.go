@@ -168,11 +168,13 @@ func (s Settings) String() string {
 	return fmt.Sprintf("%+v", f)
 }
 
-// redactURL hides the password of a URL; a URL that does not parse is not
+// redactURL hides the password of a URL; a URL that does not parse, or whose
+// user information cannot be told apart from the rest (see userinfo), is not
 // shown at all, since there is no telling where its password is.
 func redactURL(raw string) string {
+	info, clear := userinfo(raw)
 	u, err := url.Parse(raw)
-	if err != nil {
+	if err != nil || info != "" && !clear {
 		return "(invalid URL)"
 	}
 	return u.Redacted()
@@ -353,7 +355,7 @@ func (s Settings) Validate() error {
 	bad := func(name string, err error) {
 		errs = append(errs, fmt.Errorf("%s_%s: %w", EnvPrefix, name, err))
 	}
-	if err := validateRedisURL(s.RedisURL); err != nil {
+	if err := validateRedisURL(s.RedisURL, len(s.RedisClusterAddrs) > 0); err != nil {
 		bad("REDIS_URL", err)
 	}
 	for _, addr := range s.RedisClusterAddrs {
@@ -460,9 +462,41 @@ func optionErrors(err error) []error {
 	return out
 }
 
-// validateRedisURL accepts what redis.ParseURL accepts over TCP: redis:// or
-// rediss://. Its messages never quote the URL, which may hold a password.
-func validateRedisURL(raw string) error {
+// validateRedisURL returns the error parseRedisURL returns for raw, if any.
+func validateRedisURL(raw string, cluster bool) error {
+	_, err := parseRedisURL(raw, cluster)
+	return err
+}
+
+// parseRedisURL returns the go-redis options of raw: a redis:// or rediss://
+// URL that redis.ParseURL accepts. With cluster set (IDEMPOTENCY_REDIS_CLUSTER_ADDRS
+// is), it also refuses what a cluster client would ignore: a database other
+// than 0, and a query option that clusterOptions does not carry over (none in
+// go-redis v9.23; the check keeps a later go-redis's new option from being
+// dropped without a word).
+//
+// Its messages never show the user name or the password, nor any part of
+// them: they do not quote the URL, a URL whose user information cannot be
+// located is refused with a fixed message, and a message that would quote
+// three bytes in a row of it (from url.Parse or go-redis, or a value taken
+// from the URL) is replaced by a fixed one.
+func parseRedisURL(raw string, cluster bool) (*redis.Options, error) {
+	info, clear := userinfo(raw)
+	if info != "" && !clear {
+		return nil, errors.New("the user name and password cannot be told apart from the rest of the URL, so it is not shown: " +
+			"write redis://user:password@host:port/db, with any '/', '?' or '#' in the user name or password " +
+			"percent-encoded (%2F, %3F, %23), and any '@' elsewhere as %40")
+	}
+	// hide returns err, or a fixed error when quoted, the parts of its
+	// message that come from the URL, would show a part of info.
+	hide := func(err error, quoted ...string) error {
+		for _, q := range quoted {
+			if info != "" && mentions(q, info) {
+				return errors.New("not a valid Redis URL (the reason is not shown: it would quote part of the user name or password)")
+			}
+		}
+		return err
+	}
 	u, err := url.Parse(raw)
 	if err != nil {
 		// *url.Error quotes the whole URL; keep only the reason.
@@ -470,22 +504,119 @@ func validateRedisURL(raw string) error {
 		if errors.As(err, &ue) {
 			err = ue.Err
 		}
-		return fmt.Errorf("not a valid URL: %w", err)
+		var ee url.EscapeError
+		if errors.As(err, &ee) && info != "" && strings.Contains(info, string(ee)) {
+			// "invalid URL escape "%zz"" would show a piece of the password.
+			return nil, errors.New("not a valid URL: a '%' in the user name or password is not followed by two hex digits " +
+				"(not shown; write a literal % as %25)")
+		}
+		return nil, hide(fmt.Errorf("not a valid URL: %w", err), err.Error())
 	}
 	if u.Scheme != "redis" && u.Scheme != "rediss" {
 		if u.Scheme == "" {
-			return errors.New("want a redis:// or rediss:// URL, got no scheme")
+			return nil, errors.New("want a redis:// or rediss:// URL, got no scheme")
 		}
-		return fmt.Errorf("want a redis:// or rediss:// URL, got scheme %q", u.Scheme)
+		return nil, hide(fmt.Errorf("want a redis:// or rediss:// URL, got scheme %q", u.Scheme), u.Scheme)
+	}
+	if u.Opaque != "" {
+		// redis:localhost:6379 would connect to the default address.
+		return nil, fmt.Errorf("want %s://host:port/db, got no // after %s:", u.Scheme, u.Scheme)
 	}
 	opts, err := redis.ParseURL(raw)
 	if err != nil {
-		return err
+		return nil, hide(err, err.Error())
 	}
 	if opts.DB < 0 {
-		return fmt.Errorf("database number must not be negative, got %d", opts.DB)
+		return nil, hide(fmt.Errorf("database number must not be negative, got %d", opts.DB), strconv.Itoa(opts.DB))
 	}
-	return nil
+	if !cluster {
+		return opts, nil
+	}
+	if opts.DB != 0 {
+		return nil, hide(fmt.Errorf("database %d has no effect on a cluster client, which has database 0 only (%s_REDIS_CLUSTER_ADDRS is set)",
+			opts.DB, EnvPrefix), strconv.Itoa(opts.DB))
+	}
+	for _, name := range slices.Sorted(maps.Keys(u.Query())) {
+		if !appliesToCluster(name) {
+			return nil, hide(fmt.Errorf("query option %s has no effect on a cluster client (%s_REDIS_CLUSTER_ADDRS is set)", name, EnvPrefix), name)
+		}
+	}
+	return opts, nil
+}
+
+// appliesToCluster reports whether the redis.ParseURL query option name
+// reaches a cluster client: clusterOptions copies the fields it sets into
+// redis.ClusterOptions. db is checked on its own (it must be 0).
+func appliesToCluster(name string) bool {
+	switch name {
+	case "db",
+		"protocol", "client_name",
+		"max_retries", "min_retry_backoff", "max_retry_backoff",
+		"dial_timeout", "read_timeout", "write_timeout",
+		"pool_fifo", "pool_size", "pool_timeout", "max_concurrent_dials",
+		"min_idle_conns", "max_idle_conns", "max_active_conns",
+		"pipeline_pool_size", "pipeline_read_buffer_size", "pipeline_write_buffer_size",
+		"conn_max_idle_time", "idle_timeout", // the second is the first's old name
+		"conn_max_lifetime", "max_conn_age",
+		"conn_max_lifetime_jitter",
+		"skip_verify": // in TLSConfig
+		return true
+	}
+	return false
+}
+
+// userinfo returns the bytes of raw between "scheme://" and its last '@':
+// the user name and password, percent-encoded, or "" when raw has no '@'.
+// clear reports whether url.Parse reads exactly those bytes as the user
+// information. It does not when a '/', '?' or '#' comes before the last '@'
+// (a password with a '/' ends the host early, and the rest of the password
+// would be read as a port or a path and be quoted in messages), or when raw
+// does not start with a scheme and "//": then info is everything before the
+// last '@', as any of it may be a password.
+func userinfo(raw string) (info string, clear bool) {
+	at := strings.LastIndexByte(raw, '@')
+	if at < 0 {
+		return "", true
+	}
+	start := authorityStart(raw)
+	if start > at {
+		start = 0
+	}
+	info = raw[start:at]
+	return info, start > 0 && !strings.ContainsAny(info, "/?#")
+}
+
+// authorityStart returns the index after "scheme://" at the start of raw, as
+// url.Parse reads a scheme ([A-Za-z][A-Za-z0-9+.-]*), or 0.
+func authorityStart(raw string) int {
+	for i := 0; i < len(raw); i++ {
+		switch c := raw[i]; {
+		case 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z':
+		case i > 0 && ('0' <= c && c <= '9' || c == '+' || c == '-' || c == '.'):
+		case i > 0 && c == ':' && strings.HasPrefix(raw[i:], "://"):
+			return i + len("://")
+		default:
+			return 0
+		}
+	}
+	return 0
+}
+
+// mentions reports whether msg contains three bytes in a row of info, as it
+// is or percent-decoded.
+func mentions(msg, info string) bool {
+	forms := []string{info}
+	if dec, err := url.PathUnescape(info); err == nil && dec != info {
+		forms = append(forms, dec)
+	}
+	for _, f := range forms {
+		for i := 0; i+3 <= len(f); i++ {
+			if strings.Contains(msg, f[i:i+3]) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func validateHostPort(addr string) error {

@@ -268,7 +268,7 @@ func TestLoadSettings(t *testing.T) {
 			name: "every variable set",
 			env: map[string]string{
 				"IDEMPOTENCY_ENABLED":             "false",
-				"IDEMPOTENCY_REDIS_URL":           "redis://cache:6379/3",
+				"IDEMPOTENCY_REDIS_URL":           "redis://cache:6379/0",
 				"IDEMPOTENCY_REDIS_CLUSTER_ADDRS": "node-a:7000",
 				"IDEMPOTENCY_KEY_PREFIX":          "p:",
 				"IDEMPOTENCY_DEFAULT_TTL":         "2h",
@@ -290,7 +290,7 @@ func TestLoadSettings(t *testing.T) {
 			want: func(s *idempotency.Settings) {
 				*s = idempotency.Settings{
 					Enabled:           false,
-					RedisURL:          "redis://cache:6379/3",
+					RedisURL:          "redis://cache:6379/0",
 					RedisClusterAddrs: []string{"node-a:7000"},
 					KeyPrefix:         "p:",
 					DefaultTTL:        2 * time.Hour,
