@@ -24,11 +24,11 @@
 //   - [Proxy.Hold] and [Proxy.Release] hold what clients send and deliver
 //     it late, in the order sent ([InOrder]) or newest first
 //     ([NewestFirst]): a network that delivers a request after the client
-//     gave up on it, possibly after requests sent later on other
-//     connections. The reliability suite holds a completion that timed out,
-//     lets the coordinator's release go out on another connection, and
-//     delivers the release before the late completion, to check that a
-//     result that ran is not lost.
+//     gave up on it and closed the connection, possibly after requests sent
+//     later on other connections. The reliability suite holds a completion
+//     that timed out, lets the coordinator's release go out on another
+//     connection, and delivers the release before the late completion, to
+//     check that a result that ran is not lost.
 //
 // [Proxy.Stats] counts connections and bytes, so that a test can check that
 // its fault was hit (and wait, in a bounded loop, until a request is held).

@@ -76,14 +76,16 @@ func (p *Proxy) Reset() {
 // forwards again, but what was dropped is gone: a connection that lost bytes
 // in the middle of a request or reply is out of step, and clients should
 // discard it (go-redis does, after a timeout), so recovery shows on new
-// connections.
+// connections. Bytes held by Hold are not dropped: Release delivers them,
+// cut or not.
 func (p *Proxy) Cut(on bool) {
 	p.mu.Lock()
 	p.cut = on
 	p.mu.Unlock()
 }
 
-// Order is the order in which Release delivers held bytes.
+// Order is the order in which Release delivers held bytes. The zero value
+// is InOrder.
 type Order int
 
 // The orders of Release.
@@ -135,15 +137,16 @@ func (p *Proxy) Hold() {
 }
 
 // Release delivers every held chunk in the given order and returns to
-// pass-through. It delivers them run by run, a run being the chunks of one
-// connection that are next to each other in that order, each run in one
-// write; after each run it waits, up to a second, until the server answers
-// on that connection, so that the server has applied a run before it reads
-// the next: the order is the one the server executes, not only the one the
-// bytes arrive in, and when Release returns the server has answered
-// everything it delivered. Chunks that arrive while Release runs are held
-// and delivered after the others. Bytes of a connection reset or closed by
-// the proxy meanwhile are dropped. Release without Hold does nothing.
+// pass-through. It delivers them at once (SetLatency does not apply), run by
+// run, a run being the chunks of one connection that are next to each other
+// in that order, each run in one write; after each run it waits, up to a
+// second, until the server answers on that connection, so that the server
+// has applied a run before it reads the next: the order is the one the
+// server executes, not only the one the bytes arrive in, and when Release
+// returns the server has answered everything it delivered. Chunks that
+// arrive while Release runs are held and delivered after the others. Bytes
+// of a connection reset or closed by the proxy meanwhile are dropped.
+// Release without Hold does nothing.
 func (p *Proxy) Release(order Order) {
 	p.releaseMu.Lock()
 	defer p.releaseMu.Unlock()
