@@ -333,7 +333,10 @@ func (f *flow[T]) onStorageError(ctx context.Context, se *StorageError) (Result[
 		return f.mine(), err
 	}
 	if f.storable(ctx) {
-		f.saveUnprotected(ctx)
+		// In the background: the store just failed, and the caller should
+		// not wait for it a second time.
+		sctx := context.WithoutCancel(ctx)
+		f.c.background(func() { f.saveUnprotected(sctx) })
 	}
 	return f.mine(), nil
 }
