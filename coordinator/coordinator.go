@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"context"
 	"errors"
 	"sync"
 )
@@ -76,6 +77,20 @@ func (c *Coordinator) backgroundLocked(f func()) {
 		}()
 		f()
 	}()
+}
+
+// ReportUnprotected reports to the Observer that the caller runs an action
+// of operation without protection because it has no idempotency key (an
+// EventUnprotected with Method MethodNone), so that metrics and logs count
+// what Do never saw. The HTTP middleware calls it for a request without an
+// Idempotency-Key header when the header is optional. It reports nothing
+// when the kill switch is off, or when operation is not a valid operation
+// name.
+func (c *Coordinator) ReportUnprotected(ctx context.Context, operation string) {
+	if !c.cfg.enabled || ValidateOperation(operation) != nil {
+		return
+	}
+	c.obs.Observe(ctx, Event{Kind: EventUnprotected, Key: Key{Operation: operation}, Method: MethodNone})
 }
 
 // Enabled reports whether the coordinator protects calls (see WithEnabled).

@@ -425,3 +425,19 @@ func TestLeaseIsInTheActionContext(t *testing.T) {
 		t.Fatal("lease outside an action")
 	}
 }
+
+func TestReportUnprotected(t *testing.T) {
+	f, s := newMem(t)
+	f.c.ReportUnprotected(t.Context(), "payment.charge")
+	f.c.ReportUnprotected(t.Context(), "not valid") // not an operation: ignored
+	events := f.rec.all()
+	if len(events) != 1 || events[0].Kind != coordinator.EventUnprotected || events[0].Method != coordinator.MethodNone ||
+		events[0].Key != (coordinator.Key{Operation: "payment.charge"}) || s.Len() != 0 {
+		t.Fatalf("events = %+v, stored %d; want one unprotected{none} and no store call", events, s.Len())
+	}
+	off, _ := newMem(t, coordinator.WithEnabled(false))
+	off.c.ReportUnprotected(t.Context(), "payment.charge")
+	if n := len(off.rec.all()); n != 0 {
+		t.Fatalf("kill switch off: %d events, want 0", n)
+	}
+}

@@ -56,8 +56,9 @@ const (
 	// EventStored: the action's result was stored.
 	EventStored
 	// EventUnprotected: the action runs without protection because the store
-	// failed and the on-storage-error mode is "run". Method is the failed call
-	// and Err its error.
+	// failed and the on-storage-error mode is "run" (Method is the failed call
+	// and Err its error), or because the caller had no key and ran it
+	// without calling Do (Method is MethodNone; see ReportUnprotected).
 	EventUnprotected
 )
 
@@ -119,6 +120,10 @@ const (
 	MethodComplete Method = "complete"
 	MethodRelease  Method = "release"
 	MethodRenew    Method = "renew"
+	// MethodNone is no store method: on an EventUnprotected it means the
+	// caller had no key, so the store was never called (see
+	// Coordinator.ReportUnprotected). It is not among Methods.
+	MethodNone Method = "none"
 )
 
 // Methods lists every Method, for pre-initialising metrics.

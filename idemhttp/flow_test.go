@@ -478,3 +478,21 @@ func TestRetryAfterIsConfigurable(t *testing.T) {
 	}()
 	idemhttp.Middleware(c, idemhttp.WithRetryAfter(0))
 }
+
+// A request without a key passes through when the key is optional, and is
+// counted as unprotected (method "none"), so that a client that forgot the
+// header shows in the metrics.
+func TestRequestWithoutAKeyIsCountedAsUnprotected(t *testing.T) {
+	c, ev := newCoordinator(t)
+	var p payments
+	mux := route("POST /payments", &p, idemhttp.Middleware(c, idemhttp.WithOperation("payment.create")))
+	if w := send(mux, "POST", "/payments", "", `{}`); w.Code != 201 || p.n() != 1 {
+		t.Fatalf("status %d after %d runs, want a 201 from the handler", w.Code, p.n())
+	}
+	ev.mu.Lock()
+	defer ev.mu.Unlock()
+	if len(ev.all) != 1 || ev.all[0].Kind != coordinator.EventUnprotected || ev.all[0].Method != coordinator.MethodNone ||
+		ev.all[0].Key.Operation != "payment.create" {
+		t.Fatalf("events = %+v, want one unprotected{none} of payment.create", ev.all)
+	}
+}

@@ -21,6 +21,7 @@ const (
 	msgWaited      = "stopped waiting for in-flight key"
 	msgStored      = "stored result"
 	msgUnprotected = "running action unprotected: store failed"
+	msgNoKey       = "running action unprotected: no idempotency key"
 	msgStorageCall = "storage call"
 
 	msgStorageError     = "storage call failed"
@@ -47,10 +48,12 @@ func (l *eventLogger) logEvent(e coordinator.Event) {
 	fields := make([]zap.Field, 0, 7)
 	fields = append(fields, zap.String("operation", e.Key.Operation))
 	var hidden string // what stands for the key in error messages; "" for LogKeysPlain
-	switch l.keys {
-	case LogKeysPlain:
+	switch {
+	case e.Key.Key == "":
+		// No key (a request that had none): nothing to show or hide.
+	case l.keys == LogKeysPlain:
 		fields = append(fields, zap.String("key", e.Key.Key))
-	case LogKeysOmitted:
+	case l.keys == LogKeysOmitted:
 		hidden = "<key>"
 	default:
 		h := hashKey(e.Key.Key)
@@ -97,6 +100,9 @@ func lineOf(e coordinator.Event) (zapcore.Level, string) {
 	case coordinator.EventStored:
 		return zap.DebugLevel, msgStored
 	case coordinator.EventUnprotected:
+		if e.Method == coordinator.MethodNone {
+			return zap.DebugLevel, msgNoKey // routine where a key is optional
+		}
 		return zap.WarnLevel, msgUnprotected
 	case coordinator.EventStorageCall:
 		return zap.DebugLevel, msgStorageCall

@@ -66,6 +66,8 @@ func TestLogLines(t *testing.T) {
 			zap.WarnLevel, "stopped waiting for in-flight key", map[string]any{"wait_outcome": "timeout", "duration": 30 * time.Second}},
 		{"unprotected", coordinator.Event{Kind: coordinator.EventUnprotected, Key: k, Method: coordinator.MethodReserve},
 			zap.WarnLevel, "running action unprotected: store failed", map[string]any{"method": "reserve"}},
+		{"unprotected, no key", coordinator.Event{Kind: coordinator.EventUnprotected, Key: k, Method: coordinator.MethodNone},
+			zap.DebugLevel, "running action unprotected: no idempotency key", map[string]any{"method": "none"}},
 		{"storage call", coordinator.Event{Kind: coordinator.EventStorageCall, Key: k, Method: coordinator.MethodGet, Duration: time.Millisecond},
 			zap.DebugLevel, "storage call", map[string]any{"method": "get", "duration": time.Millisecond}},
 		{"failed storage call", coordinator.Event{Kind: coordinator.EventStorageCall, Key: k, Method: coordinator.MethodGet, Duration: time.Second, Err: down},

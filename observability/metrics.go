@@ -111,7 +111,7 @@ func newMetrics(reg prometheus.Registerer, namespace string, ops []string, limit
 		"Action results stored for replay.")),
 		[]string{"operation"})
 	m.unprotected = prometheus.NewCounterVec(prometheus.CounterOpts(opts("unprotected_total",
-		"Actions run without idempotency protection because the store failed, by the store method that failed.")),
+		"Actions run without idempotency protection: because the store failed, by the store method that failed, or because the request had no key (method none).")),
 		[]string{"operation", "method"})
 	m.wait = prometheus.NewHistogramVec(hopts("wait_duration_seconds",
 		"Time callers waited for another caller's result, by how the wait ended.", waitBuckets),
@@ -198,14 +198,14 @@ func (m *metrics) newOpSeries(op string) *opSeries {
 		inFlight:    m.requests.WithLabelValues(op, outcomeInFlight),
 		stored:      m.stored.WithLabelValues(op),
 		errors:      make(map[coordinator.ErrorType]prometheus.Counter, len(coordinator.ErrorTypes())),
-		unprotected: make(map[coordinator.Method]prometheus.Counter, len(coordinator.Methods())),
+		unprotected: make(map[coordinator.Method]prometheus.Counter, len(coordinator.Methods())+1),
 		waits:       make(map[coordinator.WaitOutcome]prometheus.Observer, len(coordinator.WaitOutcomes())),
 		op:          op,
 	}
 	for _, t := range coordinator.ErrorTypes() {
 		s.errors[t] = m.errors.WithLabelValues(op, string(t))
 	}
-	for _, method := range coordinator.Methods() {
+	for _, method := range append(coordinator.Methods(), coordinator.MethodNone) {
 		s.unprotected[method] = m.unprotected.WithLabelValues(op, string(method))
 	}
 	for _, o := range coordinator.WaitOutcomes() {

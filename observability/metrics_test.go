@@ -30,7 +30,7 @@ var documented = []struct {
 	{"idempotency_requests_total", 3},                                                                           // hit, miss, in_flight
 	{"idempotency_errors_total", len(coordinator.ErrorTypes())},                                                 // 9
 	{"idempotency_stored_total", 1},                                                                             //
-	{"idempotency_unprotected_total", len(coordinator.Methods())},                                               // 5
+	{"idempotency_unprotected_total", len(coordinator.Methods()) + 1},                                           // 5 store methods and none
 	{"idempotency_wait_duration_seconds", len(coordinator.WaitOutcomes())},                                      // 6
 	{"idempotency_storage_duration_seconds", len(coordinator.Methods()) * 4 /* ok, error, timeout, canceled */}, // 20
 }
@@ -142,6 +142,8 @@ func TestEventsCount(t *testing.T) {
 			"idempotency_errors_total", []string{"operation", op, "error_type", "unknown"}},
 		{"unprotected", coordinator.Event{Kind: coordinator.EventUnprotected, Key: k, Method: coordinator.MethodGet},
 			"idempotency_unprotected_total", []string{"operation", op, "method", "get"}},
+		{"unprotected, no key", coordinator.Event{Kind: coordinator.EventUnprotected, Key: coordinator.Key{Operation: op}, Method: coordinator.MethodNone},
+			"idempotency_unprotected_total", []string{"operation", op, "method", "none"}},
 		{"unprotected, unknown method", coordinator.Event{Kind: coordinator.EventUnprotected, Key: k, Method: "scan"},
 			"idempotency_unprotected_total", []string{"operation", op, "method", "unknown"}},
 	}
