@@ -284,7 +284,7 @@ func TestNewObserverWithoutALoggerWritesToStderr(t *testing.T) {
 func TestRedisURLWithoutSlashesIsRefused(t *testing.T) {
 	s := idempotency.DefaultSettings()
 	s.RedisURL = "redis:cache:6380"
-	const want = "IDEMPOTENCY_REDIS_URL: want redis://host:port/db, got no // after redis:"
+	const want = "IDEMPOTENCY_REDIS_URL: want redis://host:port/db, got no // after the scheme"
 	if err := s.Validate(); err == nil || !strings.Contains(err.Error(), want) {
 		t.Errorf("Validate() = %v; want %q", err, want)
 	}

@@ -520,7 +520,7 @@ func parseRedisURL(raw string, cluster bool) (*redis.Options, error) {
 	}
 	if u.Opaque != "" {
 		// redis:localhost:6379 would connect to the default address.
-		return nil, fmt.Errorf("want %s://host:port/db, got no // after %s:", u.Scheme, u.Scheme)
+		return nil, fmt.Errorf("want %s://host:port/db, got no // after the scheme", u.Scheme)
 	}
 	opts, err := redis.ParseURL(raw)
 	if err != nil {
