@@ -44,10 +44,16 @@ func BenchmarkDo(b *testing.B) {
 			}
 		}
 	})
-	b.Run("no-key", func(b *testing.B) {
+	b.Run("kill-switch", func(b *testing.B) {
+		// The cost of the library with protection off: validation only.
+		off, err := coordinator.New(memstore.New(), coordinator.WithEnabled(false))
+		if err != nil {
+			b.Fatal(err)
+		}
+		call := coordinator.Call{Operation: "payment.charge", Key: "bench-off"}
 		b.ReportAllocs()
 		for b.Loop() {
-			if _, err := coordinator.Do(ctx, c, coordinator.Call{Operation: "payment.charge"}, action); err != nil {
+			if _, err := coordinator.Do(ctx, off, call, action); err != nil {
 				b.Fatal(err)
 			}
 		}
