@@ -15,7 +15,6 @@ import (
 	"github.com/idemkit/idempotency/coordinator"
 )
 
-
 // errNotStored is the action's error for a response that the store policy
 // refuses: the coordinator releases the key, and the middleware sends the
 // response anyway.
