@@ -1,0 +1,208 @@
+package reliability_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/anishathalye/porcupine"
+
+	"github.com/idemkit/idempotency/coordinator"
+)
+
+// The checker on synthetic histories: it accepts what the docs allow and
+// finds what they do not. These tests need no Redis and always run.
+
+// hcall builds a call of key k (operation storm.charge) by client id, from
+// start to end (ms), returning ret; how says how it ran.
+type hcall struct {
+	id         int
+	key        string
+	start, end int64
+	how        string // "reserved", "unprotected", "run", "replay", "error", "final-ran", "final-replay"
+	ret        int    // the id of the call whose value is returned (0: its own)
+	retKey     string // the key of that call, if another
+}
+
+const ms = int64(1e6)
+
+func buildHistory(inFlight coordinator.InFlightMode, onError coordinator.OnStorageErrorMode, calls []hcall, windows ...lossWindow) *history {
+	h := &history{inFlight: inFlight, onError: onError, windows: windows, effects: map[string]int64{}}
+	for _, hc := range calls {
+		c := &call{id: hc.id, client: hc.id, op: opChargeName, key: hc.key, fp: "fp-" + hc.key,
+			start: hc.start * ms, end: hc.end * ms}
+		c.own = value(c.op, c.key, c.fp, c.id)
+		ran := func(protected bool) {
+			c.invoked, c.ran, c.protected = true, true, protected
+			c.actStart, c.actEnd = c.start+ms/10, c.end-ms/10
+			if protected {
+				c.token = "t" + c.own
+			}
+			h.effects[c.pkey()]++
+		}
+		switch hc.how {
+		case "reserved":
+			ran(true)
+		case "unprotected":
+			ran(false)
+			c.unprotected.Store(true)
+		case "run":
+			ran(false)
+		case "error":
+			c.class = errInProgress
+		case "final-ran":
+			c.final = true
+			ran(true)
+		case "final-replay":
+			c.final = true
+		}
+		c.value = c.own
+		if hc.ret != 0 {
+			k := hc.key
+			if hc.retKey != "" {
+				k = hc.retKey
+			}
+			c.value = value(opChargeName, k, "fp-"+k, hc.ret)
+		}
+		if c.class != okValue {
+			c.value = ""
+		}
+		if c.ran && c.value == c.own && c.protected {
+			c.stored.Store(true)
+		}
+		h.calls = append(h.calls, c)
+	}
+	return h
+}
+
+// opChargeName is storm.charge, which the storm files (Linux only) name
+// opCharge.
+const opChargeName = "storm.charge"
+
+func TestChecker(t *testing.T) {
+	const (
+		wait, raise, run = coordinator.InFlightWait, coordinator.InFlightRaise, coordinator.InFlightRun
+		eRun, eRaise     = coordinator.OnStorageErrorRun, coordinator.OnStorageErrorRaise
+	)
+	wipe := lossWindow{start: 15 * ms, end: 16 * ms, wipe: true, reason: reasonWipe}
+	for _, tt := range []struct {
+		name     string
+		h        *history
+		ok       bool   // linearizable and nothing found
+		findings string // what one of the findings says
+		extra    string // a reason counted as an allowed extra run
+	}{
+		{"run once, replay, refuse", buildHistory(raise, eRaise, []hcall{
+			{id: 1, key: "a", start: 0, end: 10, how: "reserved"},
+			{id: 2, key: "a", start: 5, end: 15, how: "replay", ret: 1},
+			{id: 3, key: "a", start: 1, end: 2, how: "error"},
+			{id: 4, key: "a", start: 20, end: 21, how: "final-replay", ret: 1},
+		}), true, "", ""},
+		{"a second reserved run", buildHistory(wait, eRaise, []hcall{
+			{id: 1, key: "a", start: 0, end: 10, how: "reserved"},
+			{id: 2, key: "a", start: 20, end: 30, how: "reserved"},
+		}), false, "extra run not allowed", ""},
+		{"a replay before the run", buildHistory(wait, eRaise, []hcall{
+			{id: 1, key: "a", start: 10, end: 20, how: "reserved"},
+			{id: 2, key: "a", start: 0, end: 5, how: "replay", ret: 1},
+		}), false, "not linearizable", ""},
+		{"an unprotected run in mode run", buildHistory(wait, eRun, []hcall{
+			{id: 1, key: "a", start: 0, end: 10, how: "reserved"},
+			{id: 2, key: "a", start: 20, end: 30, how: "unprotected"},
+			{id: 3, key: "a", start: 40, end: 41, how: "replay", ret: 1},
+		}), true, "", reasonUnprotected},
+		{"an unprotected run in mode raise", buildHistory(wait, eRaise, []hcall{
+			{id: 1, key: "a", start: 0, end: 10, how: "reserved"},
+			{id: 2, key: "a", start: 20, end: 30, how: "unprotected"},
+		}), false, "unprotected in on-storage-error mode raise", ""},
+		{"a protected run after unprotected ones", buildHistory(wait, eRun, []hcall{
+			{id: 1, key: "a", start: 0, end: 10, how: "unprotected"},
+			{id: 2, key: "a", start: 20, end: 30, how: "reserved"},
+			{id: 3, key: "a", start: 40, end: 41, how: "replay", ret: 2},
+		}), true, "", reasonAfterUnprot},
+		{"a run after a wipe", buildHistory(raise, eRaise, []hcall{
+			{id: 1, key: "a", start: 0, end: 10, how: "reserved"},
+			{id: 2, key: "a", start: 20, end: 30, how: "reserved"},
+			{id: 3, key: "a", start: 40, end: 41, how: "final-replay", ret: 2},
+		}, wipe), true, "", reasonWipe},
+		{"a replay of the wiped result", buildHistory(raise, eRaise, []hcall{
+			{id: 1, key: "a", start: 0, end: 10, how: "reserved"},
+			{id: 2, key: "a", start: 20, end: 30, how: "reserved"},
+			{id: 3, key: "a", start: 40, end: 41, how: "replay", ret: 1},
+		}, wipe), false, "not linearizable", reasonWipe},
+		{"another key's result", buildHistory(wait, eRaise, []hcall{
+			{id: 1, key: "a", start: 0, end: 10, how: "reserved"},
+			{id: 2, key: "b", start: 0, end: 10, how: "reserved"},
+			{id: 3, key: "a", start: 20, end: 30, how: "replay", ret: 2, retKey: "b"},
+		}), false, "wrong replay", ""},
+		{"a lost result", buildHistory(wait, eRaise, []hcall{
+			{id: 1, key: "a", start: 0, end: 10, how: "reserved"},
+			{id: 2, key: "a", start: 50, end: 60, how: "final-ran"},
+		}), false, "lost result", ""},
+		{"a lost result after a wipe", buildHistory(wait, eRaise, []hcall{
+			{id: 1, key: "a", start: 0, end: 10, how: "reserved"},
+			{id: 2, key: "a", start: 50, end: 60, how: "final-ran"},
+		}, wipe), true, "", ""},
+		{"run-mode collision", buildHistory(run, eRaise, []hcall{
+			{id: 1, key: "a", start: 0, end: 10, how: "run"},
+			{id: 2, key: "a", start: 5, end: 12, how: "run", ret: 1},
+			{id: 3, key: "a", start: 6, end: 13, how: "run"}, // lost the race to a pending... or its write failed
+			{id: 4, key: "a", start: 20, end: 21, how: "final-replay", ret: 1},
+		}), true, "", reasonRunMode},
+		{"an adopted result in mode wait", buildHistory(wait, eRaise, []hcall{
+			{id: 1, key: "a", start: 0, end: 10, how: "reserved"},
+			{id: 2, key: "a", start: 5, end: 12, how: "run", ret: 1},
+		}), false, "not linearizable", ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := tt.h.check()
+			fails := r.failures()
+			if tt.ok != (len(fails) == 0) {
+				t.Fatalf("failures %q; want ok=%v (%s)", fails, tt.ok, r.summary())
+			}
+			if tt.findings != "" && !strings.Contains(strings.Join(fails, "\n"), tt.findings) {
+				t.Errorf("failures %q; want one about %q", fails, tt.findings)
+			}
+			if tt.extra != "" && r.extra[tt.extra] == 0 {
+				t.Errorf("extra runs %v; want one for %q", r.extra, tt.extra)
+			}
+		})
+	}
+}
+
+// TestModelStep checks step on single operations.
+func TestModelStep(t *testing.T) {
+	in := opInput{pkey: "k", own: "mine"}
+	for _, tt := range []struct {
+		name  string
+		state string
+		in    opInput
+		out   opOutput
+		want  []any
+	}{
+		{"error keeps the state", "v", in, opOutput{failed: true}, []any{"v"}},
+		{"error after the effect", "", in, opOutput{failed: true, ran: true}, nil},
+		{"replay of the state", "v", in, opOutput{value: "v"}, []any{"v"}},
+		{"replay of nothing", "", in, opOutput{value: "v"}, nil},
+		{"reserved run commits", "", in, opOutput{value: "mine", ran: true, protected: true}, []any{"mine"}},
+		{"reserved run over a result", "v", in, opOutput{value: "mine", ran: true, protected: true}, nil},
+		{"unreserved run may commit", "", in, opOutput{value: "mine", ran: true}, []any{"mine", ""}},
+		{"unreserved run over a result", "v", in, opOutput{value: "mine", ran: true}, []any{"v"}},
+		{"wipe", "v", opInput{kind: opWipe}, opOutput{}, []any{""}},
+		{"failover", "v", opInput{kind: opMaybeLose}, opOutput{}, []any{"v", ""}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			got := step(tt.state, tt.in, tt.out)
+			if len(got) != len(tt.want) {
+				t.Fatalf("step = %v, want %v", got, tt.want)
+			}
+			for i := range got {
+				if got[i] != tt.want[i] {
+					t.Fatalf("step = %v, want %v", got, tt.want)
+				}
+			}
+		})
+	}
+	if res := porcupine.CheckOperations(model.ToModel(), nil); !res {
+		t.Error("an empty history is not linearizable")
+	}
+}

@@ -1,0 +1,251 @@
+package reliability_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemkit/idempotency/coordinator"
+)
+
+// A history is what a storm recorded: every call, as an operation with its
+// call and return times on one monotonic clock, its input (the value its
+// action would produce) and its output (the value returned, or the class of
+// its error); the effects of the actions; and the windows in which a fault
+// may have lost what Redis held.
+
+// errClass is how a call ended, as the checker sees it.
+type errClass uint8
+
+const (
+	// okValue: the call returned a value.
+	okValue errClass = iota
+	// errInProgress: ErrInProgress (in-flight mode raise, or past the wait
+	// bound).
+	errInProgress
+	// errStorage: a *StorageError (on-storage-error mode raise).
+	errStorage
+	// errKeyReuse: ErrKeyReuse (the key holds another fingerprint's call).
+	errKeyReuse
+	// errLeaseLost: the action was cancelled with cause ErrLeaseLost (the
+	// watchdog, or a renewal that found the key gone) and returned it.
+	errLeaseLost
+	// errContext: the caller's own context ended. The storm gives every
+	// call a deadline far beyond any documented bound, so this is a hang.
+	errContext
+	// errOther: anything else. Never expected.
+	errOther
+)
+
+var errClassNames = [...]string{"value", "in_progress", "storage", "key_reuse", "lease_lost", "context", "other"}
+
+func (c errClass) String() string { return errClassNames[c] }
+
+// classify returns the class of what Do returned.
+func classify(err error) errClass {
+	switch {
+	case err == nil:
+		return okValue
+	case errors.Is(err, coordinator.ErrInProgress):
+		return errInProgress
+	case errors.Is(err, coordinator.ErrStorage):
+		return errStorage
+	case errors.Is(err, coordinator.ErrKeyReuse):
+		return errKeyReuse
+	case errors.Is(err, coordinator.ErrLeaseLost):
+		return errLeaseLost
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		return errContext
+	}
+	return errOther
+}
+
+// call is one call of a storm: one operation of the history.
+type call struct {
+	id     int
+	client int    // the caller (porcupine's client id)
+	op     string // the operation
+	key    string // the idempotency key
+	fp     string // the fingerprint
+	own    string // the value this call's action returns: value(op, key, fp, id)
+	final  bool   // a read after the storm, to find lost results
+	start  int64  // when Do was called (ns on the storm's clock)
+	end    int64  // when it returned
+
+	value    string // what Do returned, when it returned a value
+	class    errClass
+	err      error
+	panicked any // what Do panicked with, if it did
+
+	// Set by the action, on the caller's goroutine.
+	invoked   bool   // the action was called
+	ran       bool   // the action made its effect and returned own
+	protected bool   // it ran under a reservation (ReservationFromContext)
+	token     string // the reservation's token
+	actStart  int64
+	actEnd    int64
+
+	// Set by the observer, possibly from the coordinator's background work
+	// after Do returned (read once the coordinator is closed).
+	unprotected atomic.Bool // EventUnprotected
+	stored      atomic.Bool // EventStored: this call's result was written
+	saveFailed  atomic.Bool // storage_save_error
+	leaseLost   atomic.Bool // lease_lost
+	// events is the call's events, "time:name", for the dump of a failing
+	// key; guarded by the observer's mutex.
+	events []string
+}
+
+// pkey is the key the checker partitions by: operation and key.
+func (c *call) pkey() string { return c.op + ":" + c.key }
+
+// runMode reports whether the call's action ran without a reservation
+// because the in-flight mode is run, the store up (an unprotected run in
+// mode run is unprotectedRun).
+func (h *history) runMode(c *call) bool {
+	return c.ran && !c.protected && h.inFlight == coordinator.InFlightRun && !c.unprotected.Load()
+}
+
+// unprotectedRun reports whether the call's action ran without a reservation
+// because the store failed and on-storage-error is run (the coordinator
+// reported it unprotected), or without one in in-flight mode wait or raise
+// at all.
+func (h *history) unprotectedRun(c *call) bool {
+	return c.ran && !c.protected && (h.inFlight != coordinator.InFlightRun || c.unprotected.Load())
+}
+
+// value returns the value the action of call id on (op, key, fp) produces:
+// it names all four, so that a replay of another key's, another operation's
+// or another fingerprint's result shows.
+func value(op, key, fp string, id int) string {
+	return op + "|" + key + "|" + fp + "|" + strconv.Itoa(id)
+}
+
+// parseValue splits a value made by value.
+func parseValue(v string) (op, key, fp string, id int, ok bool) {
+	parts := strings.Split(v, "|")
+	if len(parts) != 4 {
+		return "", "", "", 0, false
+	}
+	id, err := strconv.Atoi(parts[3])
+	if err != nil {
+		return "", "", "", 0, false
+	}
+	return parts[0], parts[1], parts[2], id, true
+}
+
+// lossWindow is a span of time in which Redis may have lost records: a
+// server killed and restarted empty (every record is gone: a wipe), or a
+// failover (records written shortly before it may be gone).
+type lossWindow struct {
+	start, end int64
+	wipe       bool   // every record is lost, not only some
+	reason     string // why a run after it is allowed, for the report
+	// affects reports whether the window concerns a record (by pkey); nil
+	// means every record.
+	affects func(pkey string) bool
+}
+
+func (w lossWindow) covers(pkey string) bool { return w.affects == nil || w.affects(pkey) }
+
+// history is everything a storm recorded.
+type history struct {
+	inFlight coordinator.InFlightMode
+	onError  coordinator.OnStorageErrorMode
+	calls    []*call
+	windows  []lossWindow
+	// effects counts the effects of each key's actions, as the actions
+	// counted them (the checker recounts them from the calls and compares).
+	effects map[string]int64
+}
+
+// callKey carries the *call in the context of its Do, so that the observer
+// can attribute events to it.
+type callKey struct{}
+
+// observer records the coordinator's events: on the call they belong to, and
+// counted by kind and error type.
+type observer struct {
+	now func() int64 // the storm's clock
+	mu  sync.Mutex
+	n   map[string]int
+}
+
+func (o *observer) Observe(ctx context.Context, e coordinator.Event) {
+	c, _ := ctx.Value(callKey{}).(*call)
+	name := e.Kind.String()
+	if c != nil && o.now != nil {
+		ev := name
+		switch {
+		case e.ErrorType != "":
+			ev = string(e.ErrorType)
+		case e.Kind == coordinator.EventStorageCall:
+			ev = "call:" + string(e.Method)
+			if e.Err != nil {
+				ev += "!"
+			}
+		case e.Kind == coordinator.EventWaited:
+			ev += ":" + string(e.Outcome)
+		}
+		at := time.Duration(o.now()).Round(time.Millisecond)
+		o.mu.Lock()
+		c.events = append(c.events, at.String()+":"+ev)
+		o.mu.Unlock()
+	}
+	switch e.Kind {
+	case coordinator.EventUnprotected:
+		if c != nil {
+			c.unprotected.Store(true)
+		}
+	case coordinator.EventStored:
+		if c != nil {
+			c.stored.Store(true)
+		}
+	case coordinator.EventError:
+		name = string(e.ErrorType)
+		if c != nil {
+			switch e.ErrorType {
+			case coordinator.ErrorStorageSave:
+				c.saveFailed.Store(true)
+			case coordinator.ErrorLeaseLost:
+				c.leaseLost.Store(true)
+			}
+		}
+	case coordinator.EventStorageCall:
+		if e.Err == nil {
+			return
+		}
+		name = "failed_store_call"
+	case coordinator.EventHit, coordinator.EventMiss, coordinator.EventWaited:
+		return // the history has them
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.n == nil {
+		o.n = map[string]int{}
+	}
+	o.n[name]++
+}
+
+// counts returns the counted events, sorted by name, as "name=n" words.
+func (o *observer) counts() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return formatCounts(o.n)
+}
+
+func formatCounts(n map[string]int) string {
+	var b strings.Builder
+	for _, k := range sortedKeys(n) {
+		if b.Len() > 0 {
+			b.WriteByte(' ')
+		}
+		fmt.Fprintf(&b, "%s=%d", k, n[k])
+	}
+	return b.String()
+}

@@ -1,0 +1,323 @@
+//go:build linux
+
+package reliability_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/internal/faultproxy"
+	"github.com/idemkit/idempotency/internal/redistest"
+	"github.com/idemkit/idempotency/redisrepo"
+)
+
+// standaloneBackend is a redis-server of the test's own, behind the fault
+// proxy when the fault needs it.
+type standaloneBackend struct {
+	in    *redistest.Instance
+	proxy *faultproxy.Proxy
+}
+
+func (b *standaloneBackend) client() redis.UniversalClient {
+	addr := b.in.Addr()
+	if b.proxy != nil {
+		addr = b.proxy.Addr()
+	}
+	return redis.NewClient(clientOptions(addr))
+}
+
+func (b *standaloneBackend) direct() redis.UniversalClient {
+	return redis.NewClient(clientOptions(b.in.Addr()))
+}
+
+// clusterBackend is a cluster of three masters with a replica each.
+type clusterBackend struct{ c *testCluster }
+
+func (b *clusterBackend) client() redis.UniversalClient {
+	return redis.NewClusterClient(clusterClientOptions(b.c.addrs()))
+}
+
+func (b *clusterBackend) direct() redis.UniversalClient { return b.client() }
+
+// startStandalone starts a redis-server for t alone (a fault changes it),
+// with the proxy in front of it when withProxy.
+func startStandalone(t *testing.T, withProxy bool) (*standaloneBackend, *faultEnv) {
+	t.Helper()
+	in := redistest.Start(t)
+	if in.Kind() != redistest.KindRedisServer {
+		t.Skip("the reliability suite needs redis-server: kill -9, SIGSTOP and DEBUG SLEEP are not miniredis's")
+	}
+	b := &standaloneBackend{in: in}
+	if withProxy {
+		p, err := faultproxy.Start(in.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = p.Close() })
+		b.proxy = p
+	}
+	admin := redis.NewClient(&redis.Options{Addr: in.Addr(), ReadTimeout: 5 * time.Second})
+	t.Cleanup(func() { _ = admin.Close() })
+	return b, &faultEnv{in: in, admin: admin, proxy: b.proxy}
+}
+
+// startClusterBackend starts a cluster for t alone.
+func startClusterBackend(t *testing.T) (*clusterBackend, *faultEnv) {
+	t.Helper()
+	c := startCluster(t)
+	return &clusterBackend{c: c}, &faultEnv{cluster: c}
+}
+
+// check runs sc against b and fails t on every finding of the checker.
+func check(t *testing.T, lv level, sc scenario, b backend, env *faultEnv) *outcome {
+	t.Helper()
+	o := runStorm(t, lv, sc, b, env)
+	logOutcome(t, sc, o)
+	fails := o.r.failures()
+	for i, f := range fails {
+		if i == 20 {
+			t.Errorf("... and %d more", len(fails)-i)
+			break
+		}
+		t.Error(f)
+	}
+	if sc.fault.quiet && o.storeFailures > 0 {
+		t.Errorf("%d calls met a store failure; want none (%s)", o.storeFailures, sc.fault.expect)
+	}
+	return o
+}
+
+// reportMu serialises the lines appended to the report file.
+var reportMu sync.Mutex
+
+// logOutcome logs the scenario's figures, and appends them to the file that
+// IDEMPOTENCY_TEST_RELIABILITY_REPORT names, if any (one tab-separated line
+// per scenario, for docs/reliability.md).
+func logOutcome(t *testing.T, sc scenario, o *outcome) {
+	t.Helper()
+	t.Logf("%s: %s; %v storm; store failures %d, recovery %v after the fault ended; %s; events: %s",
+		sc.name(), o.fault.note, o.duration.Round(time.Millisecond), o.storeFailures, o.recovery.Round(time.Millisecond), o.r.summary(), o.events)
+	path := os.Getenv("IDEMPOTENCY_TEST_RELIABILITY_REPORT")
+	if path == "" {
+		return
+	}
+	reportMu.Lock()
+	defer reportMu.Unlock()
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+	if err != nil {
+		t.Errorf("report: %v", err)
+		return
+	}
+	defer f.Close()
+	fmt.Fprintf(f, "%s\t%s\t%s\t%s\t%s\t%d\t%v\t%s\t%s\n", sc.backend, sc.fault.name, sc.modes.inFlight, sc.modes.onError,
+		o.fault.note, o.storeFailures, o.recovery.Round(time.Millisecond), o.r.summary(), o.events)
+}
+
+// faultModes returns the mode pairs a fault runs in: every pair in the full
+// suite; in the short one two pairs per fault, one per on-storage-error
+// mode, chosen so that the faults together cover every pair.
+func faultModes(lv level, f fault) []modes {
+	if lv == levelFull {
+		return allModes
+	}
+	m := func(i coordinator.InFlightMode, e coordinator.OnStorageErrorMode) modes { return modes{i, e} }
+	const (
+		wait, raise, run = coordinator.InFlightWait, coordinator.InFlightRaise, coordinator.InFlightRun
+		eRun, eRaise     = coordinator.OnStorageErrorRun, coordinator.OnStorageErrorRaise
+	)
+	switch f.name {
+	case faultKill.name:
+		return []modes{m(wait, eRun), m(raise, eRaise)}
+	case faultStop.name:
+		return []modes{m(wait, eRaise), m(run, eRun)}
+	case faultSleep.name:
+		return []modes{m(raise, eRun), m(wait, eRaise)}
+	case faultClientKill.name:
+		return []modes{m(run, eRaise), m(wait, eRun)}
+	case faultScriptFlush.name:
+		return []modes{m(raise, eRaise), m(run, eRun)}
+	case faultHold.name:
+		return []modes{m(wait, eRaise), m(raise, eRun)}
+	case faultFailover.name:
+		return []modes{m(wait, eRaise), m(run, eRun)}
+	}
+	return allModes
+}
+
+// TestStorms: storms without a fault on a standalone server, in every mode
+// pair.
+func TestStorms(t *testing.T) {
+	lv := suiteLevel(t)
+	for _, m := range allModes {
+		sc := scenario{backend: "standalone", modes: m, fault: faultNone}
+		t.Run(sc.name(), func(t *testing.T) {
+			b, env := startStandalone(t, false)
+			check(t, lv, sc, b, env)
+		})
+	}
+}
+
+// TestFaults: storms on a standalone server, each with one fault.
+func TestFaults(t *testing.T) {
+	lv := suiteLevel(t)
+	for _, f := range []fault{faultKill, faultStop, faultSleep, faultClientKill, faultScriptFlush, faultHold} {
+		for _, m := range faultModes(lv, f) {
+			sc := scenario{backend: "standalone", modes: m, fault: f}
+			t.Run(sc.name(), func(t *testing.T) {
+				b, env := startStandalone(t, f.needs == "proxy")
+				check(t, lv, sc, b, env)
+			})
+		}
+	}
+}
+
+// TestCluster: storms on a cluster of three masters with replicas, without a
+// fault in every mode pair, and with a master killed.
+func TestCluster(t *testing.T) {
+	lv := suiteLevel(t)
+	t.Run("none", func(t *testing.T) {
+		b, env := startClusterBackend(t)
+		checkKeySlot(t, b)
+		for _, m := range allModes {
+			sc := scenario{backend: "cluster", modes: m, fault: faultNone}
+			t.Run(sc.name(), func(t *testing.T) { check(t, lv, sc, b, env) })
+		}
+	})
+	for _, m := range faultModes(lv, faultFailover) {
+		sc := scenario{backend: "cluster", modes: m, fault: faultFailover}
+		t.Run(sc.name(), func(t *testing.T) {
+			b, env := startClusterBackend(t)
+			check(t, lv, sc, b, env)
+		})
+	}
+}
+
+// The checker's self-test: stores that forget records, or mix them up, must
+// make the checker fail. The same storm as TestStorms, on a store wrapped
+// in one that misbehaves.
+
+// forgetful is a Store that loses every tenth completed result: it drops the
+// completion silently (and reports it done), or completes and then deletes
+// the record.
+type forgetful struct {
+	coordinator.Store
+	inner  *redisrepo.Store
+	delete bool
+	n      atomic.Int64
+}
+
+func (f *forgetful) Complete(ctx context.Context, key coordinator.Key, token string, result []byte, ttl time.Duration) (bool, error) {
+	if f.n.Add(1)%10 != 0 {
+		return f.Store.Complete(ctx, key, token, result, ttl)
+	}
+	if !f.delete {
+		return true, nil
+	}
+	ok, err := f.Store.Complete(ctx, key, token, result, ttl)
+	if ok && err == nil {
+		_, _ = f.inner.Forget(ctx, key)
+	}
+	return ok, err
+}
+
+// mixer is a Store that, once in twenty reads of a completed record, returns
+// the result of the last other key it read instead.
+type mixer struct {
+	coordinator.Store
+	mu   sync.Mutex
+	n    int
+	last map[coordinator.Key][]byte
+}
+
+func (m *mixer) mix(key coordinator.Key, rec coordinator.Record) coordinator.Record {
+	if rec.State != coordinator.StateCompleted {
+		return rec
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.n++
+	if m.n%20 == 0 {
+		for k, res := range m.last {
+			if k != key {
+				rec.Result = res
+				return rec
+			}
+		}
+	}
+	if m.last == nil {
+		m.last = map[coordinator.Key][]byte{}
+	}
+	clear(m.last)
+	m.last[key] = rec.Result
+	return rec
+}
+
+func (m *mixer) Reserve(ctx context.Context, key coordinator.Key, w coordinator.Write) (coordinator.Record, bool, error) {
+	rec, ok, err := m.Store.Reserve(ctx, key, w)
+	return m.mix(key, rec), ok, err
+}
+
+func (m *mixer) Get(ctx context.Context, key coordinator.Key) (coordinator.Record, error) {
+	rec, err := m.Store.Get(ctx, key)
+	return m.mix(key, rec), err
+}
+
+func TestCheckerCatchesABadStore(t *testing.T) {
+	lv := suiteLevel(t)
+	completes := []modes{{coordinator.InFlightWait, coordinator.OnStorageErrorRaise}, {coordinator.InFlightRaise, coordinator.OnStorageErrorRaise}}
+	reads := []modes{{coordinator.InFlightWait, coordinator.OnStorageErrorRaise}, {coordinator.InFlightRun, coordinator.OnStorageErrorRun}}
+	for _, tt := range []struct {
+		name  string
+		modes []modes // mode run writes with Reserve, not Complete
+		wrap  func(*redisrepo.Store) coordinator.Store
+		// caught reports whether the checker found what the store did.
+		caught func(r *report) bool
+	}{
+		{"drops-every-10th-completion", completes, func(s *redisrepo.Store) coordinator.Store { return &forgetful{Store: s, inner: s} },
+			func(r *report) bool { return len(r.notAllowed)+len(r.lost) > 0 && r.linearizable == "Illegal" }},
+		{"deletes-every-10th-record", completes, func(s *redisrepo.Store) coordinator.Store { return &forgetful{Store: s, inner: s, delete: true} },
+			func(r *report) bool { return len(r.notAllowed)+len(r.lost) > 0 && r.linearizable == "Illegal" }},
+		{"replays-another-keys-result", reads, func(s *redisrepo.Store) coordinator.Store { return &mixer{Store: s} },
+			func(r *report) bool { return len(r.wrong) > 0 && r.linearizable == "Illegal" }},
+	} {
+		for _, m := range tt.modes {
+			sc := scenario{backend: "standalone", modes: m, fault: faultNone, wrap: tt.wrap}
+			t.Run(tt.name+"/"+sc.name(), func(t *testing.T) {
+				b, env := startStandalone(t, false)
+				o := runStorm(t, lv, sc, b, env)
+				logOutcome(t, sc, o)
+				if !tt.caught(o.r) {
+					t.Fatalf("the checker did not catch a store that %s: %s", tt.name, o.r.summary())
+				}
+				fails := o.r.failures()
+				t.Logf("caught: %d findings, e.g. %s", len(fails), strings.Join(fails[:min(3, len(fails))], "; "))
+			})
+		}
+	}
+}
+
+// checkKeySlot checks keySlot, which says which records a killed master
+// held, against the cluster's own CLUSTER KEYSLOT.
+func checkKeySlot(t *testing.T, b *clusterBackend) {
+	t.Helper()
+	c := b.client()
+	defer c.Close()
+	for _, k := range []string{"", "a", "rel:abc:storm.charge:k17", "{tag}x", "x{}y", "x{tag}", "{}", "k{a}{b}"} {
+		want, err := c.(*redis.ClusterClient).ClusterKeySlot(context.Background(), k).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := keySlot(k); int64(got) != want {
+			t.Errorf("keySlot(%q) = %d, CLUSTER KEYSLOT %d", k, got, want)
+		}
+	}
+}

@@ -1,0 +1,433 @@
+//go:build linux
+
+package reliability_test
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/redisrepo"
+)
+
+// The coordinator's options in every storm: short, so that faults resolve
+// quickly. The lease rule holds: renew + storage timeout (300ms) < 0.9 ×
+// lease (900ms).
+const (
+	lease          = time.Second
+	storageTimeout = 100 * time.Millisecond
+	renewInterval  = 200 * time.Millisecond
+)
+
+// The operations of a storm. Every key is used under both, so that a replay
+// of the other operation's result would show. storm.charge calls carry one
+// fingerprint per key; storm.reuse calls carry one of two fingerprints at
+// random, so that one of them is refused with ErrKeyReuse and a replay of
+// the other's result would show.
+const (
+	opCharge = "storm.charge"
+	opReuse  = "storm.reuse"
+)
+
+// modes is a pair of an in-flight mode and an on-storage-error mode.
+type modes struct {
+	inFlight coordinator.InFlightMode
+	onError  coordinator.OnStorageErrorMode
+}
+
+func (m modes) String() string {
+	return "inflight=" + string(m.inFlight) + ",onerror=" + string(m.onError)
+}
+
+// allModes is every mode pair.
+var allModes = []modes{
+	{coordinator.InFlightWait, coordinator.OnStorageErrorRun},
+	{coordinator.InFlightWait, coordinator.OnStorageErrorRaise},
+	{coordinator.InFlightRaise, coordinator.OnStorageErrorRun},
+	{coordinator.InFlightRaise, coordinator.OnStorageErrorRaise},
+	{coordinator.InFlightRun, coordinator.OnStorageErrorRun},
+	{coordinator.InFlightRun, coordinator.OnStorageErrorRaise},
+}
+
+// stormConfig sizes a storm.
+type stormConfig struct {
+	callers int
+	// Keys are drawn with a Zipf distribution (s=1.1) over ranks 0..ranks-1;
+	// rank r is key "k<r+shift>", and shift grows by shiftBy every
+	// shiftEvery, so that the hot keys change during the storm and first
+	// runs (reservations, completions) keep happening while faults strike,
+	// not only replays.
+	ranks      int
+	shiftBy    int
+	shiftEvery time.Duration
+	warmup     time.Duration // before the fault
+	after      time.Duration // after the fault has ended
+	maxAction  time.Duration // actions take a random 0..maxAction
+	seed       uint64
+}
+
+func configFor(lv level) stormConfig {
+	c := stormConfig{callers: 64, ranks: 500, shiftBy: 25, shiftEvery: 100 * time.Millisecond,
+		warmup: 400 * time.Millisecond, after: 1500 * time.Millisecond, maxAction: 5 * time.Millisecond}
+	if lv == levelFull {
+		c.warmup, c.after = 2*time.Second, 4*time.Second
+	}
+	if v := os.Getenv("IDEMPOTENCY_TEST_RELIABILITY_SEED"); v != "" {
+		c.seed, _ = strconv.ParseUint(v, 10, 64)
+	} else {
+		c.seed = rand.Uint64()
+	}
+	return c
+}
+
+// storm is one run of concurrent callers against one coordinator.
+type storm struct {
+	cfg   stormConfig
+	modes modes
+	base  time.Time // the clock's zero: every time is time.Since(base), monotonic
+	coord *coordinator.Coordinator
+	obs   *observer
+
+	// gate, when not nil, holds new calls back until it is closed: a fault
+	// pauses the storm (the held link's release); calls in flight go on.
+	gateMu sync.Mutex
+	gate   chan struct{}
+	nextID atomic.Int64
+	mu     sync.Mutex
+	calls  [][]*call        // by client
+	effect map[string]int64 // by pkey: the actions' own count of their effects
+}
+
+func (s *storm) now() int64 { return int64(time.Since(s.base)) }
+
+// action returns the action of call cl: it sleeps a random short time
+// (0..maxAction, or until its context ends: an action that honours
+// cancellation, as the docs ask), then makes its effect (counted per key,
+// recorded on the call) and returns the call's own value.
+func (s *storm) action(cl *call, r *rand.Rand) func(context.Context) (string, error) {
+	return func(ctx context.Context) (string, error) {
+		cl.invoked = true
+		cl.actStart = s.now()
+		res, ok := coordinator.ReservationFromContext(ctx)
+		cl.protected, cl.token = ok, res.Token
+		if d := time.Duration(r.Int64N(int64(s.cfg.maxAction) + 1)); d > 0 {
+			t := time.NewTimer(d)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+			}
+		}
+		if ctx.Err() != nil {
+			cl.actEnd = s.now()
+			return "", context.Cause(ctx)
+		}
+		s.mu.Lock()
+		s.effect[cl.pkey()]++
+		s.mu.Unlock()
+		cl.ran = true
+		cl.actEnd = s.now()
+		return cl.own, nil
+	}
+}
+
+// pause holds the callers' new calls back until resume.
+func (s *storm) pause() {
+	s.gateMu.Lock()
+	defer s.gateMu.Unlock()
+	s.gate = make(chan struct{})
+}
+
+func (s *storm) resume() {
+	s.gateMu.Lock()
+	defer s.gateMu.Unlock()
+	close(s.gate)
+	s.gate = nil
+}
+
+// callDeadline is every call's own deadline: far beyond any documented
+// bound, so that a call that reaches it is a hang (errContext).
+const callDeadline = 20 * time.Second
+
+// do makes one call of Do and records it.
+func (s *storm) do(c *coordinator.Coordinator, client int, r *rand.Rand, op, key, fp string, final bool) *call {
+	id := int(s.nextID.Add(1))
+	cl := &call{id: id, client: client, op: op, key: key, fp: fp, own: value(op, key, fp, id), final: final}
+	ctx, cancel := context.WithTimeout(context.WithValue(context.Background(), callKey{}, cl), callDeadline)
+	defer cancel()
+	cl.start = s.now()
+	func() {
+		defer func() {
+			if p := recover(); p != nil {
+				cl.panicked = p
+				cl.err = fmt.Errorf("panic: %v", p)
+			}
+		}()
+		cl.value, cl.err = coordinator.Do(ctx, c, coordinator.Call{Operation: op, Key: key, Fingerprint: fp}, s.action(cl, r))
+	}()
+	cl.end = s.now()
+	cl.class = classify(cl.err)
+	if cl.class != okValue {
+		cl.value = ""
+	}
+	s.mu.Lock()
+	s.calls[client] = append(s.calls[client], cl)
+	s.mu.Unlock()
+	return cl
+}
+
+// caller issues calls until stop is closed.
+func (s *storm) caller(client int, stop <-chan struct{}) {
+	r := rand.New(rand.NewPCG(s.cfg.seed, uint64(client)))
+	z := rand.NewZipf(r, 1.1, 1, uint64(s.cfg.ranks-1))
+	for {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		s.gateMu.Lock()
+		gate := s.gate
+		s.gateMu.Unlock()
+		if gate != nil {
+			<-gate
+		}
+		shift := int(s.now()/int64(s.cfg.shiftEvery)) * s.cfg.shiftBy
+		key := "k" + strconv.Itoa(int(z.Uint64())+shift)
+		op, fp := opCharge, "fp-"+key
+		if r.IntN(8) == 0 {
+			op, fp = opReuse, []string{"fpA", "fpB"}[r.IntN(2)]
+		}
+		s.do(s.coord, client, r, op, key, fp, false)
+	}
+}
+
+// backend is a Redis that a storm runs against.
+type backend interface {
+	// client returns a new client for the storm's coordinator, as
+	// idempotency.NewRedisClient builds it (one dial attempt, a dial timeout
+	// of the storage timeout, context deadlines honoured), through the
+	// fault proxy when the backend has one.
+	client() redis.UniversalClient
+	// direct returns a new client straight to Redis, for the final reads
+	// and the faults' own commands.
+	direct() redis.UniversalClient
+}
+
+// clientOptions mirrors idempotency.NewRedisClient for a storage timeout.
+func clientOptions(addr string) *redis.Options {
+	return &redis.Options{Addr: addr, DialerRetries: 1, DialTimeout: storageTimeout, ContextTimeoutEnabled: true}
+}
+
+// clusterClientOptions mirrors idempotency.NewRedisClient for a cluster.
+func clusterClientOptions(addrs []string) *redis.ClusterOptions {
+	return &redis.ClusterOptions{Addrs: addrs, DialerRetries: 1, DialTimeout: storageTimeout, ContextTimeoutEnabled: true}
+}
+
+// scenario is one storm: a backend, a mode pair, a fault.
+type scenario struct {
+	backend string
+	modes   modes
+	fault   fault
+	// wrap, when set, wraps the store (the checker's self-test).
+	wrap func(*redisrepo.Store) coordinator.Store
+}
+
+func (sc scenario) name() string {
+	return sc.backend + "/" + sc.fault.name + "/" + sc.modes.inFlight.String() + "-" + sc.modes.onError.String()
+}
+
+// outcome is a storm's history, its report and the fault's figures.
+type outcome struct {
+	h      *history
+	r      *report
+	fault  faultResult
+	events string
+	// storeFailures counts the calls that the store's failure reached
+	// (a *StorageError, or an unprotected run) among those that began once
+	// the fault had begun; recovery is how long after the fault's end the
+	// last of them returned.
+	storeFailures int
+	recovery      time.Duration
+	duration      time.Duration
+}
+
+// runStorm runs sc against b and checks the history. It does not fail t on
+// the checker's findings: the caller decides (the self-test expects some).
+func runStorm(t *testing.T, lv level, sc scenario, b backend, env *faultEnv) *outcome {
+	t.Helper()
+	cfg := configFor(lv)
+	t.Logf("seed %d (IDEMPOTENCY_TEST_RELIABILITY_SEED)", cfg.seed)
+	prefix := "rel:" + strconv.FormatUint(rand.Uint64()%1e9, 36) + ":"
+	env.prefix = prefix
+
+	leaks := goleak.IgnoreCurrent()
+	client := b.client()
+	var store coordinator.Store = redisrepo.New(client, redisrepo.WithKeyPrefix(prefix))
+	if sc.wrap != nil {
+		store = sc.wrap(store.(*redisrepo.Store))
+	}
+	base := time.Now()
+	obs := &observer{now: func() int64 { return int64(time.Since(base)) }}
+	c, err := coordinator.New(store,
+		coordinator.WithLease(lease), coordinator.WithStorageTimeout(storageTimeout), coordinator.WithRenewInterval(renewInterval),
+		coordinator.WithInFlight(sc.modes.inFlight), coordinator.WithOnStorageError(sc.modes.onError), coordinator.WithObserver(obs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &storm{cfg: cfg, modes: sc.modes, base: base, coord: c, obs: obs,
+		calls: make([][]*call, cfg.callers+finalReaders), effect: map[string]int64{}}
+
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range cfg.callers {
+		wg.Go(func() { s.caller(i, stop) })
+	}
+	time.Sleep(cfg.warmup)
+	env.now = s.now
+	env.pause, env.resume = s.pause, s.resume
+	fr := sc.fault.inject(t, env)
+	time.Sleep(cfg.after)
+	close(stop)
+	wg.Wait()
+	duration := time.Duration(s.now())
+	_ = c.Close() // waits for the background saves and releases
+	_ = client.Close()
+
+	s.finalReads(t, b, prefix)
+
+	h := &history{inFlight: sc.modes.inFlight, onError: sc.modes.onError, windows: fr.windows, effects: s.effect}
+	for _, cs := range s.calls {
+		h.calls = append(h.calls, cs...)
+	}
+	o := &outcome{h: h, fault: fr, events: obs.counts(), duration: duration}
+	var lastFail int64 = -1
+	for _, cl := range h.calls {
+		if cl.final || cl.start < fr.start {
+			continue
+		}
+		if cl.class == errStorage || cl.unprotected.Load() {
+			o.storeFailures++
+			lastFail = max(lastFail, cl.end)
+		}
+	}
+	if lastFail > fr.end {
+		o.recovery = time.Duration(lastFail - fr.end)
+	}
+	// A server that a fault restarted has its own waiter goroutine.
+	goleak.VerifyNone(t, leaks, ignoreProbe, goleak.IgnoreAnyFunction("github.com/idemkit/idempotency/internal/redistest.spawn.func1"))
+	o.r = h.check()
+	if fails := o.r.failures(); len(fails) > 0 {
+		keys := maps.Clone(o.r.badKeys)
+		for _, k := range o.r.illegalKeys {
+			keys[k] = true
+		}
+		var dump strings.Builder
+		for _, k := range sortedKeys(keys) {
+			dump.WriteString(h.dump(k))
+		}
+		path := t.ArtifactDir() + "/keys.txt"
+		if err := os.WriteFile(path, []byte(dump.String()), 0o644); err == nil {
+			t.Logf("the failing keys' histories are in %s", path)
+		}
+		if d := dump.String(); len(d) < 6000 {
+			t.Log(d)
+		} else {
+			t.Log(d[:6000])
+		}
+	}
+	if o.r.smallestIllegal != nil && len(o.r.smallestIllegal) < 2000 {
+		if dir := t.ArtifactDir(); dir != "" {
+			// porcupine's visualisation of the failing keys
+			path := dir + "/history.html"
+			if err := visualize(o.r, path); err == nil {
+				t.Logf("history visualised in %s", path)
+			}
+		}
+	}
+	return o
+}
+
+// finalReaders is how many clients read every key after the storm.
+const finalReaders = 8
+
+// finalReads reads every key the storm used, after it, with a coordinator
+// of its own on a fresh client (in-flight wait, on-storage-error raise, so
+// that it never runs unprotected): a key whose result is stored replays it;
+// a key whose action runs here had no result stored. The reads are part of
+// the history. A read that fails (the store still recovering) is retried.
+func (s *storm) finalReads(t *testing.T, b backend, prefix string) {
+	t.Helper()
+	client := b.direct()
+	defer client.Close()
+	c, err := coordinator.New(redisrepo.New(client, redisrepo.WithKeyPrefix(prefix)),
+		coordinator.WithLease(3*time.Second), coordinator.WithStorageTimeout(500*time.Millisecond), coordinator.WithRenewInterval(time.Second),
+		coordinator.WithWaitTimeout(3*time.Second), coordinator.WithOnStorageError(coordinator.OnStorageErrorRaise))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	type target struct{ op, key, fp string }
+	seen := map[string]bool{}
+	var targets []target
+	for _, cs := range s.calls {
+		for _, cl := range cs {
+			if !seen[cl.pkey()] {
+				seen[cl.pkey()] = true
+				fp := cl.fp
+				if cl.op == opReuse {
+					fp = "" // no fingerprint: replays whichever was stored
+				}
+				targets = append(targets, target{cl.op, cl.key, fp})
+			}
+		}
+	}
+	slices.SortFunc(targets, func(a, b target) int {
+		if a.op != b.op {
+			return compareStrings(a.op, b.op)
+		}
+		return compareStrings(a.key, b.key)
+	})
+	var wg sync.WaitGroup
+	for w := range finalReaders {
+		wg.Go(func() {
+			r := rand.New(rand.NewPCG(s.cfg.seed, uint64(1000+w)))
+			for i := w; i < len(targets); i += finalReaders {
+				tg := targets[i]
+				deadline := time.Now().Add(10 * time.Second)
+				for {
+					cl := s.do(c, s.cfg.callers+w, r, tg.op, tg.key, tg.fp, true)
+					retry := cl.class == errStorage || cl.class == errInProgress
+					if !retry || time.Now().After(deadline) {
+						break
+					}
+					time.Sleep(50 * time.Millisecond)
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+func compareStrings(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
