@@ -9,7 +9,7 @@ GO ?= go
 STATICCHECK_VERSION ?= v0.8.2
 STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
-.PHONY: all build test lint fmt-check vet staticcheck bench tidy-check readme-commands ci ci-targets demo
+.PHONY: all build test test-reliability test-reliability-short lint fmt-check vet staticcheck bench tidy-check readme-commands ci ci-targets demo
 
 all: build
 
@@ -19,6 +19,19 @@ build:
 # The README's test command.
 test:
 	$(GO) test -race -count=1 ./...
+
+# The reliability suite (reliability/, docs/reliability.md): storms of
+# duplicate calls on real Redis and a Redis Cluster, with faults, every history
+# checked. `test` skips its storms. The short run covers every fault kind and
+# every mode pair (about two minutes on two cores) and is a CI target; the full
+# one runs every fault in every mode pair with longer storms, and prints each
+# scenario's figures. IDEMPOTENCY_TEST_RELIABILITY_REPORT=file appends them to
+# file, tab-separated; IDEMPOTENCY_TEST_RELIABILITY_SEED replays a storm's keys.
+test-reliability:
+	IDEMPOTENCY_TEST_RELIABILITY=full $(GO) test -race -count=1 -timeout 60m -v ./reliability/
+
+test-reliability-short:
+	IDEMPOTENCY_TEST_RELIABILITY=short $(GO) test -race -count=1 -timeout 20m ./reliability/
 
 lint: fmt-check vet staticcheck
 
@@ -54,7 +67,7 @@ readme-commands:
 
 # The CI checks, in the order .ci/run runs them. `make ci` stops at the first
 # failure (`make -k ci` runs them all); .ci/run always runs them all.
-CI_TARGETS := fmt-check vet tidy-check staticcheck test readme-commands
+CI_TARGETS := fmt-check vet tidy-check staticcheck test test-reliability-short readme-commands
 
 ci: $(CI_TARGETS)
 
