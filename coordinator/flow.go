@@ -395,11 +395,10 @@ func (f *flow[T]) runReserved(ctx context.Context, sent time.Time) (Result[T], e
 	if lost {
 		return f.mine(), nil // reported by the renewer
 	}
-	// The reservation can be ours until a lease (and the call that renewed
-	// it) after the last renewal that was confirmed.
-	until := r.deadline.Add(watchdogMargin(f.c.cfg.lease) + f.c.cfg.storageTimeout)
+	// The reservation can be ours until a lease after the last renewal (or
+	// the reservation) that was sent and confirmed.
 	if !f.complete(ctx) {
-		f.saveLater(ctx, until)
+		f.saveLater(ctx, r.deadline.Add(watchdogMargin(f.c.cfg.lease)))
 	}
 	return f.mine(), nil
 }
@@ -436,24 +435,31 @@ func (f *flow[T]) settle(ctx context.Context, ok bool) {
 }
 
 // saveLater retries, in the background, a completion whose outcome is not
-// known, while the reservation can still be ours (until until), renewing the
-// lease between attempts. It never releases the key: a release could overtake
-// a completion still on its way and destroy a result that exists. Both steps
+// known, while the reservation can still be ours: until expiry, a lease after
+// the last renewal (or the reservation) that was sent and confirmed, extended
+// by each renewal that goes through. Each round renews, then completes. The
+// rounds back off from the poll interval to the renew interval, but never
+// wait more than half the time left, so that they come closer together as
+// the lease runs out and a store that comes back just before it is still
+// asked in time. It never releases the key: a release could overtake a
+// completion still on its way and destroy a result that exists. Both steps
 // are owner-checked, so a retry is safe whatever became of the first.
-func (f *flow[T]) saveLater(ctx context.Context, until time.Time) {
+func (f *flow[T]) saveLater(ctx context.Context, expiry time.Time) {
 	ctx = context.WithoutCancel(ctx)
 	f.c.background(func() {
-		lease := f.c.cfg.lease
+		lease, timeout := f.c.cfg.lease, f.c.cfg.storageTimeout
 		backoff := f.c.cfg.pollInterval
 		for {
-			t := time.NewTimer(min(backoff, max(time.Until(until), 0)))
+			wait := max(min(backoff, time.Until(expiry)/2), time.Millisecond)
+			t := time.NewTimer(wait)
 			<-t.C
 			backoff = min(backoff*2, f.c.cfg.renewInterval)
-			if !time.Now().Before(until) {
+			if !time.Now().Before(expiry) {
 				break
 			}
 			at := time.Now()
-			cctx, cancel := context.WithDeadline(ctx, until)
+			// A call sent before the expiry may still be applied in time.
+			cctx, cancel := context.WithDeadline(ctx, expiry.Add(timeout))
 			ok, err := f.storeRenew(cctx)
 			if err != nil {
 				cancel()
@@ -461,7 +467,7 @@ func (f *flow[T]) saveLater(ctx context.Context, until time.Time) {
 				continue
 			}
 			if ok { // still ours, for another lease: complete
-				until = at.Add(lease + f.c.cfg.storageTimeout)
+				expiry = at.Add(lease)
 				if ok, err = f.storeComplete(cctx, f.payload); err != nil {
 					cancel()
 					f.storageFailed(ctx, ErrorStorageSave, MethodComplete, err)
