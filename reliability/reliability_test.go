@@ -27,26 +27,26 @@ type standaloneBackend struct {
 	proxy *faultproxy.Proxy
 }
 
-func (b *standaloneBackend) client() redis.UniversalClient {
+func (b *standaloneBackend) client(t *testing.T) redis.UniversalClient {
 	addr := b.in.Addr()
 	if b.proxy != nil {
 		addr = b.proxy.Addr()
 	}
-	return redis.NewClient(clientOptions(addr))
+	return newClient(t, []string{addr}, false)
 }
 
-func (b *standaloneBackend) direct() redis.UniversalClient {
-	return redis.NewClient(clientOptions(b.in.Addr()))
+func (b *standaloneBackend) direct(t *testing.T) redis.UniversalClient {
+	return newClient(t, []string{b.in.Addr()}, false)
 }
 
 // clusterBackend is a cluster of three masters with a replica each.
 type clusterBackend struct{ c *testCluster }
 
-func (b *clusterBackend) client() redis.UniversalClient {
-	return redis.NewClusterClient(clusterClientOptions(b.c.addrs()))
+func (b *clusterBackend) client(t *testing.T) redis.UniversalClient {
+	return newClient(t, b.c.addrs(), true)
 }
 
-func (b *clusterBackend) direct() redis.UniversalClient { return b.client() }
+func (b *clusterBackend) direct(t *testing.T) redis.UniversalClient { return b.client(t) }
 
 // startStandalone starts a redis-server for t alone (a fault changes it),
 // with the proxy in front of it when withProxy.
@@ -309,7 +309,7 @@ func TestCheckerCatchesABadStore(t *testing.T) {
 // held, against the cluster's own CLUSTER KEYSLOT.
 func checkKeySlot(t *testing.T, b *clusterBackend) {
 	t.Helper()
-	c := b.client()
+	c := b.client(t)
 	defer c.Close()
 	for _, k := range []string{"", "a", "rel:abc:storm.charge:k17", "{tag}x", "x{}y", "x{tag}", "{}", "k{a}{b}"} {
 		want, err := c.(*redis.ClusterClient).ClusterKeySlot(context.Background(), k).Result()

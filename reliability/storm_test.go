@@ -19,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
+	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/redisrepo"
 )
@@ -217,24 +218,31 @@ func (s *storm) caller(client int, stop <-chan struct{}) {
 
 // backend is a Redis that a storm runs against.
 type backend interface {
-	// client returns a new client for the storm's coordinator, as
-	// idempotency.NewRedisClient builds it (one dial attempt, a dial timeout
-	// of the storage timeout, context deadlines honoured), through the
+	// client returns a new client for the storm's coordinator, through the
 	// fault proxy when the backend has one.
-	client() redis.UniversalClient
-	// direct returns a new client straight to Redis, for the final reads
-	// and the faults' own commands.
-	direct() redis.UniversalClient
+	client(t *testing.T) redis.UniversalClient
+	// direct returns a new client straight to Redis, for the final reads.
+	direct(t *testing.T) redis.UniversalClient
 }
 
-// clientOptions mirrors idempotency.NewRedisClient for a storage timeout.
-func clientOptions(addr string) *redis.Options {
-	return &redis.Options{Addr: addr, DialerRetries: 1, DialTimeout: storageTimeout, ContextTimeoutEnabled: true}
-}
-
-// clusterClientOptions mirrors idempotency.NewRedisClient for a cluster.
-func clusterClientOptions(addrs []string) *redis.ClusterOptions {
-	return &redis.ClusterOptions{Addrs: addrs, DialerRetries: 1, DialTimeout: storageTimeout, ContextTimeoutEnabled: true}
+// newClient returns the client that idempotency.NewRedisClient builds (what
+// the fx module uses) for a server, or for a cluster when cluster is set,
+// with the storms' storage timeout: one dial attempt per connection, a dial
+// timeout of the storage timeout, context deadlines honoured.
+func newClient(t *testing.T, addrs []string, cluster bool) redis.UniversalClient {
+	t.Helper()
+	s := idempotency.DefaultSettings()
+	s.StorageTimeout = storageTimeout
+	if cluster {
+		s.RedisClusterAddrs = addrs
+	} else {
+		s.RedisURL = "redis://" + addrs[0] + "/0"
+	}
+	c, err := idempotency.NewRedisClient(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
 
 // scenario is one storm: a backend, a mode pair, a fault.
@@ -275,7 +283,7 @@ func runStorm(t *testing.T, lv level, sc scenario, b backend, env *faultEnv) *ou
 	env.prefix = prefix
 
 	leaks := goleak.IgnoreCurrent()
-	client := b.client()
+	client := b.client(t)
 	var store coordinator.Store = redisrepo.New(client, redisrepo.WithKeyPrefix(prefix))
 	if sc.wrap != nil {
 		store = sc.wrap(store.(*redisrepo.Store))
@@ -371,7 +379,7 @@ const finalReaders = 8
 // the history. A read that fails (the store still recovering) is retried.
 func (s *storm) finalReads(t *testing.T, b backend, prefix string) {
 	t.Helper()
-	client := b.direct()
+	client := b.direct(t)
 	defer client.Close()
 	c, err := coordinator.New(redisrepo.New(client, redisrepo.WithKeyPrefix(prefix)),
 		coordinator.WithLease(3*time.Second), coordinator.WithStorageTimeout(500*time.Millisecond), coordinator.WithRenewInterval(time.Second),
