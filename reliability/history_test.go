@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -96,9 +97,31 @@ type call struct {
 	stored      atomic.Bool // EventStored: this call's result was written
 	saveFailed  atomic.Bool // storage_save_error
 	leaseLost   atomic.Bool // lease_lost
+	// unprotectedErr is the store's error that made the run unprotected.
+	unprotectedErr atomic.Pointer[error]
 	// events is the call's events, "time:name", for the dump of a failing
 	// key; guarded by the observer's mutex.
 	events []string
+}
+
+// storeErr returns the store's error that the call met before its action
+// ran: the *StorageError it returned, or the one that made it run
+// unprotected; nil when it met none.
+func (c *call) storeErr() error {
+	if c.class == errStorage {
+		return c.err
+	}
+	if p := c.unprotectedErr.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// isTimeout reports whether err is a timeout: the storage timeout, or a
+// socket deadline.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout()
 }
 
 // pkey is the key the checker partitions by: operation and key.
@@ -201,6 +224,8 @@ func (o *observer) Observe(ctx context.Context, e coordinator.Event) {
 	case coordinator.EventUnprotected:
 		if c != nil {
 			c.unprotected.Store(true)
+			err := e.Err
+			c.unprotectedErr.Store(&err)
 		}
 	case coordinator.EventStored:
 		if c != nil {

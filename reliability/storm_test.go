@@ -250,12 +250,18 @@ type scenario struct {
 	backend string
 	modes   modes
 	fault   fault
-	// wrap, when set, wraps the store (the checker's self-test).
-	wrap func(*redisrepo.Store) coordinator.Store
+	// wrap, when set, wraps the store (the checker's self-test), which
+	// label names.
+	wrap  func(*redisrepo.Store) coordinator.Store
+	label string
 }
 
 func (sc scenario) name() string {
-	return sc.backend + "/" + sc.fault.name + "/" + sc.modes.inFlight.String() + "-" + sc.modes.onError.String()
+	name := sc.backend + "/" + sc.fault.name + "/" + sc.modes.inFlight.String() + "-" + sc.modes.onError.String()
+	if sc.label != "" {
+		name = sc.label + "/" + name
+	}
+	return name
 }
 
 // outcome is a storm's history, its report and the fault's figures.
@@ -269,6 +275,9 @@ type outcome struct {
 	// the fault had begun; recovery is how long after the fault's end the
 	// last of them returned.
 	storeFailures int
+	// otherFailures are those of the store failures that were not
+	// timeouts, one error each, for a quiet fault.
+	otherFailures []error
 	recovery      time.Duration
 	duration      time.Duration
 }
@@ -327,9 +336,12 @@ func runStorm(t *testing.T, lv level, sc scenario, b backend, env *faultEnv) *ou
 		if cl.final || cl.start < fr.start {
 			continue
 		}
-		if cl.class == errStorage || cl.unprotected.Load() {
+		if err := cl.storeErr(); err != nil {
 			o.storeFailures++
 			lastFail = max(lastFail, cl.end)
+			if !isTimeout(err) {
+				o.otherFailures = append(o.otherFailures, err)
+			}
 		}
 	}
 	if lastFail > fr.end {
