@@ -5,13 +5,11 @@ package reliability_test
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -29,19 +27,12 @@ import (
 const nodeTimeout = 1000 * time.Millisecond
 
 // node is one redis-server of a test cluster.
-type node struct {
-	port int
-	cmd  *exec.Cmd
-	done chan struct{} // closed when the process has exited
-}
+type node struct{ proc *redistest.Process }
 
-func (n *node) addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(n.port)) }
+func (n *node) addr() string { return n.proc.Addr() }
 
 // kill kills the process with SIGKILL and waits for it to exit.
-func (n *node) kill() {
-	_ = n.cmd.Process.Kill()
-	<-n.done
-}
+func (n *node) kill() { n.proc.Kill() }
 
 // testCluster is a cluster of three masters and three replicas.
 type testCluster struct {
@@ -119,72 +110,15 @@ func (c *testCluster) stop() {
 // startNode starts one cluster-mode redis-server in dir on a free port
 // (whose bus port, +10000, is free too) and waits until it answers PING.
 func startNode(dir string) (*node, error) {
-	port, err := freeBusPort()
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.Command("redis-server",
-		"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-		"--dir", dir, "--logfile", filepath.Join(dir, "redis.log"),
+	p, err := redistest.StartProcess(dir,
 		"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
 		"--cluster-node-timeout", strconv.Itoa(int(nodeTimeout/time.Millisecond)),
 		// A failed master stops its own slots only, not the whole cluster.
-		"--cluster-require-full-coverage", "no",
-		"--enable-debug-command", "local")
-	cmd.Dir = dir
-	// The kernel kills the server when the test binary dies.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start redis-server: %w", err)
+		"--cluster-require-full-coverage", "no")
+	if err != nil {
+		return nil, err
 	}
-	n := &node{port: port, cmd: cmd, done: make(chan struct{})}
-	go func() {
-		_ = cmd.Wait()
-		close(n.done)
-	}()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		c := redis.NewClient(&redis.Options{Addr: n.addr(), MaxRetries: -1, DialerRetries: 1, DialTimeout: 100 * time.Millisecond})
-		err := c.Ping(context.Background()).Err()
-		_ = c.Close()
-		if err == nil {
-			return n, nil
-		}
-		select {
-		case <-n.done:
-			return nil, fmt.Errorf("redis-server on port %d exited", port)
-		default:
-		}
-		if time.Now().After(deadline) {
-			n.kill()
-			return nil, fmt.Errorf("redis-server on port %d: %w", port, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// freeBusPort returns a free port of 127.0.0.1 whose cluster bus port is
-// free too.
-func freeBusPort() (int, error) {
-	for range 100 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return 0, err
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		if port+10000 > 65535 {
-			_ = l.Close()
-			continue
-		}
-		l2, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port+10000)))
-		_ = l.Close()
-		if err != nil {
-			continue
-		}
-		_ = l2.Close()
-		return port, nil
-	}
-	return 0, fmt.Errorf("no free port with a free bus port")
+	return &node{proc: p}, nil
 }
 
 // client returns a plain client of one node, for the checks below.
@@ -304,7 +238,7 @@ func (c *testCluster) waitPromoted(t *testing.T, replica *node, timeout time.Dur
 		done := true
 		for _, n := range c.nodes {
 			select {
-			case <-n.done:
+			case <-n.proc.Exited():
 				continue // the victim
 			default:
 			}

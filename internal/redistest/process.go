@@ -189,3 +189,31 @@ func ping(ctx context.Context, opts *redis.Options) error {
 	defer c.Close()
 	return c.Ping(ctx).Err()
 }
+
+// Process is a redis-server process that a test manages itself, for setups
+// that Server, Cluster and Start do not give: the reliability suite's
+// cluster with replicas, whose masters it kills.
+type Process struct{ p *proc }
+
+// StartProcess starts redis-server in dir, on a free port of 127.0.0.1, with
+// the arguments of every server of this package (no persistence, DEBUG for
+// local connections) and then extra. With extra arguments (cluster mode) the
+// port's cluster bus port, +10000, is free too. It returns once the server
+// answers PING. On Linux the kernel kills it when the test binary dies; Kill
+// it when done.
+func StartProcess(dir string, extra ...string) (*Process, error) {
+	p, err := startServer(dir, 0, extra...)
+	if err != nil {
+		return nil, err
+	}
+	return &Process{p: p}, nil
+}
+
+// Addr returns the server's address, 127.0.0.1:port.
+func (p *Process) Addr() string { return p.p.addr() }
+
+// Exited is closed when the process has exited.
+func (p *Process) Exited() <-chan struct{} { return p.p.done }
+
+// Kill kills the process with SIGKILL and waits for it to exit.
+func (p *Process) Kill() { p.p.kill() }
