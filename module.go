@@ -86,7 +86,8 @@ func UseRedisClient[C redis.UniversalClient]() fx.Option {
 
 // SettingsOverride changes the module's settings after they are loaded; an
 // app or a test provides it to the SettingsOverrides value group
-// (OverrideSettings, OverrideSettingsWith and idemfxtest.Settings do). The changed settings are validated again.
+// (OverrideSettings, OverrideSettingsWith and idemfxtest.Settings do). The
+// changed settings are validated again.
 // Overrides run in no guaranteed order, so two should not set one field.
 type SettingsOverride func(*Settings)
 
