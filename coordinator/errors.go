@@ -66,8 +66,11 @@ type InProgressError struct {
 	Operation string
 	// Key is the idempotency key that another caller holds.
 	Key string
-	// RetryAfter is a hint for when the holder's lease expires, or 0 when the
-	// store does not report it.
+	// RetryAfter is a hint for when the holder's lease expires: the
+	// remaining time to live the store reported for its record, or, when the
+	// store does not report one (redisrepo does not, to save a command), the
+	// coordinator's lease, which a live holder with the same settings keeps
+	// renewing: an upper bound.
 	RetryAfter time.Duration
 }
 

@@ -125,6 +125,9 @@ func (x *exec) reuse(ctx context.Context, rec Record) error {
 
 // inProgress is the error for a key that another caller holds.
 func (x *exec) inProgress(retryAfter time.Duration) *InProgressError {
+	if retryAfter <= 0 {
+		retryAfter = x.c.cfg.lease
+	}
 	return &InProgressError{Operation: x.key.Operation, Key: x.key.Key, RetryAfter: retryAfter}
 }
 

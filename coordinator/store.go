@@ -143,3 +143,18 @@ type Store interface {
 	// the lease is lost (the key expired, or another caller owns it now).
 	Renew(ctx context.Context, key Key, token string, lease time.Duration) (ok bool, err error)
 }
+
+// Watcher is an optional interface of a Store whose records can be watched
+// from any process: a caller that waits on a key held elsewhere learns
+// within milliseconds, not at its next backed-off read, that the holder
+// completed or released it. The coordinator uses it when its Store has it,
+// and keeps polling beside it, backed off, in case a notice is lost.
+type Watcher interface {
+	// Watch reads the record under key as Get does. When the record is
+	// pending it also returns a channel that receives a value when the
+	// record may no longer be pending (its holder completed or released it,
+	// or the notices may have been lost), and stop, which ends the watch and
+	// which the coordinator calls once. The channel may be nil: the caller
+	// then polls. Errors are as Get's.
+	Watch(ctx context.Context, key Key) (rec Record, changed <-chan struct{}, stop func(), err error)
+}

@@ -51,3 +51,10 @@ func (x *exec) storeRenew(ctx context.Context) (bool, error) {
 	x.end(ctx, cancel, start, MethodRenew, err)
 	return ok, err
 }
+
+func (x *exec) storeWatch(ctx context.Context, w Watcher) (Record, <-chan struct{}, func(), error) {
+	sctx, cancel, start := x.begin(ctx)
+	rec, ch, stop, err := w.Watch(sctx, x.key)
+	x.end(ctx, cancel, start, MethodGet, err)
+	return rec, ch, stop, err
+}

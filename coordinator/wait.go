@@ -119,6 +119,19 @@ func (c *Coordinator) runPoll(ctx context.Context, x *exec, p *poll) {
 	defer close(p.exited)
 	interval := c.cfg.pollInterval
 	maxInterval := max(maxPoll, interval)
+	// A Watcher store tells us when the holder finishes, from any process:
+	// read (and watch) at once, then wait for its notice or the next poll.
+	var changed <-chan struct{}
+	if w, ok := c.store.(Watcher); ok {
+		rec, ch, stop, err := x.storeWatch(ctx, w)
+		if stop != nil {
+			defer stop()
+		}
+		if ctx.Err() != nil || c.settled(ctx, x, p, rec, err) {
+			return
+		}
+		changed = ch
+	}
 	timer := time.NewTimer(interval)
 	defer timer.Stop()
 	for {
@@ -127,27 +140,12 @@ func (c *Coordinator) runPoll(ctx context.Context, x *exec, p *poll) {
 			return
 		case <-timer.C:
 		case <-p.kick:
+		case <-changed:
 		}
 		rec, err := x.storeGet(ctx)
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || c.settled(ctx, x, p, rec, err) {
 			return
 		}
-		if err != nil {
-			err = x.storageFailed(ctx, ErrorStorageGet, MethodGet, err)
-		}
-		if err != nil || rec.State != StatePending {
-			c.mu.Lock()
-			p.rec, p.err = rec, err
-			if c.polls[x.key] == p {
-				delete(c.polls, x.key) // later waiters start a fresh loop
-			}
-			c.mu.Unlock()
-			close(p.done)
-			return
-		}
-		c.mu.Lock()
-		p.ttl = rec.TTL
-		c.mu.Unlock()
 		interval = min(interval*2, maxInterval)
 		if !timer.Stop() {
 			select {
@@ -157,4 +155,25 @@ func (c *Coordinator) runPoll(ctx context.Context, x *exec, p *poll) {
 		}
 		timer.Reset(interval)
 	}
+}
+
+// settled publishes what a read of the poll loop found, if it ends the wait:
+// a failure, or a record that is not pending. Otherwise it keeps the
+// holder's remaining lease, and the loop goes on.
+func (c *Coordinator) settled(ctx context.Context, x *exec, p *poll, rec Record, err error) bool {
+	if err != nil {
+		err = x.storageFailed(ctx, ErrorStorageGet, MethodGet, err)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err == nil && rec.State == StatePending {
+		p.ttl = rec.TTL
+		return false
+	}
+	p.rec, p.err = rec, err
+	if c.polls[x.key] == p {
+		delete(c.polls, x.key) // later waiters start a fresh loop
+	}
+	close(p.done)
+	return true
 }

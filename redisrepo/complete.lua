@@ -1,14 +1,24 @@
 -- complete.lua: complete-if-owner.
 -- KEYS[1] the record's key
--- ARGV[1] owner token
+-- ARGV[1] owner token, as format 2 stores it
 -- ARGV[2] result
 -- ARGV[3] time to live in milliseconds
--- Returns 1 when the key held a pending record owned by ARGV[1] and now holds
--- the completed record (same token and fingerprint), else 0.
+-- ARGV[4] the wake-up channel
+-- When the key holds a pending record owned by ARGV[1], it writes the
+-- completed record (same token and fingerprint, no waiters flag), publishes
+-- the key on ARGV[4] if a caller waits on it, and returns 1; else 0.
 local key = KEYS[1]
-if not owned(key, ARGV[1]) then
+local v = owned(key, ARGV[1])
+if not v then
   return 0
 end
-redis.call('HSET', key, 'state', 'completed', 'result', ARGV[2])
-redis.call('PEXPIRE', key, ARGV[3])
+local flags = string.byte(v, 3)
+local w = waited(v)
+if w then
+  flags = flags - FLAG_WAITERS
+end
+redis.call('SET', key, string.char(VERSION2, COMPLETED, flags) .. string.sub(v, 4) .. ARGV[2], 'PX', ARGV[3])
+if w then
+  redis.call('PUBLISH', ARGV[4], key)
+end
 return 1

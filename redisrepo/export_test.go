@@ -5,9 +5,3 @@ var HashSlot = hashSlot
 
 // FormatVersion exports formatVersion to the tests.
 const FormatVersion = formatVersion
-
-// The scripts, for the benchmarks' raw go-redis baselines.
-var (
-	ReserveScript = reserveScript
-	GetScript     = getScript
-)

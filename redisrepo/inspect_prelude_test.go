@@ -13,18 +13,23 @@ import (
 )
 
 // TestInspectReadsAsGet: Inspect and Get read a record with the one reader of
-// the prelude (record.lua's load), so they agree on every value under a key:
+// the prelude (record.lua's load) and Go's decodeValue agree on every value
+// under a key:
 // the state, the fingerprint, and the size of the result that Get returns.
 func TestInspectReadsAsGet(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c redis.UniversalClient) {
 		ctx := context.Background()
 		s := newStore(t, c)
 		kinds := append([]unreadable{
-			{"pending", hset("v", "1", "state", "pending", "token", "t", "fp", "fp-p", "created_ms", "1760000000000")},
-			{"pending with a stray result", hset("v", "1", "state", "pending", "token", "t", "fp", "", "result", "r")},
-			{"completed", hset("v", "1", "state", "completed", "token", "t", "fp", "fp-c", "result", "0123456789", "created_ms", "1760000000000")},
-			{"completed with an empty result", hset("v", "1", "state", "completed", "token", "t", "fp", "", "result", "")},
-			{"completed of other fields too", hset("v", "1", "state", "completed", "token", "t", "fp", "f", "result", "\x00\xff", "x", "y")},
+			{name: "pending", plant: hset("v", "1", "state", "pending", "token", "t", "fp", "fp-p", "created_ms", "1760000000000")},
+			{name: "pending with a stray result", plant: hset("v", "1", "state", "pending", "token", "t", "fp", "", "result", "r")},
+			{name: "completed", plant: hset("v", "1", "state", "completed", "token", "t", "fp", "fp-c", "result", "0123456789", "created_ms", "1760000000000")},
+			{name: "completed with an empty result", plant: hset("v", "1", "state", "completed", "token", "t", "fp", "", "result", "")},
+			{name: "format 2 pending", plant: set("\x02\x01\x04\x01\x00\x02t\x0a\xff")},
+			{name: "format 2 pending, waited on, packed token", plant: set("\x02\x01\x03\x01\x00\x02\xabfp")},
+			{name: "format 2 completed", plant: set("\x02\x02\x04\x01\x00\x02t\x0a\xffresult")},
+			{name: "format 2 completed, empty result", plant: set("\x02\x02\x00\x01\x00\x00t")},
+			{name: "completed of other fields too", plant: hset("v", "1", "state", "completed", "token", "t", "fp", "f", "result", "\x00\xff", "x", "y")},
 		}, unreadables...)
 		for _, u := range kinds {
 			key := newKey("inspect-as-get")

@@ -1,17 +1,61 @@
 package redisrepo
 
 import (
+	"encoding/binary"
+	"encoding/hex"
 	"fmt"
 	"time"
+	"unsafe"
 
 	"github.com/idemkit/idempotency/coordinator"
 )
 
-// formatVersion is the version of the record format that this package
-// writes, the value of the HASH field "v". The scripts (record.lua) read
-// only this version: a record of any other version is unreadable. It is the
-// scripts' VERSION: scripts.go writes it into their prelude.
-const formatVersion = "1"
+// This file is the record format. Format version 2, which this package
+// writes, is one STRING per key (docs/architecture.md, "The record"):
+//
+//	offset  size  field
+//	0       1     format version: 0x02
+//	1       1     state: 0x01 pending, 0x02 completed
+//	2       1     flags: 0x01 waiters (a pending record that a caller in some
+//	              process waits on: its completion or release publishes the
+//	              key), 0x02 token packed, 0x04 fingerprint packed
+//	3       1     T, the length of the stored token in bytes
+//	4       2     F, the length of the stored fingerprint in bytes, big endian
+//	6       T     the owner token
+//	6+T     F     the fingerprint
+//	6+T+F   rest  the result (completed records only)
+//
+// A token or a fingerprint that is an even number of lowercase hex digits (as
+// the coordinator's tokens and Fingerprint's fingerprints are) is stored
+// packed, as the bytes it spells, and its flag is set: half the size.
+//
+// Format version 1 is a HASH (record.lua). This package still reads it, so
+// that records written before an upgrade replay, but never writes it.
+
+// formatVersion is the format version this package writes; the first byte
+// of every record it writes.
+const formatVersion = 2
+
+// legacyVersion is the format version of the HASH records this package
+// reads but no longer writes. It is the scripts' VERSION: scripts.go writes
+// it into their prelude.
+const legacyVersion = "1"
+
+// The header of a version 2 record.
+const (
+	headerLen = 6
+
+	statePending   = byte(coordinator.StatePending)
+	stateCompleted = byte(coordinator.StateCompleted)
+
+	flagWaiters  = 0x01
+	flagTokenHex = 0x02
+	flagFPHex    = 0x04
+
+	// maxField is the longest token or fingerprint, as stored.
+	maxToken       = 0xff
+	maxFingerprint = 0xffff
+)
 
 // The states as the scripts report them. They are the values of
 // coordinator.State, so that a reply maps one to one, and the scripts'
@@ -24,12 +68,130 @@ const (
 	codeUnreadable = int64(coordinator.StateUnreadable)
 )
 
-// decodeRecord turns the reply {state, token, fingerprint, result, pttl} of
-// reserve.lua and get.lua into a Record. The scripts have already judged
-// what is under the key, so a reply of another shape is not a record that
-// cannot be read: it is a protocol error (a wrong script, a proxy in the way)
-// and is returned as one.
-func decodeRecord(v any) (coordinator.Record, error) {
+// packable reports whether s is a non-empty, even number of lowercase hex
+// digits, which a record stores packed.
+func packable(s string) bool {
+	if s == "" || len(s)%2 != 0 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// fieldLen returns the stored length of s, and whether it is packed.
+func fieldLen(s string) (int, bool) {
+	if packable(s) {
+		return len(s) / 2, true
+	}
+	return len(s), false
+}
+
+// appendField appends s as a record stores it.
+func appendField(b []byte, s string, packed bool) []byte {
+	if !packed {
+		return append(b, s...)
+	}
+	n := len(b)
+	b = append(b, make([]byte, len(s)/2)...)
+	_, _ = hex.Decode(b[n:], unsafe.Slice(unsafe.StringData(s), len(s))) // packable: never fails
+	return b
+}
+
+// storedToken returns token as a version 2 record stores it: what the owner
+// scripts compare with the record's token field.
+func storedToken(token string) string {
+	if !packable(token) || len(token)/2 > maxToken {
+		return token
+	}
+	var buf [maxToken]byte
+	n, _ := hex.Decode(buf[:], unsafe.Slice(unsafe.StringData(token), len(token)))
+	return string(buf[:n])
+}
+
+// encodeRecord returns the version 2 record of state st with token, fp and
+// (completed records) result. It returns an error when the token or the
+// fingerprint is too long to store.
+func encodeRecord(st coordinator.State, token, fp string, result []byte) ([]byte, error) {
+	tl, tp := fieldLen(token)
+	fl, fpp := fieldLen(fp)
+	if tl > maxToken {
+		return nil, fmt.Errorf("redisrepo: token of %d bytes is longer than %d", len(token), maxToken)
+	}
+	if fl > maxFingerprint {
+		return nil, fmt.Errorf("redisrepo: fingerprint of %d bytes is longer than %d", len(fp), maxFingerprint)
+	}
+	var flags byte
+	if tp {
+		flags |= flagTokenHex
+	}
+	if fpp {
+		flags |= flagFPHex
+	}
+	n := headerLen + tl + fl
+	if st == coordinator.StateCompleted {
+		n += len(result)
+	}
+	b := make([]byte, headerLen, n)
+	b[0], b[1], b[2], b[3] = formatVersion, byte(st), flags, byte(tl)
+	binary.BigEndian.PutUint16(b[4:], uint16(fl))
+	b = appendField(b, token, tp)
+	b = appendField(b, fp, fpp)
+	if st == coordinator.StateCompleted {
+		b = append(b, result...)
+	}
+	return b, nil
+}
+
+// decodeValue reads v, a STRING value under a record's key. A value that is
+// not a version 2 record is a Record with StateUnreadable (and token ""),
+// not an error: the coordinator heals it. The result aliases v, which the
+// caller must not use afterwards; v comes fresh from a reply and has no
+// other user, so the result is the caller's to keep, and nothing is copied.
+func decodeValue(v string) coordinator.Record {
+	if len(v) < headerLen || v[0] != formatVersion {
+		return coordinator.Record{State: coordinator.StateUnreadable}
+	}
+	st, flags := v[1], v[2]
+	tl := int(v[3])
+	fl := int(v[4])<<8 | int(v[5])
+	end := headerLen + tl + fl
+	if len(v) < end || (st != statePending && st != stateCompleted) || (st == statePending && len(v) != end) {
+		return coordinator.Record{State: coordinator.StateUnreadable}
+	}
+	rec := coordinator.Record{
+		State:       coordinator.State(st),
+		Token:       field(v[headerLen:headerLen+tl], flags&flagTokenHex != 0),
+		Fingerprint: field(v[headerLen+tl:end], flags&flagFPHex != 0),
+	}
+	if st == stateCompleted {
+		r := v[end:]
+		rec.Result = unsafe.Slice(unsafe.StringData(r), len(r))
+		if rec.Result == nil {
+			rec.Result = []byte{}
+		}
+	}
+	return rec
+}
+
+// field returns a stored token or fingerprint as it was given.
+func field(s string, packed bool) string {
+	if !packed {
+		return s
+	}
+	return hex.EncodeToString(unsafe.Slice(unsafe.StringData(s), len(s)))
+}
+
+// decodeLegacy turns the reply {state, token, fingerprint, result, pttl} of
+// legacy.lua, which reads format version 1 records, into a Record. The
+// script has already judged what is under the key, so a reply of another
+// shape is not a record that cannot be read: it is a protocol error (a wrong
+// script, a proxy in the way) and is returned as one.
+func decodeLegacy(v any) (coordinator.Record, error) {
 	a, ok := v.([]any)
 	if !ok || len(a) != 5 {
 		return coordinator.Record{}, fmt.Errorf("redisrepo: unexpected script reply %T", v)
@@ -43,8 +205,11 @@ func decodeRecord(v any) (coordinator.Record, error) {
 		return coordinator.Record{}, fmt.Errorf("redisrepo: unexpected script reply %v", a)
 	}
 	state, ok := decodeState(code)
-	if !ok || state == coordinator.StateAbsent {
+	if !ok {
 		return coordinator.Record{}, fmt.Errorf("redisrepo: unexpected record state %d in script reply", code)
+	}
+	if state == coordinator.StateAbsent {
+		return coordinator.Record{}, nil
 	}
 	rec := coordinator.Record{State: state, Token: token, Fingerprint: fp}
 	if state == coordinator.StateCompleted {
@@ -58,7 +223,7 @@ func decodeRecord(v any) (coordinator.Record, error) {
 
 // decodeState returns the state that a state code of a script reply stands
 // for, and false for a code that stands for none. It is the one decoding of
-// the codes, for decodeRecord and decodeInfo.
+// the codes, for decodeLegacy and decodeInfo.
 func decodeState(code int64) (coordinator.State, bool) {
 	if code < codeAbsent || code > codeUnreadable {
 		return 0, false

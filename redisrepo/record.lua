@@ -1,19 +1,24 @@
--- record.lua is the prelude of every script in this package: Go prepends it
--- to the body of each script, so the record format is read in one place.
--- scripts.go writes, before it, the constants that Go and Lua share, from
--- their Go values (record.go): VERSION, the format version this package
--- reads and writes, and the state codes of the replies, ABSENT, PENDING,
--- COMPLETED and UNREADABLE.
+-- record.lua is the prelude of the scripts that read records of either
+-- format: legacy.lua, replace.lua and inspect.lua. Go prepends it to their
+-- bodies. scripts.go writes, before it, the constants that Go and Lua share,
+-- from their Go values (record.go): VERSION, the legacy format version "1";
+-- VERSION2, the first byte of a format 2 record; the state codes of the
+-- replies, ABSENT, PENDING, COMPLETED and UNREADABLE (PENDING and COMPLETED
+-- are also the state bytes of format 2); and FLAG_WAITERS, FLAG_TOKEN_HEX
+-- and FLAG_FP_HEX, the flag bits of format 2.
 --
--- A record is a HASH under one key (see docs/architecture.md, Redis layout):
+-- Format 2, which Go writes, is one STRING (record.go describes it byte by
+-- byte). Format 1, which this package no longer writes but still reads, is
+-- a HASH under one key:
 --   v           format version, "1"
 --   state       "pending" or "completed"
 --   token       owner token of the reservation
 --   fp          request fingerprint, "" for none
 --   result      encoded result (completed records only)
 --   created_ms  Redis server time of the write, Unix milliseconds
--- Readers ignore fields they do not know. Anything else under the key (another
--- Redis type, a missing field, an unknown state or version) is unreadable.
+-- Readers ignore fields they do not know. Anything else under the key
+-- (another Redis type, a missing field, an unknown state or version) is
+-- unreadable.
 
 -- keytype returns the Redis type of key as a string ("none" when absent).
 local function keytype(key)
@@ -26,21 +31,64 @@ end
 
 -- NOTHING is what load returns for an absent or unreadable record: the
 -- fields of no record. It is shared: never change it.
-local NOTHING = {token = '', fp = '', created_ms = '', result = '', size = 0}
+local NOTHING = {token = '', fp = '', created_ms = '', result = '', size = 0, flags = 0}
 
--- load reads the record at key: the one reader of the record format. It
--- returns the record's state and a table of its fields:
---   token, fp    the owner token and the request fingerprint
+-- flag reports whether bit (a power of two) is set in flags.
+local function flag(flags, bit)
+  return math.floor(flags / bit) % 2 == 1
+end
+
+-- parse2 reads v, the STRING under a record's key, as a format 2 record. It
+-- returns the state and a table of the fields as load returns them, except
+-- that token and fp are as stored (packed when their flag is set).
+local function parse2(v)
+  if #v < 6 or string.byte(v, 1) ~= VERSION2 then
+    return UNREADABLE, NOTHING
+  end
+  local st, flags, tl = string.byte(v, 2, 4)
+  local fl = string.byte(v, 5) * 256 + string.byte(v, 6)
+  local e = 6 + tl + fl
+  if #v < e or (st ~= PENDING and st ~= COMPLETED) or (st == PENDING and #v ~= e) then
+    return UNREADABLE, NOTHING
+  end
+  local r = {token = string.sub(v, 7, 6 + tl), fp = string.sub(v, 7 + tl, e), created_ms = '',
+    result = string.sub(v, e + 1), size = #v - e, flags = flags}
+  return st, r
+end
+
+-- hex returns the lowercase hex digits of the bytes of s.
+local function hex(s)
+  return (string.gsub(s, '.', function(c) return string.format('%02x', string.byte(c)) end))
+end
+
+-- load reads the record at key, of either format: the one reader of the
+-- formats in Lua. It returns the record's state and a table of its fields:
+--   token, fp    the owner token and the request fingerprint, as given
 --   created_ms   the time of the write, "" when the record has none
 --   size         the length of the result in bytes, 0 for a pending record
 --   result       the result, "" for a pending record and unless withresult
--- With withresult false it does not read the result, which may be large:
--- only whether it is there, and its size. An absent or unreadable record has
--- the table NOTHING.
+-- With withresult false it does not read the result of a format 1 record,
+-- which may be large: only whether it is there, and its size. An absent or
+-- unreadable record has the table NOTHING.
 local function load(key, withresult)
   local t = keytype(key)
   if t == 'none' then
     return ABSENT, NOTHING
+  end
+  if t == 'string' then
+    local st, r = parse2(redis.call('GET', key))
+    if st ~= UNREADABLE then
+      if flag(r.flags, FLAG_TOKEN_HEX) then
+        r.token = hex(r.token)
+      end
+      if flag(r.flags, FLAG_FP_HEX) then
+        r.fp = hex(r.fp)
+      end
+      if not withresult then
+        r.result = ''
+      end
+    end
+    return st, r
   end
   if t ~= 'hash' then
     return UNREADABLE, NOTHING
@@ -54,7 +102,7 @@ local function load(key, withresult)
   if f[1] ~= VERSION or not f[3] or not f[4] then
     return UNREADABLE, NOTHING
   end
-  local r = {token = f[3], fp = f[4], created_ms = f[5] or '', result = '', size = 0}
+  local r = {token = f[3], fp = f[4], created_ms = f[5] or '', result = '', size = 0, flags = 0}
   if f[2] == 'pending' then
     return PENDING, r
   end
@@ -76,21 +124,6 @@ local function load(key, withresult)
   return COMPLETED, r
 end
 
--- read returns the state, token, fingerprint and result of the record at key,
--- as load reads it. An unreadable record has token, fingerprint and result "".
-local function read(key)
-  local st, r = load(key, true)
-  return st, r.token, r.fp, r.result
-end
-
--- owned reports whether key holds a readable pending record owned by token.
--- It reads the record exactly as read does, so that the owner scripts never
--- act on a record that Get and Reserve call unreadable.
-local function owned(key, token)
-  local st, tok = read(key)
-  return st == PENDING and tok == token
-end
-
 -- pttl returns the remaining time to live of key in milliseconds, or 0 when
 -- it has none (no expiry) or is absent.
 local function pttl(key)
@@ -99,10 +132,4 @@ local function pttl(key)
     return 0
   end
   return ms
-end
-
--- now_ms returns the Redis server's time as a string of Unix milliseconds.
-local function now_ms()
-  local t = redis.call('TIME')
-  return t[1] .. string.format('%03d', math.floor(tonumber(t[2]) / 1000))
 end

@@ -1,28 +1,29 @@
--- reserve.lua: reserve-or-read.
+-- reserve.lua: the compare-and-swap write that heals a record (Reserve with
+-- Write.Replace). A plain Reserve is one SET NX GET, no script.
 -- KEYS[1] the record's key
--- ARGV[1] state to write: "pending" or "completed"
--- ARGV[2] owner token
--- ARGV[3] fingerprint ("" for none)
--- ARGV[4] result (written only when ARGV[1] is "completed")
--- ARGV[5] time to live in milliseconds
--- ARGV[6] "1" to replace a record that is not pending and has token ARGV[7]
--- ARGV[7] token of the record to replace ("" for an unreadable one)
--- Returns 1 when it wrote the record, else the existing record as
--- {state, token, fingerprint, result, pttl}: never nil.
+-- ARGV[1] the record to write, format 2
+-- ARGV[2] time to live in milliseconds
+-- ARGV[3] token of the record to replace, as format 2 stores it ("" for an
+--         unreadable record)
+-- ARGV[4] the same token as given, as format 1 stores it
+-- Writes ARGV[1] when the key is absent, or holds a record that is not
+-- pending and has token ARGV[3] (format 2) or ARGV[4] (format 1), or
+-- something unreadable and the token is "". Returns 1 when it wrote, else
+-- what is there: the STRING (Go reads it as GET would), or for anything
+-- else {state, token, fingerprint, result, pttl} as load reads it.
 local key = KEYS[1]
-local st, tok, fp, res = read(key)
-if st ~= ABSENT then
-  if ARGV[6] ~= '1' or st == PENDING or tok ~= ARGV[7] then
-    return {st, tok, fp, res, pttl(key)}
+local t = keytype(key)
+if t == 'string' then
+  local v = redis.call('GET', key)
+  local st, r = parse2(v)
+  if st == PENDING or r.token ~= ARGV[3] then
+    return v
   end
-  redis.call('DEL', key)
+elseif t ~= 'none' then
+  local st, r = load(key, true)
+  if st == PENDING or r.token ~= ARGV[4] then
+    return {st, r.token, r.fp, r.result, pttl(key)}
+  end
 end
-if ARGV[1] == 'completed' then
-  redis.call('HSET', key, 'v', VERSION, 'state', 'completed', 'token', ARGV[2], 'fp', ARGV[3],
-    'created_ms', now_ms(), 'result', ARGV[4])
-else
-  redis.call('HSET', key, 'v', VERSION, 'state', 'pending', 'token', ARGV[2], 'fp', ARGV[3],
-    'created_ms', now_ms())
-end
-redis.call('PEXPIRE', key, ARGV[5])
+redis.call('SET', key, ARGV[1], 'PX', ARGV[2])
 return 1

@@ -61,31 +61,57 @@ func testOneRoundTrip(t *testing.T, c redisrepo.Client, rt *roundTrips) {
 	}
 }
 
-// TestNoScriptFallback: a server without the scripts cached (a restarted
-// server, a new replica promoted, SCRIPT FLUSH) costs one more round trip,
-// EVALSHA refused then EVAL, once per script.
-func TestNoScriptFallback(t *testing.T) {
+// TestEmptyScriptCache: the common paths never depend on the script cache,
+// so a server that has lost it (a restart, a replica promoted, SCRIPT FLUSH)
+// costs them nothing: a replay is one round trip, a first run two, a refused
+// duplicate one, right after a flush. The scripts of the rare paths (format
+// 1 records, heals, the operator calls) cost one more round trip, EVALSHA
+// refused then EVAL, once per script.
+func TestEmptyScriptCache(t *testing.T) {
 	ctx := context.Background()
 	in := redistest.Start(t) // a server of our own: we flush its script cache
 	var rt roundTrips
 	c := in.Client(t)
 	c.AddHook(&rt)
 	s := redisrepo.New(c)
+	flush := func() {
+		t.Helper()
+		if err := c.ScriptFlush(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
 	key := coordinator.Key{Operation: "op", Key: "noscript"}
-	if err := c.ScriptFlush(ctx).Err(); err != nil {
-		t.Fatal(err)
+	tok := token()
+	for _, step := range []struct {
+		name string
+		n    int64
+		call func() error
+	}{
+		{"first run: Reserve", 1, func() error { _, _, err := s.Reserve(ctx, key, pendingWrite(tok, "fp", time.Minute)); return err }},
+		{"refused duplicate: Reserve", 1, func() error { _, _, err := s.Reserve(ctx, key, pendingWrite(token(), "fp", time.Minute)); return err }},
+		{"Renew", 1, func() error { _, err := s.Renew(ctx, key, tok, time.Minute); return err }},
+		{"first run: Complete", 1, func() error { _, err := s.Complete(ctx, key, tok, []byte("r"), time.Minute); return err }},
+		{"replay: Reserve", 1, func() error { _, _, err := s.Reserve(ctx, key, pendingWrite(token(), "fp", time.Minute)); return err }},
+		{"Get", 1, func() error { _, err := s.Get(ctx, key); return err }},
+		{"Release", 1, func() error { _, err := s.Release(ctx, key, tok); return err }},
+		{"heal: Reserve with Replace", 2, func() error {
+			_, _, err := s.Reserve(ctx, key, replace(pendingWrite(token(), "fp", time.Minute), tok))
+			return err
+		}},
+	} {
+		flush()
+		var err error
+		if n := rt.count(func() { err = step.call() }); err != nil || n != step.n {
+			t.Errorf("%s right after SCRIPT FLUSH: %v, %d round trips; want %d", step.name, err, n, step.n)
+		}
 	}
+	// A script of the rare paths is cached by its EVAL: once.
 	var err error
-	if n := rt.count(func() { _, err = s.Get(ctx, key) }); err != nil || n != 2 {
-		t.Errorf("first Get: %v, %d round trips; want 2 (EVALSHA, EVAL)", err, n)
-	}
-	if n := rt.count(func() { _, err = s.Get(ctx, key) }); err != nil || n != 1 {
-		t.Errorf("second Get: %v, %d round trips; want 1", err, n)
+	if n := rt.count(func() { _, _, err = s.Reserve(ctx, key, replace(pendingWrite(token(), "fp", time.Minute), "x")) }); err != nil || n != 1 {
+		t.Errorf("second heal: %v, %d round trips; want 1", err, n)
 	}
 	// Bulk calls fall back too.
-	if err := c.ScriptFlush(ctx).Err(); err != nil {
-		t.Fatal(err)
-	}
+	flush()
 	keys := []coordinator.Key{key, {Operation: "op", Key: "other"}}
 	if _, err := s.Inspect(ctx, keys...); err != nil {
 		t.Errorf("Inspect without the script cached: %v", err)

@@ -7,47 +7,65 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// The Lua sources. record.lua is the shared prelude: it reads the record
-// format, so every script sees a record the same way.
+// The Lua sources. record.lua is the prelude of the scripts that read
+// records of either format; owner.lua is the small prelude of the scripts
+// sent whole on every call.
 var (
 	//go:embed record.lua
 	recordLua string
+	//go:embed legacy.lua
+	legacyLua string
 	//go:embed reserve.lua
 	reserveLua string
-	//go:embed get.lua
-	getLua string
+	//go:embed inspect.lua
+	inspectLua string
+	//go:embed forget.lua
+	forgetLua string
+
+	//go:embed owner.lua
+	ownerLua string
 	//go:embed complete.lua
 	completeLua string
 	//go:embed release.lua
 	releaseLua string
 	//go:embed renew.lua
 	renewLua string
-	//go:embed inspect.lua
-	inspectLua string
-	//go:embed forget.lua
-	forgetLua string
+	//go:embed watch.lua
+	watchLua string
 )
 
-// prelude starts every script: the constants that Go and Lua share, written
-// from their Go values so that each is defined once (the format version, and
-// the state codes that decodeState reads back), then record.lua.
-var prelude = fmt.Sprintf("local VERSION = %q\nlocal ABSENT, PENDING, COMPLETED, UNREADABLE = %d, %d, %d, %d\n",
-	formatVersion, codeAbsent, codePending, codeCompleted, codeUnreadable) + recordLua
+// constants are the values that Go and Lua share, written from their Go
+// values so that each is defined once (the format versions, the state codes
+// that decodeState reads back, and the flag bits of format 2).
+var constants = fmt.Sprintf("local VERSION, VERSION2 = %q, %d\n"+
+	"local ABSENT, PENDING, COMPLETED, UNREADABLE = %d, %d, %d, %d\n"+
+	"local FLAG_WAITERS, FLAG_TOKEN_HEX, FLAG_FP_HEX = %d, %d, %d\n",
+	legacyVersion, formatVersion, codeAbsent, codePending, codeCompleted, codeUnreadable,
+	flagWaiters, flagTokenHex, flagFPHex)
 
-// The compiled scripts: immutable package values, run with EVALSHA and
-// falling back to EVAL when the server does not have them cached.
+// The scripts of the rare paths (a format 1 record, a heal, the operator
+// calls): run with EVALSHA, falling back to EVAL when the server does not
+// have them cached. Immutable package values.
 var (
-	reserveScript  = redis.NewScript(prelude + reserveLua)
-	getScript      = redis.NewScript(prelude + getLua)
-	completeScript = redis.NewScript(prelude + completeLua)
-	releaseScript  = redis.NewScript(prelude + releaseLua)
-	renewScript    = redis.NewScript(prelude + renewLua)
-	inspectScript  = redis.NewScript(prelude + inspectLua)
-	forgetScript   = redis.NewScript(prelude + forgetLua)
+	prelude       = constants + recordLua
+	legacyScript  = redis.NewScript(prelude + legacyLua)
+	reserveScript = redis.NewScript(prelude + reserveLua)
+	inspectScript = redis.NewScript(prelude + inspectLua)
+	forgetScript  = redis.NewScript(prelude + forgetLua)
 )
 
-// scripts lists every script, for LoadScripts.
-var scripts = [...]*redis.Script{
-	reserveScript, getScript, completeScript, releaseScript, renewScript,
-	inspectScript, forgetScript,
-}
+// scripts lists the EVALSHA scripts, for LoadScripts.
+var scripts = [...]*redis.Script{legacyScript, reserveScript, inspectScript, forgetScript}
+
+// The scripts of the common paths, sent whole with EVAL: a first run's
+// completion, a long action's renewals, a release, a waiter's read. Each is
+// a few hundred bytes, which costs Redis about as much as EVALSHA (it hashes
+// the text to find the compiled script), and a call never meets an empty
+// script cache after a restart, a failover or SCRIPT FLUSH: one round trip,
+// always. Boxed once, so that passing them costs no allocation.
+var (
+	completeBody any = constants + ownerLua + completeLua
+	renewBody    any = constants + ownerLua + renewLua
+	releaseBody  any = constants + ownerLua + releaseLua
+	watchBody    any = constants + watchLua
+)

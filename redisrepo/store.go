@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -11,11 +12,12 @@ import (
 	"github.com/idemkit/idempotency/coordinator"
 )
 
-// Client is the part of a go-redis client that a Store uses: running Lua
-// scripts. *redis.Client (standalone, or Sentinel failover),
-// *redis.ClusterClient, *redis.Ring and every redis.UniversalClient satisfy
-// it. A Client that also has a Pipeline method (all of those do) lets the
-// bulk operator calls, Inspect and Forget, send their scripts in one pipeline.
+// Client is the part of a go-redis client that a Store uses: sending
+// commands and running Lua scripts. *redis.Client (standalone, or Sentinel
+// failover), *redis.ClusterClient, *redis.Ring, *redis.AutoPipeliner and
+// every redis.UniversalClient satisfy it. A Client that also has a Pipeline
+// method (all of those do) lets the bulk operator calls, Inspect and Forget,
+// send their scripts in one pipeline.
 //
 // Build the client with ContextTimeoutEnabled: true. Without it go-redis
 // bounds socket reads by its own ReadTimeout (5s by default) and ignores the
@@ -23,12 +25,13 @@ import (
 // call on a hung Redis. idempotency.NewRedisClient sets it.
 type Client interface {
 	redis.Scripter
+	Process(ctx context.Context, cmd redis.Cmder) error
 }
 
-// Store is a coordinator.Store on Redis. Each record is a small HASH under
-// one key, and each method is one Lua script touching only that key: one
-// round trip, atomic on the server, and unchanged on Redis Cluster. Create a
-// Store with New; it is safe for concurrent use.
+// Store is a coordinator.Store on Redis. Each record is a small STRING under
+// one key, and each method is one command or one Lua script touching only
+// that key: one round trip, atomic on the server, and unchanged on Redis
+// Cluster. Create a Store with New; it is safe for concurrent use.
 //
 // The methods return a *coordinator.StorageError when the call to Redis
 // fails (the network, a timeout, a cancelled context, a server error); it
@@ -36,8 +39,10 @@ type Client interface {
 // this package can read is not an error: it is reported as
 // coordinator.StateUnreadable, so that the coordinator heals the key.
 type Store struct {
-	client Client
-	prefix string
+	client  Client
+	prefix  string
+	channel string // the wake-up channel; see Watch
+	waiters *waiters
 }
 
 var _ coordinator.Store = (*Store)(nil)
@@ -49,6 +54,8 @@ func New(client Client, opts ...Option) *Store {
 	for _, o := range opts {
 		o.apply(s)
 	}
+	s.channel = wakeChannelPrefix + s.prefix
+	s.waiters = newWaiters(s)
 	return s
 }
 
@@ -58,11 +65,13 @@ func (s *Store) Key(key coordinator.Key) string {
 	return s.prefix + key.Operation + ":" + key.Key
 }
 
-// LoadScripts loads the Store's Lua scripts into the script cache of the
-// server (on a cluster, of every master), so that the first call of each
-// method costs one round trip and not two (EVALSHA, NOSCRIPT, EVAL). Calling
-// it is optional: a method whose script is not cached falls back to EVAL by
-// itself. It returns an error when Redis fails.
+// LoadScripts loads the Lua scripts of the rare paths (format 1 records,
+// heals, Inspect, Forget) into the script cache of the server (on a cluster,
+// of every master), so that their first call costs one round trip and not
+// two (EVALSHA, NOSCRIPT, EVAL). The common paths do not need it: they are
+// plain commands or scripts sent whole. Calling it is optional: a script
+// that is not cached falls back to EVAL by itself, which caches it. It
+// returns an error when Redis fails.
 func (s *Store) LoadScripts(ctx context.Context) error {
 	for _, sc := range scripts {
 		if err := sc.Load(ctx, s.client).Err(); err != nil {
@@ -72,96 +81,159 @@ func (s *Store) LoadScripts(ctx context.Context) error {
 	return nil
 }
 
-// The arguments of the scripts that are always the same.
-const (
-	argPending   = "pending"
-	argCompleted = "completed"
-	argReplace   = "1"
-	argNoReplace = "0"
+// Arguments boxed once: passing them to go-redis costs no allocation.
+var (
+	argSet, argNX, argPX, argGet any = "set", "nx", "px", "get"
+	argEval, argOneKey           any = "eval", "1"
 )
 
-// Reserve implements coordinator.Store: reserve-or-read in one script. If the
-// key is absent, or w.Replace is set and the record under the key is not
-// pending and has token w.ReplaceToken, it writes w with time to live w.TTL
-// and returns (coordinator.Record{}, true, nil). Otherwise it returns the
-// record under the key and false. An unreadable record has token "", so
+// Reserve implements coordinator.Store: reserve-or-read. If the key is
+// absent, or w.Replace is set and the record under the key is not pending
+// and has token w.ReplaceToken, it writes w with time to live w.TTL and
+// returns (coordinator.Record{}, true, nil). Otherwise it returns the record
+// under the key and false. An unreadable record has token "", so
 // w.ReplaceToken "" replaces it.
 //
+// A plain reservation is one SET NX PX GET: the write, or the record that
+// prevents it, in one command. A record it returns has TTL 0 (unknown),
+// except one of format 1. Replace is a script (reserve.lua).
+//
 // It returns a *coordinator.StorageError when Redis fails, when w.State is
-// neither coordinator.StatePending nor coordinator.StateCompleted, or when
-// w.TTL is not positive.
+// neither coordinator.StatePending nor coordinator.StateCompleted, when
+// w.TTL is not positive, or when w.Token or w.Fingerprint is too long.
 func (s *Store) Reserve(ctx context.Context, key coordinator.Key, w coordinator.Write) (coordinator.Record, bool, error) {
 	ttl, err := millis(w.TTL)
 	if err != nil {
 		return coordinator.Record{}, false, storageError(coordinator.MethodReserve, err)
 	}
-	// Constants boxed in an interface cost no allocation; keep them so.
-	var state, result any = nil, ""
-	switch w.State {
-	case coordinator.StatePending:
-		state = argPending
-	case coordinator.StateCompleted:
-		state = argCompleted
-		result = w.Result
-	default:
+	if w.State != coordinator.StatePending && w.State != coordinator.StateCompleted {
 		return coordinator.Record{}, false, storageError(coordinator.MethodReserve,
 			fmt.Errorf("redisrepo: cannot write a record in state %s", w.State))
 	}
-	var replace, replaceToken any = argNoReplace, ""
-	if w.Replace {
-		replace, replaceToken = argReplace, w.ReplaceToken
+	val, err := encodeRecord(w.State, w.Token, w.Fingerprint, w.Result)
+	if err != nil {
+		return coordinator.Record{}, false, storageError(coordinator.MethodReserve, err)
 	}
-	v, err := reserveScript.Run(ctx, s.client, []string{s.Key(key)},
-		state, w.Token, w.Fingerprint, result, ttl, replace, replaceToken).Result()
+	rkey := s.Key(key)
+	var v any
+	if w.Replace {
+		v, err = reserveScript.Run(ctx, s.client, []string{rkey},
+			val, ttl, storedToken(w.ReplaceToken), w.ReplaceToken).Result()
+	} else {
+		cmd := redis.NewCmd(ctx, argSet, rkey, val, argNX, argPX, ttl, argGet)
+		_ = s.client.Process(ctx, cmd)
+		v, err = cmd.Result()
+		if err == redis.Nil {
+			return coordinator.Record{}, true, nil
+		}
+		if isWrongType(err) {
+			rec, err := s.legacy(ctx, coordinator.MethodReserve, rkey)
+			return rec, false, err
+		}
+	}
 	if err != nil {
 		return coordinator.Record{}, false, storageError(coordinator.MethodReserve, err)
 	}
 	if n, ok := v.(int64); ok && n == 1 {
 		return coordinator.Record{}, true, nil
 	}
-	rec, err := decodeRecord(v)
+	rec, err := decodeReply(v)
 	if err != nil {
 		return coordinator.Record{}, false, storageError(coordinator.MethodReserve, err)
 	}
 	return rec, false, nil
 }
 
-// Get implements coordinator.Store: it returns the record under key, with
-// its remaining time to live; a missing key is a Record with State
-// coordinator.StateAbsent and a nil error. It returns a
-// *coordinator.StorageError when Redis fails.
+// Get implements coordinator.Store: it returns the record under key; a
+// missing key is a Record with State coordinator.StateAbsent and a nil
+// error. It is one GET; the record's TTL is 0 (unknown), except for a record
+// of format 1. It returns a *coordinator.StorageError when Redis fails.
 func (s *Store) Get(ctx context.Context, key coordinator.Key) (coordinator.Record, error) {
-	v, err := getScript.Run(ctx, s.client, []string{s.Key(key)}).Result()
-	if err != nil {
-		return coordinator.Record{}, storageError(coordinator.MethodGet, err)
+	return s.get(ctx, coordinator.MethodGet, s.Key(key), argGetCmd)
+}
+
+var argGetCmd any = "get"
+
+// get reads the record under rkey with GET, or with watch.lua when read is
+// watchBody.
+func (s *Store) get(ctx context.Context, m coordinator.Method, rkey string, read any) (coordinator.Record, error) {
+	var cmd *redis.Cmd
+	if read == watchBody {
+		cmd = redis.NewCmd(ctx, argEval, watchBody, argOneKey, rkey)
+	} else {
+		cmd = redis.NewCmd(ctx, read, rkey)
 	}
-	if n, ok := v.(int64); ok && n == 0 {
+	_ = s.client.Process(ctx, cmd)
+	v, err := cmd.Result()
+	switch {
+	case err == redis.Nil:
 		return coordinator.Record{}, nil
+	case isWrongType(err):
+		return s.legacy(ctx, m, rkey)
+	case err != nil:
+		return coordinator.Record{}, storageError(m, err)
 	}
-	rec, err := decodeRecord(v)
+	rec, err := decodeReply(v)
 	if err != nil {
-		return coordinator.Record{}, storageError(coordinator.MethodGet, err)
+		return coordinator.Record{}, storageError(m, err)
 	}
 	return rec, nil
 }
 
+// legacy reads the record under rkey, which is not a STRING: a format 1
+// HASH, or something unreadable.
+func (s *Store) legacy(ctx context.Context, m coordinator.Method, rkey string) (coordinator.Record, error) {
+	v, err := legacyScript.Run(ctx, s.client, []string{rkey}).Result()
+	if err != nil {
+		return coordinator.Record{}, storageError(m, err)
+	}
+	if n, ok := v.(int64); ok && n == 0 {
+		return coordinator.Record{}, nil
+	}
+	rec, err := decodeReply(v)
+	if err != nil {
+		return coordinator.Record{}, storageError(m, err)
+	}
+	return rec, nil
+}
+
+// decodeReply reads a reply that holds a record: a STRING (format 2, or
+// something unreadable), or the array of legacy.lua and reserve.lua.
+func decodeReply(v any) (coordinator.Record, error) {
+	if str, ok := v.(string); ok {
+		return decodeValue(str), nil
+	}
+	return decodeLegacy(v)
+}
+
+// isWrongType reports whether err is Redis's WRONGTYPE error: the key holds
+// another type than the command reads.
+func isWrongType(err error) bool {
+	var re redis.Error
+	return err != nil && errors.As(err, &re) && strings.HasPrefix(re.Error(), "WRONGTYPE")
+}
+
 // Complete implements coordinator.Store: if key holds a pending record owned
 // by token, it makes it a completed record with result and time to live ttl,
-// keeping its token and fingerprint, and reports true. It returns a
+// keeping its token and fingerprint, and reports true. A caller that waits
+// on the key in any process is woken (see Watch). It returns a
 // *coordinator.StorageError when Redis fails or ttl is not positive.
 func (s *Store) Complete(ctx context.Context, key coordinator.Key, token string, result []byte, ttl time.Duration) (bool, error) {
 	ms, err := millis(ttl)
 	if err != nil {
 		return false, storageError(coordinator.MethodComplete, err)
 	}
-	return s.ownerScript(ctx, completeScript, coordinator.MethodComplete, key, token, result, ms)
+	return s.owner(ctx, coordinator.MethodComplete,
+		redis.NewCmd(ctx, argEval, completeBody, argOneKey, s.Key(key), storedToken(token), result, ms, s.channel))
 }
 
 // Release implements coordinator.Store: if key holds a pending record owned
-// by token, it deletes it and reports true. It returns a
+// by token, it deletes it and reports true. A caller that waits on the key
+// in any process is woken (see Watch). It returns a
 // *coordinator.StorageError when Redis fails.
 func (s *Store) Release(ctx context.Context, key coordinator.Key, token string) (bool, error) {
-	return s.ownerScript(ctx, releaseScript, coordinator.MethodRelease, key, token)
+	return s.owner(ctx, coordinator.MethodRelease,
+		redis.NewCmd(ctx, argEval, releaseBody, argOneKey, s.Key(key), storedToken(token), s.channel))
 }
 
 // Renew implements coordinator.Store: if key holds a pending record owned by
@@ -173,13 +245,15 @@ func (s *Store) Renew(ctx context.Context, key coordinator.Key, token string, le
 	if err != nil {
 		return false, storageError(coordinator.MethodRenew, err)
 	}
-	return s.ownerScript(ctx, renewScript, coordinator.MethodRenew, key, token, ms)
+	return s.owner(ctx, coordinator.MethodRenew,
+		redis.NewCmd(ctx, argEval, renewBody, argOneKey, s.Key(key), storedToken(token), ms))
 }
 
-// ownerScript runs one of the scripts that act only for the owner of a
-// pending record; they reply 1 when they did, 0 when they did not.
-func (s *Store) ownerScript(ctx context.Context, sc *redis.Script, m coordinator.Method, key coordinator.Key, args ...any) (bool, error) {
-	v, err := sc.Run(ctx, s.client, []string{s.Key(key)}, args...).Result()
+// owner runs one of the scripts that act only for the owner of a pending
+// record; they reply 1 when they did, 0 when they did not.
+func (s *Store) owner(ctx context.Context, m coordinator.Method, cmd *redis.Cmd) (bool, error) {
+	_ = s.client.Process(ctx, cmd)
+	v, err := cmd.Result()
 	if err != nil {
 		return false, storageError(m, err)
 	}

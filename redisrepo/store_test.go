@@ -27,53 +27,108 @@ func TestKey(t *testing.T) {
 	}
 }
 
-// TestRecordFormat pins the HASH that the scripts write: format version 1.
-// A change here is a change of the format, which docs/architecture.md (Redis layout)
-// describes; old readers must keep reading what new writers write.
+// TestRecordFormat pins the STRING that the Store writes, byte by byte:
+// format version 2. A change here is a change of the format, which
+// docs/architecture.md (The record) describes; old readers must keep reading
+// what new writers write.
 func TestRecordFormat(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c redis.UniversalClient) {
 		ctx := context.Background()
 		s := newStore(t, c)
 		key := newKey("format")
 		name := s.Key(key)
-		tok := token()
+		tok := "00112233445566778899aabbccddeeff" // packed: 16 bytes
+		fp := "FP-1"                              // not lowercase hex: as is
 
-		before := serverTime(t, c, name)
-		mustReserve(t, s, key, pendingWrite(tok, "fp-1", 30*time.Second))
-		fields := hgetall(t, c, name)
-		created := fields["created_ms"]
-		delete(fields, "created_ms")
-		wantFields(t, "pending record", fields, map[string]string{
-			"v": redisrepo.FormatVersion, "state": "pending", "token": tok, "fp": "fp-1",
-		})
-		checkCreated(t, created, before)
+		mustReserve(t, s, key, pendingWrite(tok, fp, 30*time.Second))
+		packedTok := "\x00\x11\x22\x33\x44\x55\x66\x77\x88\x99\xaa\xbb\xcc\xdd\xee\xff"
+		wantValue(t, c, "pending record", name, "\x02\x01\x02\x10\x00\x04"+packedTok+"FP-1")
 		checkPTTL(t, c, name, 30*time.Second)
 
 		if ok, err := s.Complete(ctx, key, tok, []byte("result\x00bytes"), time.Hour); err != nil || !ok {
 			t.Fatalf("Complete = %v, %v; want true", ok, err)
 		}
-		fields = hgetall(t, c, name)
-		if fields["created_ms"] != created {
-			t.Errorf("Complete changed created_ms from %q to %q", created, fields["created_ms"])
-		}
-		delete(fields, "created_ms")
-		wantFields(t, "completed record", fields, map[string]string{
-			"v": "1", "state": "completed", "token": tok, "fp": "fp-1", "result": "result\x00bytes",
-		})
+		wantValue(t, c, "completed record", name, "\x02\x02\x02\x10\x00\x04"+packedTok+"FP-1result\x00bytes")
 		checkPTTL(t, c, name, time.Hour)
 
+		// A fingerprint of lowercase hex digits is packed too; a token that
+		// is not hex is kept as is.
 		key2 := newKey("format-completed")
 		name2 := s.Key(key2)
-		mustReserve(t, s, key2, completedWrite(tok, "", nil, time.Minute))
-		fields = hgetall(t, c, name2)
-		checkCreated(t, fields["created_ms"], before)
-		delete(fields, "created_ms")
-		wantFields(t, "record written completed", fields, map[string]string{
-			"v": "1", "state": "completed", "token": tok, "fp": "", "result": "",
-		})
+		mustReserve(t, s, key2, completedWrite("tok", "0aff", nil, time.Minute))
+		wantValue(t, c, "record written completed", name2, "\x02\x02\x04\x03\x00\x02tok\x0a\xff")
 		checkPTTL(t, c, name2, time.Minute)
-		if typ := c.Type(ctx, name2).Val(); typ != "hash" {
-			t.Errorf("TYPE %s = %q, want hash", name2, typ)
+		if rec := mustGet(t, s, key2); rec.Token != "tok" || rec.Fingerprint != "0aff" || rec.Result == nil || len(rec.Result) != 0 {
+			t.Errorf("Get = %+v, want token tok, fingerprint 0aff and an empty result", rec)
+		}
+	})
+}
+
+// wantValue checks the STRING under name.
+func wantValue(t testing.TB, c redis.UniversalClient, what, name, want string) {
+	t.Helper()
+	got, err := c.Get(context.Background(), name).Result()
+	if err != nil {
+		t.Fatalf("%s: GET %s: %v", what, name, err)
+	}
+	if got != want {
+		t.Errorf("%s: %q, want %q", what, got, want)
+	}
+}
+
+// TestLegacyRecords: records of format 1, which releases before format 2
+// wrote, still read as they did: pending and completed, with their TTL.
+func TestLegacyRecords(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+		ctx := context.Background()
+		s := newStore(t, c)
+		key := newKey("legacy")
+		name := s.Key(key)
+		if err := c.HSet(ctx, name, "v", "1", "state", "pending", "token", "tok-1", "fp", "fp-1", "created_ms", "1").Err(); err != nil {
+			t.Fatal(err)
+		}
+		c.PExpire(ctx, name, time.Minute)
+		want := coordinator.Record{State: coordinator.StatePending, Token: "tok-1", Fingerprint: "fp-1"}
+		for _, how := range []string{"Get", "Reserve", "Watch"} {
+			var rec coordinator.Record
+			var err error
+			switch how {
+			case "Get":
+				rec, err = s.Get(ctx, key)
+			case "Reserve":
+				var ok bool
+				rec, ok, err = s.Reserve(ctx, key, pendingWrite(token(), "fp-1", time.Minute))
+				if ok {
+					t.Fatalf("Reserve wrote over a format 1 record")
+				}
+			case "Watch":
+				var stop func()
+				rec, _, stop, err = s.Watch(ctx, key)
+				if stop != nil {
+					stop()
+				}
+			}
+			if err != nil || rec.State != want.State || rec.Token != want.Token || rec.Fingerprint != want.Fingerprint || rec.TTL <= 0 {
+				t.Errorf("%s of a pending format 1 record = %+v, %v; want %+v with a TTL", how, rec, err, want)
+			}
+		}
+		// The owner scripts of format 2 never act on a format 1 record.
+		if ok, err := s.Complete(ctx, key, "tok-1", []byte("r"), time.Minute); ok || err != nil {
+			t.Errorf("Complete of a format 1 record = %v, %v; want false", ok, err)
+		}
+		if err := c.HSet(ctx, name, "state", "completed", "result", "r\x00").Err(); err != nil {
+			t.Fatal(err)
+		}
+		rec, ok, err := s.Reserve(ctx, key, pendingWrite(token(), "fp-1", time.Minute))
+		if err != nil || ok || rec.State != coordinator.StateCompleted || string(rec.Result) != "r\x00" || rec.Token != "tok-1" {
+			t.Errorf("Reserve over a completed format 1 record = %+v, %v, %v; want it", rec, ok, err)
+		}
+		// A heal replaces it with a format 2 record, by its token.
+		if _, ok, err := s.Reserve(ctx, key, replace(completedWrite("00ff", "fp-1", []byte("new"), time.Minute), "tok-1")); err != nil || !ok {
+			t.Fatalf("Reserve replacing the format 1 record = %v, %v; want written", ok, err)
+		}
+		if rec := mustGet(t, s, key); rec.State != coordinator.StateCompleted || rec.Token != "00ff" || string(rec.Result) != "new" {
+			t.Errorf("Get after the heal = %+v, want the new record", rec)
 		}
 	})
 }
@@ -115,8 +170,10 @@ func TestUnreadable(t *testing.T) {
 				key := newKey("unreadable")
 				plant(t, c, s.Key(key), u)
 				want := coordinator.StateUnreadable
-				if rec := mustGet(t, s, key); rec.State != want || rec.Token != "" || rec.Fingerprint != "" || rec.Result != nil || rec.TTL <= 0 {
-					t.Errorf("Get = %+v, want unreadable with token \"\" and a TTL", rec)
+				// Read with GET, a STRING's TTL is unknown; the others are
+				// read by a script, which reports it.
+				if rec := mustGet(t, s, key); rec.State != want || rec.Token != "" || rec.Fingerprint != "" || rec.Result != nil || (rec.TTL <= 0) != u.string {
+					t.Errorf("Get = %+v, want unreadable with token \"\" (and a TTL unless a STRING)", rec)
 				}
 				if rec, ok, err := s.Reserve(ctx, key, pendingWrite(token(), "", time.Minute)); err != nil || ok || rec.State != want {
 					t.Errorf("Reserve without Replace = %+v, %v, %v; want the unreadable record, not written", rec, ok, err)
@@ -195,16 +252,35 @@ func TestRecordTTL(t *testing.T) {
 		ctx := context.Background()
 		s := newStore(t, c)
 		key := newKey("record-ttl")
-		mustReserve(t, s, key, pendingWrite(token(), "", time.Minute))
-		if rec := mustGet(t, s, key); rec.TTL <= 50*time.Second || rec.TTL > time.Minute {
-			t.Errorf("Get: TTL %v, want about a minute", rec.TTL)
-		}
-		// A key without expiry (someone ran PERSIST) reports TTL 0: unknown.
-		c.Persist(ctx, s.Key(key))
+		name := s.Key(key)
+		tok := token()
+		mustReserve(t, s, key, pendingWrite(tok, "", time.Minute))
+		checkPTTL(t, c, name, time.Minute)
+		// GET does not report it: 0, unknown.
 		if rec := mustGet(t, s, key); rec.TTL != 0 || rec.State != coordinator.StatePending {
-			t.Errorf("Get of a persistent record = %+v, want pending with TTL 0", rec)
+			t.Errorf("Get = %+v, want pending with TTL 0", rec)
 		}
-		c.Del(ctx, s.Key(key))
+		// Refused writes leave the TTL alone.
+		if _, ok, err := s.Reserve(ctx, key, pendingWrite(token(), "", time.Hour)); ok || err != nil {
+			t.Fatalf("second Reserve = %v, %v", ok, err)
+		}
+		if _, ok, err := s.Reserve(ctx, key, replace(pendingWrite(token(), "", time.Hour), tok)); ok || err != nil {
+			t.Fatalf("Reserve replacing a pending record = %v, %v", ok, err)
+		}
+		checkPTTL(t, c, name, time.Minute)
+		if ok, err := s.Renew(ctx, key, tok, 2*time.Minute); !ok || err != nil {
+			t.Fatalf("Renew = %v, %v", ok, err)
+		}
+		checkPTTL(t, c, name, 2*time.Minute)
+		if ok, err := s.Complete(ctx, key, tok, []byte("r"), time.Hour); !ok || err != nil {
+			t.Fatalf("Complete = %v, %v", ok, err)
+		}
+		checkPTTL(t, c, name, time.Hour)
+		if _, ok, err := s.Reserve(ctx, key, replace(completedWrite(token(), "", nil, 3*time.Minute), tok)); !ok || err != nil {
+			t.Fatalf("Reserve replacing the completed record = %v, %v", ok, err)
+		}
+		checkPTTL(t, c, name, 3*time.Minute)
+		c.Del(ctx, name)
 	})
 }
 

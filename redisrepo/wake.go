@@ -1,0 +1,193 @@
+package redisrepo
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemkit/idempotency/coordinator"
+)
+
+// wakeChannelPrefix starts the name of the Pub/Sub channel on which the
+// completion or release of a record that a caller waits on is announced:
+// wakeChannelPrefix + the Store's key prefix. The message is the record's
+// Redis key.
+const wakeChannelPrefix = "idemkit:wake:"
+
+// subscriber is the part of a go-redis client that subscribes to Pub/Sub
+// channels. Every go-redis client has it; a Client without it is polled.
+type subscriber interface {
+	Subscribe(ctx context.Context, channels ...string) *redis.PubSub
+}
+
+var _ coordinator.Watcher = (*Store)(nil)
+
+// Watch implements coordinator.Watcher: it reads the record under key as Get
+// does and, when it is a pending record, marks it as waited on and returns a
+// channel that receives a value when the record's completion or release is
+// announced, from any process. stop ends the watch; call it once.
+//
+// The announcements travel on one Pub/Sub subscription per Store, opened by
+// the first watch and closed when the last one stops: a process subscribes
+// once, however many callers wait. A completion or release publishes only
+// when the record was marked, so one that nobody waits on sends nothing. A
+// message can be lost (a subscription that broke, a cluster node that
+// failed): the coordinator keeps polling, backed off, beside the channel. On
+// Redis Cluster the channel is an ordinary one, which the cluster bus
+// carries to every node: only contended keys publish, so the traffic is that
+// of the waits, not of the calls.
+//
+// It returns a *coordinator.StorageError when the read fails. A subscription
+// that fails is not an error: the caller polls.
+func (s *Store) Watch(ctx context.Context, key coordinator.Key) (coordinator.Record, <-chan struct{}, func(), error) {
+	rkey := s.Key(key)
+	ch, stop := s.waiters.add(ctx, rkey)
+	rec, err := s.get(ctx, coordinator.MethodGet, rkey, watchBody)
+	if err != nil || rec.State != coordinator.StatePending {
+		stop()
+		return rec, nil, func() {}, err
+	}
+	return rec, ch, stop, nil
+}
+
+// waiters is the Store's one subscription and the channels of the callers
+// that wait, by Redis key.
+type waiters struct {
+	s     *Store
+	mu    sync.Mutex
+	keys  map[string]map[chan struct{}]struct{}
+	n     int           // callers waiting
+	sub   *subscription // nil when n == 0 or the client cannot subscribe
+	sleep time.Duration // the pause after a broken subscription
+}
+
+func newWaiters(s *Store) *waiters {
+	return &waiters{s: s, keys: map[string]map[chan struct{}]struct{}{}, sleep: 100 * time.Millisecond}
+}
+
+// subscription is one Pub/Sub subscription to the wake-up channel.
+type subscription struct {
+	ready chan struct{} // closed when subscribed, or when that failed
+	quit  chan struct{} // closed to end the subscription
+	done  chan struct{} // closed when it has ended
+}
+
+// add registers a waiter on rkey and returns its channel, once the
+// subscription is confirmed (or has failed, or ctx ended: the caller then
+// relies on polling), and the func that removes it.
+func (w *waiters) add(ctx context.Context, rkey string) (chan struct{}, func()) {
+	ch := make(chan struct{}, 1)
+	w.mu.Lock()
+	set := w.keys[rkey]
+	if set == nil {
+		set = map[chan struct{}]struct{}{}
+		w.keys[rkey] = set
+	}
+	set[ch] = struct{}{}
+	w.n++
+	sub := w.sub
+	if sub == nil {
+		if cl, ok := w.s.client.(subscriber); ok {
+			sub = &subscription{ready: make(chan struct{}), quit: make(chan struct{}), done: make(chan struct{})}
+			w.sub = sub
+			go w.run(cl, sub)
+		}
+	}
+	w.mu.Unlock()
+	if sub != nil {
+		select {
+		case <-sub.ready:
+		case <-ctx.Done():
+		}
+	}
+	var once sync.Once
+	return ch, func() { once.Do(func() { w.remove(rkey, ch) }) }
+}
+
+// remove drops a waiter; the last one ends the subscription, and waits for
+// it to end.
+func (w *waiters) remove(rkey string, ch chan struct{}) {
+	w.mu.Lock()
+	set := w.keys[rkey]
+	delete(set, ch)
+	if len(set) == 0 {
+		delete(w.keys, rkey)
+	}
+	w.n--
+	var sub *subscription
+	if w.n == 0 {
+		sub, w.sub = w.sub, nil
+	}
+	w.mu.Unlock()
+	if sub != nil {
+		close(sub.quit)
+		<-sub.done
+	}
+}
+
+// run subscribes, then delivers each announced key to its waiters until quit.
+// When the subscription breaks, every waiter is woken (a message may have
+// been lost: they read again), and go-redis subscribes again at the next
+// receive.
+func (w *waiters) run(cl subscriber, sub *subscription) {
+	defer close(sub.done)
+	ps := cl.Subscribe(context.Background(), w.s.channel)
+	var closer sync.WaitGroup
+	closer.Add(1)
+	go func() { // a receive ends when the connection is closed, not by a context
+		defer closer.Done()
+		<-sub.quit
+		_ = ps.Close()
+	}()
+	defer closer.Wait()
+	_, _ = ps.Receive(context.Background()) // the confirmation, or an error: poll
+	close(sub.ready)
+	for {
+		msg, err := ps.ReceiveMessage(context.Background())
+		if err == nil {
+			w.wake(msg.Payload)
+			continue
+		}
+		t := time.NewTimer(w.sleep)
+		select {
+		case <-sub.quit:
+			t.Stop()
+			return
+		default:
+		}
+		w.wakeAll()
+		select {
+		case <-sub.quit:
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (w *waiters) wake(rkey string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for ch := range w.keys[rkey] {
+		notify(ch)
+	}
+}
+
+func (w *waiters) wakeAll() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, set := range w.keys {
+		for ch := range set {
+			notify(ch)
+		}
+	}
+}
+
+func notify(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}

@@ -1,0 +1,13 @@
+-- watch.lua: read a record as GET does, and mark a pending format 2 record
+-- as waited on, so that its completion or release publishes its key.
+-- KEYS[1] the record's key
+-- Returns what GET returns: the STRING, nil when absent, or the WRONGTYPE
+-- error for a HASH (Go then reads it with legacy.lua).
+local v = redis.pcall('GET', KEYS[1])
+if type(v) == 'string' and #v >= 6 and string.byte(v, 1) == VERSION2 and string.byte(v, 2) == PENDING then
+  local flags = string.byte(v, 3)
+  if flags % (FLAG_WAITERS * 2) < FLAG_WAITERS then
+    redis.call('SETRANGE', KEYS[1], 2, string.char(flags + FLAG_WAITERS))
+  end
+end
+return v
