@@ -9,7 +9,7 @@ GO ?= go
 STATICCHECK_VERSION ?= v0.8.2
 STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
-.PHONY: all build test test-reliability test-reliability-short lint fmt-check vet staticcheck bench tidy-check readme-commands ci ci-targets demo
+.PHONY: all build test test-reliability test-reliability-short lint fmt-check vet staticcheck bench bench-table tidy-check readme-commands ci ci-targets demo
 
 all: build
 
@@ -49,13 +49,21 @@ vet:
 staticcheck:
 	$(STATICCHECK) -checks inherit,ST1000,ST1020,ST1021,ST1022 ./...
 
-# Six runs per benchmark, so that benchstat can compare two runs (*.out is
-# in .gitignore):
+# Every benchmark of every package, six runs each, into $(BENCH_OUT) (*.out is
+# in .gitignore); about eight minutes on two cores. benchmarks/ puts each flow
+# of the library (impl=idemkit) beside raw go-redis (impl=raw) on one
+# redis-server that it starts itself (it skips without redis-server).
+# bench-table prints those side by side, medians of the six runs; benchstat
+# compares two runs:
 #   make bench BENCH_OUT=old.out; <change>; make bench
 #   go run golang.org/x/perf/cmd/benchstat@latest old.out bench.out
+#   go run golang.org/x/perf/cmd/benchstat@latest -col /impl bench.out
 BENCH_OUT ?= bench.out
 bench:
-	set -o pipefail; $(GO) test -run '^$$' -bench . -benchmem -count 6 ./... | tee $(BENCH_OUT)
+	set -o pipefail; $(GO) test -run '^$$' -bench . -benchmem -benchtime 1s -count 6 -timeout 30m ./... | tee $(BENCH_OUT)
+
+bench-table:
+	$(GO) run ./internal/benchtable $(BENCH_OUT)
 
 tidy-check:
 	$(GO) mod tidy -diff
