@@ -2,11 +2,13 @@ package coordinator
 
 import (
 	"context"
-	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"time"
+	"unsafe"
 )
 
 // This file is the flow of one call (DESIGN §3): validate, reserve or read,
@@ -29,10 +31,11 @@ func do[T any](ctx context.Context, c *Coordinator, call Call, codec Codec[T], a
 		return Result[T]{Value: v}, err
 	}
 	f := &flow[T]{
-		exec:   exec{c: c, key: Key{Operation: call.Operation, Key: call.Key}, fp: call.Fingerprint, ttl: ttl, token: newToken()},
+		exec:   exec{c: c, key: Key{Operation: call.Operation, Key: call.Key}, fp: call.Fingerprint, ttl: ttl},
 		codec:  codec,
 		action: action,
 	}
+	f.newToken()
 	if c.cfg.inFlight == InFlightRun {
 		return f.unreserved(ctx)
 	}
@@ -71,12 +74,21 @@ func (c *Coordinator) check(call Call) (time.Duration, error) {
 	return ttl, nil
 }
 
-func newToken() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:]) // crypto/rand.Read never returns an error
-	var h [32]byte
-	hex.Encode(h[:], b[:])
-	return string(h[:])
+// newToken gives the call its owner token: 64 random bits, hex encoded.
+// What a token must be is unique among the reservations of one key that can
+// exist at once (two callers that held one key with equal tokens could act
+// on each other's reservation): with 64 random bits the chance of that is
+// 2^-64 per pair of callers of a key. The bits come from math/rand/v2's
+// global generator, ChaCha8 seeded from the operating system for each thread
+// of the runtime: far cheaper than crypto/rand, and unpredictable enough for
+// a value that only ever identifies a reservation to the store. A store
+// keeps it in 8 bytes (redisrepo packs hex). The token's bytes live in the
+// call's state (the flow, already allocated): no allocation of its own.
+func (x *exec) newToken() {
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], rand.Uint64())
+	hex.Encode(x.tok[:], b[:])
+	x.token = unsafe.String(&x.tok[0], len(x.tok))
 }
 
 // exec is the part of a protected call that does not depend on its result
@@ -86,7 +98,8 @@ type exec struct {
 	key   Key
 	fp    string
 	ttl   time.Duration
-	token string
+	token string   // the owner token: tok's bytes
+	tok   [16]byte // never changed after newToken
 }
 
 func (x *exec) observe(ctx context.Context, e Event) {

@@ -417,7 +417,7 @@ func TestLeaseIsInTheActionContext(t *testing.T) {
 		lease, ok = coordinator.ReservationFromContext(ctx)
 		return 1, nil
 	})
-	if err != nil || !ok || len(lease.Token) != 32 || lease.Key != "lease" {
+	if err != nil || !ok || len(lease.Token) != 16 || lease.Key != "lease" {
 		t.Fatalf("lease = %+v, %v, %v", lease, ok, err)
 	}
 	_, ok = coordinator.ReservationFromContext(t.Context())

@@ -79,7 +79,8 @@ type Write struct {
 	// a result written without a reservation (in-flight mode "run", and the
 	// best-effort write after an unprotected run).
 	State State
-	// Token is the writer's owner token: 128 random bits, hex encoded.
+	// Token is the writer's owner token: 64 random bits, hex encoded (16
+	// lowercase hex digits), unique per call.
 	Token string
 	// Fingerprint is the request fingerprint; "" for none.
 	Fingerprint string

@@ -6,14 +6,22 @@ import (
 )
 
 // begin starts one store call under the storage timeout; end reports its
-// latency. (No closure per call: these run on every request.)
+// latency. (No closure per call: these run on every request.) When ctx ends
+// by the storage timeout anyway, the call runs under ctx itself: no timer,
+// no allocation.
 func (x *exec) begin(ctx context.Context) (context.Context, context.CancelFunc, time.Time) {
-	sctx, cancel := context.WithTimeout(ctx, x.c.cfg.storageTimeout)
-	return sctx, cancel, time.Now()
+	now := time.Now()
+	if d, ok := ctx.Deadline(); ok && !d.After(now.Add(x.c.cfg.storageTimeout)) {
+		return ctx, nil, now
+	}
+	sctx, cancel := context.WithDeadline(ctx, now.Add(x.c.cfg.storageTimeout))
+	return sctx, cancel, now
 }
 
 func (x *exec) end(ctx context.Context, cancel context.CancelFunc, start time.Time, m Method, err error) {
-	cancel()
+	if cancel != nil {
+		cancel()
+	}
 	x.observe(ctx, Event{Kind: EventStorageCall, Method: m, Duration: time.Since(start), Err: err})
 }
 

@@ -2,6 +2,7 @@ package redisrepo_test
 
 import (
 	"context"
+	"fmt"
 	"errors"
 	"testing"
 	"time"
@@ -147,10 +148,27 @@ func (f fakeScripter) Eval(ctx context.Context, script string, keys []string, ar
 
 func (f fakeScripter) Process(ctx context.Context, cmd redis.Cmder) error {
 	r := f.reply()
-	c := cmd.(*redis.Cmd)
-	c.SetVal(r.Val())
-	c.SetErr(r.Err())
-	return r.Err()
+	switch c := cmd.(type) {
+	case *redis.Cmd:
+		c.SetVal(r.Val())
+		c.SetErr(r.Err())
+	case *redis.RawCmd: // the reply as Redis would have sent it
+		switch v := r.Val().(type) {
+		case nil:
+			if r.Err() == redis.Nil {
+				c.SetVal([]byte("$-1\r\n"))
+			} else {
+				c.SetErr(r.Err())
+			}
+		case string:
+			c.SetVal(fmt.Appendf(nil, "$%d\r\n%s\r\n", len(v), v))
+		case int64:
+			c.SetVal(fmt.Appendf(nil, ":%d\r\n", v))
+		default:
+			c.SetVal([]byte("*1\r\n:1\r\n"))
+		}
+	}
+	return cmd.Err()
 }
 
 // TestNilNeverEscapes: whatever go-redis returns, the Store never returns

@@ -149,10 +149,10 @@ func encodeRecord(st coordinator.State, token, fp string, result []byte) ([]byte
 
 // decodeValue reads v, a STRING value under a record's key. A value that is
 // not a version 2 record is a Record with StateUnreadable (and token ""),
-// not an error: the coordinator heals it. The result aliases v, which the
-// caller must not use afterwards; v comes fresh from a reply and has no
-// other user, so the result is the caller's to keep, and nothing is copied.
-func decodeValue(v string) coordinator.Record {
+// not an error: the coordinator heals it. The result aliases v, and so does
+// the fingerprint when it is not packed: v comes fresh from a reply, has no
+// other user and is never changed, so nothing is copied.
+func decodeValue(v []byte) coordinator.Record {
 	if len(v) < headerLen || v[0] != formatVersion {
 		return coordinator.Record{State: coordinator.StateUnreadable}
 	}
@@ -169,21 +169,20 @@ func decodeValue(v string) coordinator.Record {
 		Fingerprint: field(v[headerLen+tl:end], flags&flagFPHex != 0),
 	}
 	if st == stateCompleted {
-		r := v[end:]
-		rec.Result = unsafe.Slice(unsafe.StringData(r), len(r))
-		if rec.Result == nil {
-			rec.Result = []byte{}
-		}
+		rec.Result = v[end:len(v):len(v)]
 	}
 	return rec
 }
 
 // field returns a stored token or fingerprint as it was given.
-func field(s string, packed bool) string {
-	if !packed {
-		return s
+func field(b []byte, packed bool) string {
+	if packed {
+		return hex.EncodeToString(b)
 	}
-	return hex.EncodeToString(unsafe.Slice(unsafe.StringData(s), len(s)))
+	if len(b) == 0 {
+		return ""
+	}
+	return unsafe.String(&b[0], len(b))
 }
 
 // decodeLegacy turns the reply {state, token, fingerprint, result, pttl} of

@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -41,6 +41,7 @@ type Client interface {
 type Store struct {
 	client  Client
 	prefix  string
+	lastMS  atomic.Pointer[boxedMS] // the last lease boxed: see boxed
 	channel string // the wake-up channel; see Watch
 	waiters *waiters
 }
@@ -115,22 +116,21 @@ func (s *Store) Reserve(ctx context.Context, key coordinator.Key, w coordinator.
 		return coordinator.Record{}, false, storageError(coordinator.MethodReserve, err)
 	}
 	rkey := s.Key(key)
-	var v any
-	if w.Replace {
-		v, err = reserveScript.Run(ctx, s.client, []string{rkey},
-			val, ttl, storedToken(w.ReplaceToken), w.ReplaceToken).Result()
-	} else {
-		cmd := redis.NewCmd(ctx, argSet, rkey, val, argNX, argPX, ttl, argGet)
-		_ = s.client.Process(ctx, cmd)
-		v, err = cmd.Result()
-		if err == redis.Nil {
-			return coordinator.Record{}, true, nil
-		}
-		if isWrongType(err) {
+	if !w.Replace {
+		v, found, err := s.bulk(ctx, argSet, rkey, val, argNX, argPX, s.boxed(ttl), argGet)
+		switch {
+		case errors.Is(err, errWrongType):
 			rec, err := s.legacy(ctx, coordinator.MethodReserve, rkey)
 			return rec, false, err
+		case err != nil:
+			return coordinator.Record{}, false, storageError(coordinator.MethodReserve, err)
+		case !found:
+			return coordinator.Record{}, true, nil
 		}
+		return decodeValue(v), false, nil
 	}
+	v, err := reserveScript.Run(ctx, s.client, []string{rkey},
+		val, ttl, storedToken(w.ReplaceToken), w.ReplaceToken).Result()
 	if err != nil {
 		return coordinator.Record{}, false, storageError(coordinator.MethodReserve, err)
 	}
@@ -149,35 +149,29 @@ func (s *Store) Reserve(ctx context.Context, key coordinator.Key, w coordinator.
 // error. It is one GET; the record's TTL is 0 (unknown), except for a record
 // of format 1. It returns a *coordinator.StorageError when Redis fails.
 func (s *Store) Get(ctx context.Context, key coordinator.Key) (coordinator.Record, error) {
-	return s.get(ctx, coordinator.MethodGet, s.Key(key), argGetCmd)
+	return s.get(ctx, coordinator.MethodGet, s.Key(key), false)
 }
 
-var argGetCmd any = "get"
-
-// get reads the record under rkey with GET, or with watch.lua when read is
-// watchBody.
-func (s *Store) get(ctx context.Context, m coordinator.Method, rkey string, read any) (coordinator.Record, error) {
-	var cmd *redis.Cmd
-	if read == watchBody {
-		cmd = redis.NewCmd(ctx, argEval, watchBody, argOneKey, rkey)
+// get reads the record under rkey with GET or, when watch is set, with
+// watch.lua.
+func (s *Store) get(ctx context.Context, m coordinator.Method, rkey string, watch bool) (coordinator.Record, error) {
+	var v []byte
+	var found bool
+	var err error
+	if watch {
+		v, found, err = s.bulk(ctx, argEval, watchBody, argOneKey, rkey)
 	} else {
-		cmd = redis.NewCmd(ctx, read, rkey)
+		v, found, err = s.bulk(ctx, argGet, rkey)
 	}
-	_ = s.client.Process(ctx, cmd)
-	v, err := cmd.Result()
 	switch {
-	case err == redis.Nil:
-		return coordinator.Record{}, nil
-	case isWrongType(err):
+	case errors.Is(err, errWrongType):
 		return s.legacy(ctx, m, rkey)
 	case err != nil:
 		return coordinator.Record{}, storageError(m, err)
+	case !found:
+		return coordinator.Record{}, nil
 	}
-	rec, err := decodeReply(v)
-	if err != nil {
-		return coordinator.Record{}, storageError(m, err)
-	}
-	return rec, nil
+	return decodeValue(v), nil
 }
 
 // legacy reads the record under rkey, which is not a STRING: a format 1
@@ -201,17 +195,11 @@ func (s *Store) legacy(ctx context.Context, m coordinator.Method, rkey string) (
 // something unreadable), or the array of legacy.lua and reserve.lua.
 func decodeReply(v any) (coordinator.Record, error) {
 	if str, ok := v.(string); ok {
-		return decodeValue(str), nil
+		return decodeValue([]byte(str)), nil
 	}
 	return decodeLegacy(v)
 }
 
-// isWrongType reports whether err is Redis's WRONGTYPE error: the key holds
-// another type than the command reads.
-func isWrongType(err error) bool {
-	var re redis.Error
-	return err != nil && errors.As(err, &re) && strings.HasPrefix(re.Error(), "WRONGTYPE")
-}
 
 // Complete implements coordinator.Store: if key holds a pending record owned
 // by token, it makes it a completed record with result and time to live ttl,
@@ -262,6 +250,24 @@ func (s *Store) owner(ctx context.Context, m coordinator.Method, cmd *redis.Cmd)
 		return false, storageError(m, fmt.Errorf("redisrepo: unexpected script reply %T %v", v, v))
 	}
 	return n == 1, nil
+}
+
+// boxedMS is a time to live in milliseconds and the same, boxed.
+type boxedMS struct {
+	ms  int64
+	box any
+}
+
+// boxed returns ms boxed, as an argument: an int64 above 255 costs an
+// allocation each time it is boxed, and a coordinator passes the same lease
+// on every reservation.
+func (s *Store) boxed(ms int64) any {
+	if b := s.lastMS.Load(); b != nil && b.ms == ms {
+		return b.box
+	}
+	b := &boxedMS{ms: ms, box: ms}
+	s.lastMS.Store(b)
+	return b.box
 }
 
 // millis returns d in whole milliseconds, rounded up: a lease is never

@@ -44,7 +44,7 @@ var _ coordinator.Watcher = (*Store)(nil)
 func (s *Store) Watch(ctx context.Context, key coordinator.Key) (coordinator.Record, <-chan struct{}, func(), error) {
 	rkey := s.Key(key)
 	ch, stop := s.waiters.add(ctx, rkey)
-	rec, err := s.get(ctx, coordinator.MethodGet, rkey, watchBody)
+	rec, err := s.get(ctx, coordinator.MethodGet, rkey, true)
 	if err != nil || rec.State != coordinator.StatePending {
 		stop()
 		return rec, nil, func() {}, err

@@ -1,0 +1,81 @@
+package redisrepo
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// errWrongType is the WRONGTYPE error reply: the key holds another Redis
+// type than the command reads (for a record: a format 1 HASH).
+var errWrongType = errors.New("redisrepo: WRONGTYPE")
+
+// bulk sends a command whose reply is a bulk string or null (GET, SET NX
+// GET, watch.lua) and returns the string, or found false for null. It reads
+// the reply raw: go-redis turns a null reply into the error redis.Nil, and
+// spends some twenty allocations deciding whether to retry it, on every
+// first run. An error reply is returned as errWrongType, or sent again as a
+// parsed command, so that go-redis follows a cluster redirection (MOVED,
+// ASK) or retries what it retries (LOADING, TRYAGAIN...), and returns what
+// that gives. The string aliases the reply, which has no other user.
+func (s *Store) bulk(ctx context.Context, args ...any) (v []byte, found bool, err error) {
+	raw := redis.NewRawCmd(ctx, args...)
+	_ = s.client.Process(ctx, raw)
+	if err := raw.Err(); err != nil {
+		return nil, false, err
+	}
+	b := raw.Val()
+	if len(b) < 3 || b[len(b)-2] != '\r' || b[len(b)-1] != '\n' {
+		return nil, false, fmt.Errorf("redisrepo: invalid reply %q", b)
+	}
+	switch b[0] {
+	case '$':
+		i := bytes.IndexByte(b, '\r')
+		n, err := strconv.Atoi(string(b[1:i]))
+		switch {
+		case err != nil:
+			return nil, false, fmt.Errorf("redisrepo: invalid reply %q", b)
+		case n == -1:
+			return nil, false, nil
+		case n < 0 || len(b) != i+2+n+2:
+			return nil, false, fmt.Errorf("redisrepo: invalid reply %q", b)
+		}
+		return b[i+2 : i+2+n : i+2+n], true, nil
+	case '_':
+		return nil, false, nil
+	case '-', '!':
+		if bytes.HasPrefix(b[1:], []byte("WRONGTYPE")) {
+			return nil, false, errWrongType
+		}
+		return s.parsed(ctx, args)
+	default:
+		return nil, false, fmt.Errorf("redisrepo: unexpected reply %q", b)
+	}
+}
+
+// parsed sends args as a parsed command: the slow path of bulk, after an
+// error reply.
+func (s *Store) parsed(ctx context.Context, args []any) ([]byte, bool, error) {
+	cmd := redis.NewCmd(ctx, args...)
+	_ = s.client.Process(ctx, cmd)
+	v, err := cmd.Result()
+	switch {
+	case errors.Is(err, redis.Nil):
+		return nil, false, nil
+	case err != nil:
+		var re redis.Error
+		if errors.As(err, &re) && bytes.HasPrefix([]byte(re.Error()), []byte("WRONGTYPE")) {
+			return nil, false, errWrongType
+		}
+		return nil, false, err
+	}
+	str, ok := v.(string)
+	if !ok {
+		return nil, false, fmt.Errorf("redisrepo: unexpected reply %T", v)
+	}
+	return []byte(str), true, nil
+}
