@@ -2,8 +2,8 @@ package redisrepo_test
 
 import (
 	"context"
-	"fmt"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 

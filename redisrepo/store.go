@@ -42,7 +42,7 @@ type Store struct {
 	client  Client
 	prefix  string
 	lastMS  atomic.Pointer[boxedMS] // the last lease boxed: see boxed
-	channel string // the wake-up channel; see Watch
+	channel string                  // the wake-up channel; see Watch
 	waiters *waiters
 }
 
@@ -199,7 +199,6 @@ func decodeReply(v any) (coordinator.Record, error) {
 	}
 	return decodeLegacy(v)
 }
-
 
 // Complete implements coordinator.Store: if key holds a pending record owned
 // by token, it makes it a completed record with result and time to live ttl,
