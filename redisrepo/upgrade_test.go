@@ -1,0 +1,116 @@
+package redisrepo_test
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemkit/idempotency/coordinator"
+)
+
+// format1 is the previous release's store: its scripts (testdata/format1,
+// verbatim), which write format 1 HASH records.
+type format1 struct {
+	c                 redis.UniversalClient
+	reserve, complete *redis.Script
+}
+
+func newFormat1(t *testing.T, c redis.UniversalClient) format1 {
+	t.Helper()
+	read := func(name string) string {
+		b, err := os.ReadFile("testdata/format1/" + name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	prelude := "local VERSION = \"1\"\nlocal ABSENT, PENDING, COMPLETED, UNREADABLE = 0, 1, 2, 3\n" + read("record.lua")
+	return format1{c: c, reserve: redis.NewScript(prelude + read("reserve.lua")), complete: redis.NewScript(prelude + read("complete.lua"))}
+}
+
+// run is a first execution as the previous release made it: reserve, then
+// complete with result.
+func (f format1) run(t *testing.T, name, token, fp string, result []byte) {
+	t.Helper()
+	ctx := context.Background()
+	if v, err := f.reserve.Run(ctx, f.c, []string{name}, "pending", token, fp, "", 30000, "0", "").Result(); err != nil || v != int64(1) {
+		t.Fatalf("format 1 reserve = %v, %v", v, err)
+	}
+	if result != nil {
+		f.completeNow(t, name, token, result)
+	}
+}
+
+func (f format1) completeNow(t *testing.T, name, token string, result []byte) {
+	t.Helper()
+	if v, err := f.complete.Run(context.Background(), f.c, []string{name}, token, result, 3600000).Result(); err != nil || v != int64(1) {
+		t.Fatalf("format 1 complete = %v, %v", v, err)
+	}
+}
+
+// TestUpgradeFromFormat1: records that the previous release wrote, in
+// format 1, replay after the upgrade without running the action again; a
+// key that an instance of the previous release still holds is waited on, and
+// its result replayed when it completes; a fingerprint stored in format 1
+// still refuses a key reused for another request.
+func TestUpgradeFromFormat1(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+		ctx := context.Background()
+		old := newFormat1(t, c)
+		s := newStore(t, c)
+		co, ev := coord(t, s, coordinator.WithPollInterval(time.Millisecond))
+		fp, err := coordinator.Fingerprint("order", 42)
+		if err != nil {
+			t.Fatal(err)
+		}
+
+		// Completed before the upgrade: replayed, not run.
+		done := newKey("upgrade-completed")
+		old.run(t, s.Key(done), "3f0c9a7e5b1d2c4f6a8b0c1d2e3f4a5b", fp, []byte(`{"id":"before","n":1}`))
+		var k runs
+		call := coordinator.Call{Operation: done.Operation, Key: done.Key, Fingerprint: fp}
+		res, err := coordinator.DoResult(ctx, co, call, k.action("after"))
+		if err != nil || !res.Replayed || res.Value.ID != "before" || k.n.Load() != 0 {
+			t.Errorf("replay of a format 1 record = %+v, %v, %d runs; want its result, replayed, no run", res, err, k.n.Load())
+		}
+		// The same key for another request is refused.
+		call.Fingerprint = "0000"
+		if _, err := coordinator.Do(ctx, co, call, k.action("other")); err == nil || k.n.Load() != 0 {
+			t.Errorf("a reused key over a format 1 record = %v, %d runs; want ErrKeyReuse", err, k.n.Load())
+		}
+
+		// Held by the previous release during the upgrade: waited on, then
+		// replayed.
+		held := newKey("upgrade-held")
+		old.run(t, s.Key(held), "00112233445566778899aabbccddeeff", "", nil)
+		got := make(chan error, 1)
+		var waited coordinator.Result[charge]
+		go func() {
+			var err error
+			waited, err = coordinator.DoResult(ctx, co, callOf(held), k.action("waiter"))
+			got <- err
+		}()
+		for ev.count(coordinator.EventInFlight, "") == 0 { // until it waits
+			time.Sleep(time.Millisecond)
+		}
+		old.completeNow(t, s.Key(held), "00112233445566778899aabbccddeeff", []byte(`{"id":"holder","n":1}`))
+		if err := <-got; err != nil || !waited.Replayed || waited.Value.ID != "holder" || k.n.Load() != 0 {
+			t.Errorf("waiter on a format 1 holder = %+v, %v, %d runs; want the holder's result", waited, err, k.n.Load())
+		}
+
+		// A key completed after the upgrade is format 2, and reads back.
+		fresh := newKey("upgrade-fresh")
+		if _, err := coordinator.Do(ctx, co, callOf(fresh), k.action("new")); err != nil {
+			t.Fatal(err)
+		}
+		if v, err := c.Get(ctx, s.Key(fresh)).Result(); err != nil || v[0] != 2 {
+			t.Errorf("a new record: %q, %v; want format 2", v, err)
+		}
+		if infos, err := s.Inspect(ctx, done, fresh); err != nil || infos[0].State != coordinator.StateCompleted || infos[1].State != coordinator.StateCompleted {
+			t.Errorf("Inspect of both formats = %+v, %v", infos, err)
+		}
+	})
+}
