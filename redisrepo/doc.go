@@ -8,37 +8,47 @@
 // # Layout
 //
 // Each (operation, key) is one Redis key, prefix + operation + ":" + key,
-// holding a small HASH, format version 1:
+// holding one STRING, format version 2: a 6-byte header (version, state,
+// flags, token and fingerprint lengths), the owner token, the request
+// fingerprint and, for a completed record, the encoded result
+// (docs/architecture.md describes it byte by byte). Its Redis time to live
+// is the lease of a pending record and the time to live of a completed one;
+// only Redis's clock decides expiry.
 //
-//	v           "1", the format version
-//	state       "pending" (a caller holds the lease) or "completed"
-//	token       the owner token of the caller that reserved it
-//	fp          the request fingerprint, "" for none
-//	result      the encoded result (completed records only)
-//	created_ms  when it was written, Unix milliseconds by the Redis server's clock
-//
-// Its Redis time to live is the lease of a pending record and the time to
-// live of a completed one; only Redis's clock decides expiry (PEXPIRE). A
-// reader ignores fields it does not know, so adding a field needs no new
-// version. A value it cannot read — another Redis type, a missing field, an
-// unknown state, or a format version other than 1 — is reported as
+// Records of format 1, the HASH that earlier releases wrote, are still
+// read, so that they replay after an upgrade; they are never written. A
+// value that no reader of this package can read (another Redis type, a
+// STRING of another format, a record cut short) is reported as
 // coordinator.StateUnreadable with token "", never as an error: the
 // coordinator runs the action and replaces it (Write.Replace with
-// ReplaceToken ""), so the key heals. A later, incompatible format must
-// therefore be rolled out readers first, or under a new key prefix.
+// ReplaceToken ""), so the key heals. An earlier release treats a format 2
+// record the same way, so it must not serve the same keys as this one at
+// once (see docs/architecture.md, "Rolling out a format").
 //
 // # Round trips
 //
-// Every Store method is one Lua script on that one key, run with EVALSHA
-// (one round trip) and falling back to EVAL when the server does not have it
-// cached (one more, once per script and server; LoadScripts avoids it).
-// Script arguments are data (KEYS and ARGV), never script text, so a key of
-// any visible ASCII characters cannot change what a script does. No script
-// replies nil, and redis.Nil never leaves the package.
+// Every Store method is one round trip on one key. The common paths are plain
+// commands or small scripts sent whole: Reserve is SET NX PX GET, Get is GET,
+// and Complete, Renew and Release are Lua scripts sent with EVAL. None of
+// them depends on the server's script cache, so a restart, a failover or
+// SCRIPT FLUSH costs them nothing. The rare paths (a heal, a format 1 record,
+// Inspect, Forget) run their scripts with EVALSHA and fall back to EVAL when
+// the server does not have them cached (one more round trip, once per script
+// and server; LoadScripts avoids it). Script arguments are data (KEYS and
+// ARGV), never script text, so a key of any visible ASCII characters cannot
+// change what a script does. redis.Nil never leaves the package.
+//
+// # Waiting across processes
+//
+// The Store implements coordinator.Watcher: a caller that waits on a key
+// held in another process is woken through Redis Pub/Sub when the holder
+// completes or releases it, with one subscription per Store while anyone
+// waits; see Store.Watch.
 //
 // # Redis Cluster
 //
-// Each script touches one key, so the Store works on a cluster unchanged:
+// Each command and script touches one key, so the Store works on a cluster
+// unchanged:
 // records spread over the slots by CRC16 of their Redis key. A key that holds
 // a hash tag, a non-empty "{...}", hashes only what is inside the first one,
 // as Redis Cluster defines: "{tenant-7}-order-1" and "{tenant-7}-order-2"
