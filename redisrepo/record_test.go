@@ -1,0 +1,60 @@
+package redisrepo
+
+import (
+	"bytes"
+	"testing"
+
+	"github.com/idemkit/idempotency/coordinator"
+)
+
+// FuzzDecodeValue: any bytes under a key decode without a panic, to a
+// record or to StateUnreadable; and a record that encodeRecord wrote decodes
+// to what was written.
+func FuzzDecodeValue(f *testing.F) {
+	f.Add([]byte("\x02\x02\x06\x08\x00\x02\x8e\xddX=\x06y\xd6\x7f\x0a\xffresult"), "8edd583d0679d67f", "0aff", []byte("r"), true)
+	f.Add([]byte("\x02\x01\x00\x03\x00\x02tokfp"), "tok", "FP", []byte(nil), false)
+	f.Add([]byte(""), "", "", []byte(""), true)
+	f.Fuzz(func(t *testing.T, raw []byte, token, fp string, result []byte, completed bool) {
+		rec := decodeValue(bytes.Clone(raw))
+		if rec.State != coordinator.StateUnreadable && rec.State != coordinator.StatePending && rec.State != coordinator.StateCompleted {
+			t.Fatalf("decodeValue(%q) = state %v", raw, rec.State)
+		}
+		if rec.State == coordinator.StateUnreadable && (rec.Token != "" || rec.Fingerprint != "" || rec.Result != nil) {
+			t.Fatalf("decodeValue(%q) = unreadable with fields %+v", raw, rec)
+		}
+		st := coordinator.StatePending
+		if completed {
+			st = coordinator.StateCompleted
+		}
+		v, err := encodeRecord(st, token, fp, result)
+		if err != nil {
+			if len(token) <= maxToken && len(fp) <= maxFingerprint {
+				t.Fatalf("encodeRecord(%q, %q): %v", token, fp, err)
+			}
+			return
+		}
+		got := decodeValue(v)
+		if got.State != st || got.Token != token || got.Fingerprint != fp {
+			t.Fatalf("round trip of %v %q %q = %+v", st, token, fp, got)
+		}
+		if completed && (!bytes.Equal(got.Result, result) || got.Result == nil) {
+			t.Fatalf("round trip of result %q = %q", result, got.Result)
+		}
+		if !completed && got.Result != nil {
+			t.Fatalf("pending record with result %q", got.Result)
+		}
+	})
+}
+
+func TestStoredToken(t *testing.T) {
+	for token, want := range map[string]string{
+		"8edd583d0679d67f": "\x8e\xddX=\x06y\xd6\x7f",
+		"8EDD":             "8EDD", // not lowercase: as is
+		"abc":              "abc",  // odd: as is
+		"":                 "",
+	} {
+		if got := storedToken(token); got != want {
+			t.Errorf("storedToken(%q) = %q, want %q", token, got, want)
+		}
+	}
+}
