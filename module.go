@@ -40,7 +40,9 @@ const ObserversGroup = "idempotency.observers"
 //     client (UseRedisClient), Module builds one from the settings, pings it
 //     on start and closes it on stop. An unreachable Redis does not stop the
 //     app: it is logged as a warning naming the address, and each call then
-//     follows IDEMPOTENCY_ON_STORAGE_ERROR.
+//     follows IDEMPOTENCY_ON_STORAGE_ERROR. With
+//     IDEMPOTENCY_REDIS_AUTO_PIPELINE set, the store's commands go through
+//     the client's AutoPipeliner (NewStoreClient).
 //   - *coordinator.Coordinator, configured by the settings. When
 //     IDEMPOTENCY_ENABLED is false, start-up logs a warning that protection
 //     is off.
@@ -74,7 +76,9 @@ var Module = fx.Module("idempotency",
 // graph, of type C (*redis.Client, *redis.ClusterClient,
 // redis.UniversalClient, ...), instead of building one from
 // IDEMPOTENCY_REDIS_URL. The app owns that client: Module neither pings nor
-// closes it. One line:
+// closes it. With IDEMPOTENCY_REDIS_AUTO_PIPELINE set, the store goes through
+// that client's AutoPipeliner, which closes with the client (see
+// NewStoreClient). One line:
 //
 //	fx.New(idempotency.Module, idempotency.UseRedisClient[*redis.Client](), ...)
 func UseRedisClient[C redis.UniversalClient]() fx.Option {
@@ -183,10 +187,22 @@ func provideStore(s *redisrepo.Store) coordinator.Store { return s }
 
 func provideRedisStore(p storeParams) (*redisrepo.Store, error) {
 	if p.Client != nil {
-		return NewStore(p.Settings, p.Client), nil
+		// With IDEMPOTENCY_REDIS_AUTO_PIPELINE, the app's client's
+		// AutoPipeliner, which closes with that client: not the module's to
+		// close either.
+		sc, err := NewStoreClient(p.Settings, p.Client)
+		if err != nil {
+			return nil, err
+		}
+		return NewStore(p.Settings, sc), nil
 	}
 	client, err := NewRedisClient(p.Settings)
 	if err != nil {
+		return nil, err
+	}
+	sc, err := NewStoreClient(p.Settings, client)
+	if err != nil {
+		_ = client.Close()
 		return nil, err
 	}
 	p.Lifecycle.Append(fx.Hook{
@@ -194,9 +210,12 @@ func provideRedisStore(p storeParams) (*redisrepo.Store, error) {
 			ping(ctx, client, p.Settings, p.Logger.Logger)
 			return nil
 		},
+		// Closing the client also closes its AutoPipeliner, which first
+		// sends the commands queued in it (see docs/configuration.md for a
+		// hung Redis).
 		OnStop: func(context.Context) error { return client.Close() },
 	})
-	return NewStore(p.Settings, client), nil
+	return NewStore(p.Settings, sc), nil
 }
 
 type observerParams struct {

@@ -21,7 +21,8 @@ import (
 //	s, err := idempotency.LoadSettings()
 //	client, err := idempotency.NewRedisClient(s)
 //	obs, err := idempotency.NewObserver(s, logger, prometheus.DefaultRegisterer)
-//	c, err := idempotency.NewCoordinator(s, idempotency.NewStore(s, client), obs)
+//	sc, err := idempotency.NewStoreClient(s, client)
+//	c, err := idempotency.NewCoordinator(s, idempotency.NewStore(s, sc), obs)
 
 // NewRedisClient returns the Redis client the settings describe, without
 // connecting: a *redis.ClusterClient over RedisClusterAddrs when that is set,
@@ -31,7 +32,11 @@ import (
 // client fails fast when Redis is down (one dial attempt per connection, a
 // dial timeout of at most IDEMPOTENCY_STORAGE_TIMEOUT) and honours context
 // deadlines (ContextTimeoutEnabled), so the storage timeout bounds every call.
-// The caller owns the client and closes it.
+// With RedisAutoPipeline set, its read and write timeouts are at most the
+// storage timeout too (a longer read_timeout or write_timeout, or one that
+// disables them, is lowered to it), since the batches of an AutoPipeliner do
+// not run on the callers' contexts. The caller owns the client and closes it;
+// closing it also closes its AutoPipeliner.
 //
 // It returns an error naming IDEMPOTENCY_REDIS_URL, and no client, when the
 // URL is invalid, or, in cluster mode, sets a database other than 0 or a
@@ -55,6 +60,22 @@ func NewRedisClient(s Settings) (redis.UniversalClient, error) {
 	opts.ContextTimeoutEnabled = true
 	if opts.DialTimeout == 0 || opts.DialTimeout > s.StorageTimeout && s.StorageTimeout > 0 {
 		opts.DialTimeout = s.StorageTimeout
+	}
+	if s.RedisAutoPipeline && s.StorageTimeout > 0 {
+		// An AutoPipeliner runs its batches on a context of its own, so only
+		// these timeouts bound a batch on a hung Redis. pipelinedClient
+		// frees the callers at their deadline anyway; these free the
+		// pipeline, which a hung batch holds for every later one, and bound
+		// Close, which waits for the batch in flight (30s with go-redis's
+		// default 5s, measured). No store call may take longer than the
+		// storage timeout, so a longer one, none (0) or a disabled one (-1)
+		// is lowered to it.
+		if opts.ReadTimeout <= 0 || opts.ReadTimeout > s.StorageTimeout {
+			opts.ReadTimeout = s.StorageTimeout
+		}
+		if opts.WriteTimeout <= 0 || opts.WriteTimeout > s.StorageTimeout {
+			opts.WriteTimeout = s.StorageTimeout
+		}
 	}
 	if !cluster {
 		return redis.NewClient(opts), nil
@@ -138,9 +159,185 @@ func redisAddr(client redis.UniversalClient) string {
 }
 
 // NewStore returns the Redis store over client, with the settings' key
-// prefix.
+// prefix. It sends the store's commands to client as it is: for
+// RedisAutoPipeline, pass it what NewStoreClient returns.
 func NewStore(s Settings, client redisrepo.Client) *redisrepo.Store {
 	return redisrepo.New(client, redisrepo.WithKeyPrefix(s.KeyPrefix))
+}
+
+// NewStoreClient returns what the store should send its commands to: client
+// itself, or, when s.RedisAutoPipeline is set, client's AutoPipeliner
+// (client.AutoPipeline(), which go-redis caches and shares, built with
+// client's AutoPipelineOptions or go-redis's defaults), which batches the
+// commands of concurrent callers into pipelines. Module calls it, for the
+// client it builds and for the app's own (UseRedisClient).
+//
+// go-redis runs an auto-pipelined command on a context of its own, so the
+// returned client waits for each command only until the caller's context is
+// done and then returns the context's error: IDEMPOTENCY_STORAGE_TIMEOUT
+// bounds every store call, as it does without auto-pipelining. A command
+// left behind still runs in its batch. Pub/Sub and pipelines (the store's
+// wake-ups, Inspect and Forget) go to client directly; a command the store
+// gives to Process that is neither a *redis.Cmd nor a *redis.RawCmd does
+// too, unbatched.
+//
+// The AutoPipeliner belongs to client: closing client closes it. Do not
+// close it while the store is in use: that stops it for every user of
+// client. It returns an error naming IDEMPOTENCY_REDIS_AUTO_PIPELINE when
+// client cannot auto-pipeline (a *redis.Ring, a closed client, invalid
+// AutoPipelineOptions).
+func NewStoreClient(s Settings, client redis.UniversalClient) (redisrepo.Client, error) {
+	if !s.RedisAutoPipeline {
+		return client, nil
+	}
+	ap, err := client.AutoPipeline()
+	if err != nil {
+		return nil, fmt.Errorf("%s_REDIS_AUTO_PIPELINE: the Redis client (%T) cannot auto-pipeline: %w", EnvPrefix, client, err)
+	}
+	return &pipelinedClient{ap: ap, client: client}, nil
+}
+
+// pipelinedClient is the store's client with IDEMPOTENCY_REDIS_AUTO_PIPELINE
+// on: scripts and commands go through ap, client's AutoPipeliner, and every
+// call returns when the caller's context is done.
+//
+// An AutoPipeliner runs a queued command on a context of its own, not the
+// caller's: against a frozen redis-server, a GET with a 100ms deadline
+// returned after 35s (go-redis v9.23, its default 5s read timeout, with
+// retries). So each call waits for its command on a goroutine of its own and
+// returns the context's error when the context is done first; the command
+// runs on in its batch, and its goroutine ends with it.
+//
+// Besides redisrepo.Client it has the optional methods the store looks for,
+// Subscribe and Pipeline, which go to client: a subscription needs a
+// connection of its own, and a pipeline is already one round trip, bounded by
+// the context (ContextTimeoutEnabled).
+type pipelinedClient struct {
+	ap     *redis.AutoPipeliner
+	client redis.UniversalClient // ap's client
+}
+
+var _ redisrepo.Client = (*pipelinedClient)(nil)
+
+// Process sends cmd through the AutoPipeliner when it is a *redis.Cmd or a
+// *redis.RawCmd (what the store sends), else to the client, unbatched. A
+// copy of cmd is what goes through the pipeliner, so that cmd is not written
+// once Process has returned; its reply is copied into cmd.
+func (p *pipelinedClient) Process(ctx context.Context, cmd redis.Cmder) error {
+	switch c := cmd.(type) {
+	case *redis.Cmd:
+		return processCopy(ctx, p, c)
+	case *redis.RawCmd:
+		return processCopy(ctx, p, c)
+	}
+	return p.client.Process(ctx, cmd)
+}
+
+// valueCmd is a command whose reply can be copied into another of its type.
+type valueCmd[V any] interface {
+	redis.Cmder
+	Val() V
+	SetVal(V)
+}
+
+// processCopy sends a copy of cmd through p's AutoPipeliner and copies its
+// reply into cmd, or ctx's error when ctx is done first.
+func processCopy[V any, C valueCmd[V]](ctx context.Context, p *pipelinedClient, cmd C) error {
+	sent := cmd.Clone().(C)
+	if err := p.await(ctx, func() { _ = p.ap.Process(ctx, sent) }); err != nil {
+		cmd.SetErr(err)
+		return err
+	}
+	cmd.SetVal(sent.Val())
+	cmd.SetErr(sent.Err())
+	return sent.Err()
+}
+
+// Eval implements redis.Scripter, through the AutoPipeliner.
+func (p *pipelinedClient) Eval(ctx context.Context, script string, keys []string, args ...any) *redis.Cmd {
+	return p.bounded(ctx, func() *redis.Cmd { return p.ap.Eval(ctx, script, keys, args...) })
+}
+
+// EvalSha implements redis.Scripter, through the AutoPipeliner.
+func (p *pipelinedClient) EvalSha(ctx context.Context, sha1 string, keys []string, args ...any) *redis.Cmd {
+	return p.bounded(ctx, func() *redis.Cmd { return p.ap.EvalSha(ctx, sha1, keys, args...) })
+}
+
+// EvalRO implements redis.Scripter, through the AutoPipeliner.
+func (p *pipelinedClient) EvalRO(ctx context.Context, script string, keys []string, args ...any) *redis.Cmd {
+	return p.bounded(ctx, func() *redis.Cmd { return p.ap.EvalRO(ctx, script, keys, args...) })
+}
+
+// EvalShaRO implements redis.Scripter, through the AutoPipeliner.
+func (p *pipelinedClient) EvalShaRO(ctx context.Context, sha1 string, keys []string, args ...any) *redis.Cmd {
+	return p.bounded(ctx, func() *redis.Cmd { return p.ap.EvalShaRO(ctx, sha1, keys, args...) })
+}
+
+// ScriptExists implements redis.Scripter on the client (on a cluster, every
+// master answers), as the AutoPipeliner does.
+func (p *pipelinedClient) ScriptExists(ctx context.Context, hashes ...string) *redis.BoolSliceCmd {
+	return p.client.ScriptExists(ctx, hashes...)
+}
+
+// ScriptLoad implements redis.Scripter on the client (on a cluster, every
+// master loads it), as the AutoPipeliner does.
+func (p *pipelinedClient) ScriptLoad(ctx context.Context, script string) *redis.StringCmd {
+	return p.client.ScriptLoad(ctx, script)
+}
+
+// Subscribe opens a subscription on the client.
+func (p *pipelinedClient) Subscribe(ctx context.Context, channels ...string) *redis.PubSub {
+	return p.client.Subscribe(ctx, channels...)
+}
+
+// Pipeline returns a pipeline of the client.
+func (p *pipelinedClient) Pipeline() redis.Pipeliner { return p.client.Pipeline() }
+
+// bounded returns what send returns, or, when ctx is done first, a command
+// that failed with ctx's error.
+func (p *pipelinedClient) bounded(ctx context.Context, send func() *redis.Cmd) *redis.Cmd {
+	var cmd *redis.Cmd
+	if err := p.await(ctx, func() { cmd = send() }); err != nil {
+		return failedCmd(ctx, err)
+	}
+	return cmd
+}
+
+// await runs send and returns nil once it has returned, or ctx's error when
+// ctx is done first. send runs on a goroutine of its own, which ends when its
+// command has run (or failed) in its batch; after an error, the caller must
+// not touch what send writes.
+func (p *pipelinedClient) await(ctx context.Context, send func()) error {
+	if ctx.Done() == nil { // never done: nothing to bound
+		send()
+		return nil
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		send()
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		select {
+		case <-done: // a reply that came with the deadline wins
+			return nil
+		default:
+			return ctx.Err()
+		}
+	}
+}
+
+// failedCmd returns a command that failed with err.
+func failedCmd(ctx context.Context, err error) *redis.Cmd {
+	cmd := redis.NewCmd(ctx)
+	cmd.SetErr(err)
+	return cmd
 }
 
 // NewObserver returns the observer the settings describe: zap log lines on

@@ -59,6 +59,15 @@ type Settings struct {
 	// ones.
 	RedisClusterAddrs []string `split_words:"true" default:"" desc:"comma-separated host:port seed nodes of a Redis Cluster; set: a cluster client is used"`
 
+	// RedisAutoPipeline (REDIS_AUTO_PIPELINE, default false) sends the
+	// store's commands through the Redis client's go-redis AutoPipeliner,
+	// which batches the commands of concurrent callers into pipelines: more
+	// calls per second with many concurrent callers, more latency with few
+	// (docs/configuration.md has figures). StorageTimeout still bounds every
+	// store call. It applies to the app's own client too (UseRedisClient);
+	// see NewStoreClient.
+	RedisAutoPipeline bool `split_words:"true" default:"false" desc:"batch the store commands of concurrent callers into pipelines (go-redis AutoPipeline)"`
+
 	// KeyPrefix (KEY_PREFIX, default "idempotency:") starts every Redis key:
 	// a record lives under {KeyPrefix}{operation}:{key}. It may be empty.
 	KeyPrefix string `split_words:"true" default:"idempotency:" desc:"prefix of every Redis key: {prefix}{operation}:{key}"`

@@ -22,22 +22,23 @@ import (
 // struct tags nor DefaultSettings can drift from the documented contract.
 func contractDefaults() idempotency.Settings {
 	return idempotency.Settings{
-		Enabled:        true,
-		RedisURL:       "redis://localhost:6379/0",
-		KeyPrefix:      "idempotency:",
-		DefaultTTL:     time.Hour,
-		MinTTL:         time.Second,
-		MaxTTL:         720 * time.Hour,
-		InFlight:       "wait",
-		Lease:          30 * time.Second,
-		RenewInterval:  0, // lease/3
-		WaitTimeout:    0, // one lease
-		PollInterval:   10 * time.Millisecond,
-		OnStorageError: "run",
-		StorageTimeout: time.Second,
-		MaxResultBytes: 1048576,
-		MetricsEnabled: true,
-		LogKeys:        "hashed",
+		Enabled:           true,
+		RedisURL:          "redis://localhost:6379/0",
+		RedisAutoPipeline: false,
+		KeyPrefix:         "idempotency:",
+		DefaultTTL:        time.Hour,
+		MinTTL:            time.Second,
+		MaxTTL:            720 * time.Hour,
+		InFlight:          "wait",
+		Lease:             30 * time.Second,
+		RenewInterval:     0, // lease/3
+		WaitTimeout:       0, // one lease
+		PollInterval:      10 * time.Millisecond,
+		OnStorageError:    "run",
+		StorageTimeout:    time.Second,
+		MaxResultBytes:    1048576,
+		MetricsEnabled:    true,
+		LogKeys:           "hashed",
 	}
 }
 
@@ -123,6 +124,20 @@ func TestLoadSettings(t *testing.T) {
 		{name: "REDIS_CLUSTER_ADDRS missing host", env: env("REDIS_CLUSTER_ADDRS", ":7000"), wantErr: []string{`IDEMPOTENCY_REDIS_CLUSTER_ADDRS: entry ":7000": want host:port with a host`}},
 		{name: "REDIS_CLUSTER_ADDRS bad port", env: env("REDIS_CLUSTER_ADDRS", "node-a:http"), wantErr: []string{`IDEMPOTENCY_REDIS_CLUSTER_ADDRS: entry "node-a:http": port "http" is not a number from 1 to 65535`}},
 		{name: "REDIS_CLUSTER_ADDRS port 0", env: env("REDIS_CLUSTER_ADDRS", "node-a:0"), wantErr: []string{`IDEMPOTENCY_REDIS_CLUSTER_ADDRS: entry "node-a:0": port "0"`}},
+
+		// REDIS_AUTO_PIPELINE
+		{name: "REDIS_AUTO_PIPELINE true", env: env("REDIS_AUTO_PIPELINE", "true"), want: func(s *idempotency.Settings) { s.RedisAutoPipeline = true }},
+		{name: "REDIS_AUTO_PIPELINE 1", env: env("REDIS_AUTO_PIPELINE", "1"), want: func(s *idempotency.Settings) { s.RedisAutoPipeline = true }},
+		{name: "REDIS_AUTO_PIPELINE false", env: env("REDIS_AUTO_PIPELINE", "false")},
+		{
+			name: "REDIS_AUTO_PIPELINE with a cluster",
+			env:  env("REDIS_AUTO_PIPELINE", "true", "REDIS_CLUSTER_ADDRS", "node-a:7000"),
+			want: func(s *idempotency.Settings) {
+				s.RedisAutoPipeline, s.RedisClusterAddrs = true, []string{"node-a:7000"}
+			},
+		},
+		{name: "REDIS_AUTO_PIPELINE not a boolean", env: env("REDIS_AUTO_PIPELINE", "on"), wantErr: []string{`IDEMPOTENCY_REDIS_AUTO_PIPELINE: "on" is not a boolean; use true or false`}},
+		{name: "REDIS_AUTO_PIPELINE empty", env: env("REDIS_AUTO_PIPELINE", ""), wantErr: []string{`IDEMPOTENCY_REDIS_AUTO_PIPELINE: "" is not a boolean`}},
 
 		// KEY_PREFIX
 		{name: "KEY_PREFIX set", env: env("KEY_PREFIX", "shop:idem:"), want: func(s *idempotency.Settings) { s.KeyPrefix = "shop:idem:" }},
@@ -270,6 +285,7 @@ func TestLoadSettings(t *testing.T) {
 				"IDEMPOTENCY_ENABLED":             "false",
 				"IDEMPOTENCY_REDIS_URL":           "redis://cache:6379/0",
 				"IDEMPOTENCY_REDIS_CLUSTER_ADDRS": "node-a:7000",
+				"IDEMPOTENCY_REDIS_AUTO_PIPELINE": "true",
 				"IDEMPOTENCY_KEY_PREFIX":          "p:",
 				"IDEMPOTENCY_DEFAULT_TTL":         "2h",
 				"IDEMPOTENCY_MIN_TTL":             "1m",
@@ -292,6 +308,7 @@ func TestLoadSettings(t *testing.T) {
 					Enabled:           false,
 					RedisURL:          "redis://cache:6379/0",
 					RedisClusterAddrs: []string{"node-a:7000"},
+					RedisAutoPipeline: true,
 					KeyPrefix:         "p:",
 					DefaultTTL:        2 * time.Hour,
 					MinTTL:            time.Minute,
@@ -314,11 +331,12 @@ func TestLoadSettings(t *testing.T) {
 		{
 			name: "every parse error is reported at once",
 			env: map[string]string{
-				"IDEMPOTENCY_ENABLED":          "yes",
-				"IDEMPOTENCY_LEASE":            "abc",
-				"IDEMPOTENCY_ON_STORAGE_ERROR": "fail",
+				"IDEMPOTENCY_ENABLED":             "yes",
+				"IDEMPOTENCY_LEASE":               "abc",
+				"IDEMPOTENCY_ON_STORAGE_ERROR":    "fail",
+				"IDEMPOTENCY_REDIS_AUTO_PIPELINE": "yes",
 			},
-			wantErr: []string{"IDEMPOTENCY_ENABLED", "IDEMPOTENCY_LEASE", "IDEMPOTENCY_ON_STORAGE_ERROR"},
+			wantErr: []string{"IDEMPOTENCY_ENABLED", "IDEMPOTENCY_LEASE", "IDEMPOTENCY_ON_STORAGE_ERROR", "IDEMPOTENCY_REDIS_AUTO_PIPELINE"},
 		},
 		{
 			name: "every validation error is reported at once",
@@ -404,6 +422,12 @@ func TestLoadSettingsUnknownVariables(t *testing.T) {
 			env:     env("ON_STORAGE_ERRORS", "raise"),
 			wantErr: []string{"IDEMPOTENCY_ON_STORAGE_ERRORS: unknown variable; did you mean IDEMPOTENCY_ON_STORAGE_ERROR? (every variable: https://github.com/idemkit/idempotency/blob/main/docs/configuration.md)"},
 			hidden:  []string{"raise"},
+		},
+		{
+			// Auto-pipelining is as often spelt in one word.
+			name:    "AUTOPIPELINE in one word",
+			env:     env("REDIS_AUTOPIPELINE", "true"),
+			wantErr: []string{"IDEMPOTENCY_REDIS_AUTOPIPELINE: unknown variable; did you mean IDEMPOTENCY_REDIS_AUTO_PIPELINE? (every variable: https://github.com/idemkit/idempotency/blob/main/docs/configuration.md)"},
 		},
 		{name: "a test variable", env: env("TEST_ANYTHING", "1")},
 		{name: "the bare test prefix", env: env("TEST_", "1")},
