@@ -2,6 +2,7 @@ package redisrepo
 
 import (
 	"bytes"
+	"strings"
 	"testing"
 
 	"github.com/idemkit/idempotency/coordinator"
@@ -56,5 +57,25 @@ func TestStoredToken(t *testing.T) {
 		if got := storedToken(token); got != want {
 			t.Errorf("storedToken(%q) = %q, want %q", token, got, want)
 		}
+	}
+}
+
+// TestMinify: the scripts sent whole lose their comments and indentation,
+// and nothing else (the tests of Complete, Renew, Release and Watch run
+// them).
+func TestMinify(t *testing.T) {
+	for name, body := range map[string]any{"complete": completeBody, "renew": renewBody, "release": releaseBody, "watch": watchBody} {
+		src := body.(string)
+		if len(src) > 1024 {
+			t.Errorf("%s.lua is %d bytes sent whole on every call", name, len(src))
+		}
+		for line := range strings.SplitSeq(src, "\n") {
+			if strings.Contains(line, "--") || strings.HasPrefix(line, " ") || strings.HasPrefix(line, "\t") {
+				t.Errorf("%s.lua: line %q is not minified", name, line)
+			}
+		}
+	}
+	if got := minify("-- c\n  local a = 1\n\n\treturn a\n"); got != "local a = 1\nreturn a\n" {
+		t.Errorf("minify = %q", got)
 	}
 }
