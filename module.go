@@ -205,9 +205,10 @@ func provideRedisStore(p storeParams) (*redisrepo.Store, error) {
 		_ = client.Close()
 		return nil, err
 	}
+	store := NewStore(p.Settings, sc)
 	p.Lifecycle.Append(fx.Hook{
 		OnStart: func(ctx context.Context) error {
-			ping(ctx, client, p.Settings, p.Logger.Logger)
+			ping(ctx, client, store, p.Settings, p.Logger.Logger)
 			return nil
 		},
 		// Closing the client also closes its AutoPipeliner, which first
@@ -215,7 +216,7 @@ func provideRedisStore(p storeParams) (*redisrepo.Store, error) {
 		// hung Redis).
 		OnStop: func(context.Context) error { return client.Close() },
 	})
-	return NewStore(p.Settings, sc), nil
+	return store, nil
 }
 
 type observerParams struct {

@@ -576,3 +576,39 @@ func TestStderrScenarioChild(t *testing.T) {
 		t.Fatalf("unknown scenario %q", scenario)
 	}
 }
+
+// TestModuleLoadsScriptsAtStart: the module loads the store's scripts into a
+// server that has none cached, so that their first use is one round trip.
+func TestModuleLoadsScriptsAtStart(t *testing.T) {
+	clearEnv(t)
+	in := redistest.Start(t) // a server of our own: its script cache starts empty
+	if in.Kind() != redistest.KindRedisServer {
+		t.Skip("counts the scripts in INFO memory: a real redis-server only")
+	}
+	c := in.Client(t)
+	cached := func() string {
+		t.Helper()
+		info, err := c.Info(t.Context(), "memory").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for line := range strings.SplitSeq(info, "\r\n") {
+			if n, ok := strings.CutPrefix(line, "number_of_cached_scripts:"); ok {
+				return n
+			}
+		}
+		t.Fatal("INFO memory has no number_of_cached_scripts")
+		return ""
+	}
+	if n := cached(); n != "0" {
+		t.Fatalf("a new server has %s scripts cached", n)
+	}
+	t.Setenv("IDEMPOTENCY_REDIS_URL", "redis://"+in.Addr()+"/0")
+	_, regOpt := registry()
+	app := fxtest.New(t, idempotency.Module, regOpt, fx.Invoke(func(*coordinator.Coordinator) {}))
+	app.RequireStart()
+	defer app.RequireStop()
+	if n := cached(); n != "4" {
+		t.Errorf("after start-up %s scripts are cached, want 4 (legacy, reserve, inspect, forget)", n)
+	}
+}

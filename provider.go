@@ -400,7 +400,7 @@ const pingTimeout = 3 * time.Second
 
 // ping checks client at start-up. An unreachable Redis is not fatal: calls
 // follow IDEMPOTENCY_ON_STORAGE_ERROR until it is back, so it is only logged.
-func ping(ctx context.Context, client redis.UniversalClient, s Settings, logger *zap.Logger) {
+func ping(ctx context.Context, client redis.UniversalClient, store *redisrepo.Store, s Settings, logger *zap.Logger) {
 	ctx, cancel := context.WithTimeout(ctx, pingTimeout)
 	defer cancel()
 	if err := client.Ping(ctx).Err(); err != nil {
@@ -411,4 +411,11 @@ func ping(ctx context.Context, client redis.UniversalClient, s Settings, logger 
 		return
 	}
 	logger.Info("idempotency: redis is reachable", zap.String("redis_addr", redisAddr(client)))
+	// The scripts of the rare paths (heals, format 1 records, the operator
+	// tools), so that their first call is one round trip; the common paths
+	// need no script cache.
+	if err := store.LoadScripts(ctx); err != nil {
+		logger.Warn("idempotency: could not load the store's scripts at start-up; each loads at its first use",
+			zap.String("redis_addr", redisAddr(client)), zap.Error(err))
+	}
 }
