@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/idemkit/idempotency/coordinator"
 )
 
@@ -356,9 +358,9 @@ const memRecords = 20000
 // the same shape, written by idemkit (Do) and by raw (SET key result PX ttl)
 // on a flushed server, before the timed loop. The timed loop then writes one
 // more record per iteration, one caller, so ns/op is the time to write a
-// record that way.
+// record that way. idemkit's records carry a SHA-256 fingerprint
+// (fp=sha256, as an HTTP request's) or none (fp=none).
 func BenchmarkMemory(b *testing.B) {
-	ctx := context.Background()
 	adm := admin(b)
 	s := newSide(b, pipeOff)
 	co := s.coordinator(b)
@@ -366,7 +368,16 @@ func BenchmarkMemory(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	fp := fingerprint()
+	// With the fingerprint coordinator.Fingerprint makes (an HTTP request's),
+	// and without one; raw stores the result alone either way.
+	for _, fp := range []struct{ name, value string }{{"sha256", fingerprint()}, {"none", ""}} {
+		memory(b, adm, s, co, data, fp.name, fp.value)
+	}
+}
+
+// memory is BenchmarkMemory with the fingerprint fp.
+func memory(b *testing.B, adm *redis.Client, s *side, co *coordinator.Coordinator, data []byte, fpName, fp string) {
+	ctx := context.Background()
 	impls := []struct {
 		name  string
 		write func(key string) error
@@ -380,7 +391,7 @@ func BenchmarkMemory(b *testing.B) {
 		}},
 	}
 	for _, impl := range impls {
-		b.Run(fmt.Sprintf("records=%d/impl=%s", memRecords, impl.name), func(b *testing.B) {
+		b.Run(fmt.Sprintf("records=%d/fp=%s/impl=%s", memRecords, fpName, impl.name), func(b *testing.B) {
 			b.ReportAllocs()
 			flush(b, adm)
 			keys := newKeyGen()
