@@ -41,8 +41,8 @@ type Client interface {
 type Store struct {
 	client  Client
 	prefix  string
-	lastMS  atomic.Pointer[boxedMS] // the last lease boxed: see boxed
-	channel string                  // the wake-up channel; see Watch
+	lastMS  [2]atomic.Pointer[boxedMS] // the last lease and TTL boxed: see boxed
+	channel string                     // the wake-up channel; see Watch
 	waiters *waiters
 }
 
@@ -117,7 +117,7 @@ func (s *Store) Reserve(ctx context.Context, key coordinator.Key, w coordinator.
 	}
 	rkey := s.Key(key)
 	if !w.Replace {
-		v, found, err := s.bulk(ctx, argSet, rkey, val, argNX, argPX, s.boxed(ttl), argGet)
+		v, found, err := s.bulk(ctx, argSet, rkey, val, argNX, argPX, s.boxed(ttl, w.State == coordinator.StatePending), argGet)
 		switch {
 		case errors.Is(err, errWrongType):
 			rec, err := s.legacy(ctx, coordinator.MethodReserve, rkey)
@@ -211,7 +211,7 @@ func (s *Store) Complete(ctx context.Context, key coordinator.Key, token string,
 		return false, storageError(coordinator.MethodComplete, err)
 	}
 	return s.owner(ctx, coordinator.MethodComplete,
-		redis.NewCmd(ctx, argEval, completeBody, argOneKey, s.Key(key), storedToken(token), result, ms, s.channel))
+		redis.NewCmd(ctx, argEval, completeBody, argOneKey, s.Key(key), storedToken(token), result, s.boxed(ms, false), s.channel))
 }
 
 // Release implements coordinator.Store: if key holds a pending record owned
@@ -233,7 +233,7 @@ func (s *Store) Renew(ctx context.Context, key coordinator.Key, token string, le
 		return false, storageError(coordinator.MethodRenew, err)
 	}
 	return s.owner(ctx, coordinator.MethodRenew,
-		redis.NewCmd(ctx, argEval, renewBody, argOneKey, s.Key(key), storedToken(token), ms))
+		redis.NewCmd(ctx, argEval, renewBody, argOneKey, s.Key(key), storedToken(token), s.boxed(ms, true)))
 }
 
 // owner runs one of the scripts that act only for the owner of a pending
@@ -259,13 +259,18 @@ type boxedMS struct {
 
 // boxed returns ms boxed, as an argument: an int64 above 255 costs an
 // allocation each time it is boxed, and a coordinator passes the same lease
-// on every reservation.
-func (s *Store) boxed(ms int64) any {
-	if b := s.lastMS.Load(); b != nil && b.ms == ms {
+// on every reservation, and mostly the same TTL on every completion. It
+// keeps the last lease (lease true) and the last TTL apart.
+func (s *Store) boxed(ms int64, lease bool) any {
+	last := &s.lastMS[0]
+	if !lease {
+		last = &s.lastMS[1]
+	}
+	if b := last.Load(); b != nil && b.ms == ms {
 		return b.box
 	}
 	b := &boxedMS{ms: ms, box: ms}
-	s.lastMS.Store(b)
+	last.Store(b)
 	return b.box
 }
 
