@@ -608,7 +608,7 @@ func TestModuleLoadsScriptsAtStart(t *testing.T) {
 	app := fxtest.New(t, idempotency.Module, regOpt, fx.Invoke(func(*coordinator.Coordinator) {}))
 	app.RequireStart()
 	defer app.RequireStop()
-	if n := cached(); n != "4" {
-		t.Errorf("after start-up %s scripts are cached, want 4 (legacy, reserve, inspect, forget)", n)
+	if n := cached(); n != "6" {
+		t.Errorf("after start-up %s scripts are cached, want 6 (legacy, reserve, inspect, forget, and the format 1 writer's reserve1 and owner1)", n)
 	}
 }

@@ -207,7 +207,7 @@ func TestEveryOptionErrorNamesItsVariable(t *testing.T) {
 		{
 			name: "the zero Settings",
 			set:  func(s *idempotency.Settings) { *s = idempotency.Settings{} },
-			want: []string{"REDIS_URL", "LEASE", "POLL_INTERVAL", "STORAGE_TIMEOUT", "MIN_TTL", "MAX_RESULT_BYTES"},
+			want: []string{"REDIS_URL", "RECORD_FORMAT", "LEASE", "POLL_INTERVAL", "STORAGE_TIMEOUT", "MIN_TTL", "MAX_RESULT_BYTES"},
 		},
 	}
 	exercised := map[string]bool{}

@@ -159,10 +159,15 @@ func redisAddr(client redis.UniversalClient) string {
 }
 
 // NewStore returns the Redis store over client, with the settings' key
-// prefix. It sends the store's commands to client as it is: for
-// RedisAutoPipeline, pass it what NewStoreClient returns.
+// prefix and record format (format 1 when RecordFormat is 1, else format 2;
+// Validate refuses any other value). It sends the store's commands to client
+// as it is: for RedisAutoPipeline, pass it what NewStoreClient returns.
 func NewStore(s Settings, client redisrepo.Client) *redisrepo.Store {
-	return redisrepo.New(client, redisrepo.WithKeyPrefix(s.KeyPrefix))
+	format := redisrepo.Format2
+	if s.RecordFormat == int(redisrepo.Format1) {
+		format = redisrepo.Format1
+	}
+	return redisrepo.New(client, redisrepo.WithKeyPrefix(s.KeyPrefix), redisrepo.WithRecordFormat(format))
 }
 
 // NewStoreClient returns what the store should send its commands to: client

@@ -72,6 +72,14 @@ type Settings struct {
 	// a record lives under {KeyPrefix}{operation}:{key}. It may be empty.
 	KeyPrefix string `split_words:"true" default:"idempotency:" desc:"prefix of every Redis key: {prefix}{operation}:{key}"`
 
+	// RecordFormat (RECORD_FORMAT, default 2) is the format of the records
+	// the store writes: 2, one STRING read by plain commands, or 1, the HASH
+	// that releases before format 2 wrote. Both are always read. Set 1 for
+	// the length of a rolling upgrade from such a release: its instances take
+	// a format 2 record for something unreadable and run its action again
+	// (redisrepo.Format1; docs/architecture.md, "Rolling out a format").
+	RecordFormat int `split_words:"true" default:"2" desc:"format of the records written: 2, or 1 while a release before format 2 still serves the same keys"`
+
 	// DefaultTTL (DEFAULT_TTL, default 1h) is how long a completed record is
 	// kept when neither the call nor OperationTTLS gives a TTL. It must lie
 	// within MinTTL and MaxTTL.
@@ -154,6 +162,7 @@ func DefaultSettings() Settings {
 		Enabled:        true,
 		RedisURL:       "redis://localhost:6379/0",
 		KeyPrefix:      redisrepo.DefaultKeyPrefix,
+		RecordFormat:   int(redisrepo.Format2),
 		DefaultTTL:     coordinator.DefaultTTL,
 		MinTTL:         coordinator.DefaultMinTTL,
 		MaxTTL:         coordinator.DefaultMaxTTL,
@@ -371,6 +380,9 @@ func (s Settings) Validate() error {
 		if err := validateHostPort(addr); err != nil {
 			bad("REDIS_CLUSTER_ADDRS", fmt.Errorf("entry %q: %w", addr, err))
 		}
+	}
+	if s.RecordFormat != int(redisrepo.Format1) && s.RecordFormat != int(redisrepo.Format2) {
+		bad("RECORD_FORMAT", fmt.Errorf("must be 1 or 2, got %d", s.RecordFormat))
 	}
 	for _, e := range optionErrors(coordinator.ValidateOptions(s.CoordinatorOptions()...)) {
 		bad(optionVariable(e), optionReason(e))

@@ -26,6 +26,7 @@ func contractDefaults() idempotency.Settings {
 		RedisURL:          "redis://localhost:6379/0",
 		RedisAutoPipeline: false,
 		KeyPrefix:         "idempotency:",
+		RecordFormat:      2,
 		DefaultTTL:        time.Hour,
 		MinTTL:            time.Second,
 		MaxTTL:            720 * time.Hour,
@@ -138,6 +139,12 @@ func TestLoadSettings(t *testing.T) {
 		},
 		{name: "REDIS_AUTO_PIPELINE not a boolean", env: env("REDIS_AUTO_PIPELINE", "on"), wantErr: []string{`IDEMPOTENCY_REDIS_AUTO_PIPELINE: "on" is not a boolean; use true or false`}},
 		{name: "REDIS_AUTO_PIPELINE empty", env: env("REDIS_AUTO_PIPELINE", ""), wantErr: []string{`IDEMPOTENCY_REDIS_AUTO_PIPELINE: "" is not a boolean`}},
+
+		// RECORD_FORMAT
+		{name: "RECORD_FORMAT 1", env: env("RECORD_FORMAT", "1"), want: func(s *idempotency.Settings) { s.RecordFormat = 1 }},
+		{name: "RECORD_FORMAT 2", env: env("RECORD_FORMAT", "2")},
+		{name: "RECORD_FORMAT 3", env: env("RECORD_FORMAT", "3"), wantErr: []string{"IDEMPOTENCY_RECORD_FORMAT: must be 1 or 2, got 3"}},
+		{name: "RECORD_FORMAT not a number", env: env("RECORD_FORMAT", "v2"), wantErr: []string{"IDEMPOTENCY_RECORD_FORMAT"}},
 
 		// KEY_PREFIX
 		{name: "KEY_PREFIX set", env: env("KEY_PREFIX", "shop:idem:"), want: func(s *idempotency.Settings) { s.KeyPrefix = "shop:idem:" }},
@@ -287,6 +294,7 @@ func TestLoadSettings(t *testing.T) {
 				"IDEMPOTENCY_REDIS_CLUSTER_ADDRS": "node-a:7000",
 				"IDEMPOTENCY_REDIS_AUTO_PIPELINE": "true",
 				"IDEMPOTENCY_KEY_PREFIX":          "p:",
+				"IDEMPOTENCY_RECORD_FORMAT":       "1",
 				"IDEMPOTENCY_DEFAULT_TTL":         "2h",
 				"IDEMPOTENCY_MIN_TTL":             "1m",
 				"IDEMPOTENCY_MAX_TTL":             "48h",
@@ -310,6 +318,7 @@ func TestLoadSettings(t *testing.T) {
 					RedisClusterAddrs: []string{"node-a:7000"},
 					RedisAutoPipeline: true,
 					KeyPrefix:         "p:",
+					RecordFormat:      1,
 					DefaultTTL:        2 * time.Hour,
 					MinTTL:            time.Minute,
 					MaxTTL:            48 * time.Hour,
@@ -558,6 +567,7 @@ func TestValidateZeroSettings(t *testing.T) {
 		"IDEMPOTENCY_POLL_INTERVAL:",
 		"IDEMPOTENCY_STORAGE_TIMEOUT:",
 		"IDEMPOTENCY_MAX_RESULT_BYTES:",
+		"IDEMPOTENCY_RECORD_FORMAT: must be 1 or 2, got 0",
 	} {
 		if !strings.Contains(err.Error(), sub) {
 			t.Errorf("Settings{}.Validate() = %q\nwant it to contain %q", err, sub)

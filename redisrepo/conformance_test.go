@@ -27,6 +27,15 @@ func TestConformance(t *testing.T) {
 		t.Parallel()
 		conformance(t, redistest.Cluster(t), nil)
 	})
+	// The writer of format 1, for rolling upgrades: the same contract.
+	t.Run("Redis/Format1", func(t *testing.T) {
+		t.Parallel()
+		conformance(t, redistest.Server(t), nil, redisrepo.WithRecordFormat(redisrepo.Format1))
+	})
+	t.Run("Cluster/Format1", func(t *testing.T) {
+		t.Parallel()
+		conformance(t, redistest.Cluster(t), nil, redisrepo.WithRecordFormat(redisrepo.Format1))
+	})
 	t.Run("Miniredis", func(t *testing.T) {
 		t.Parallel()
 		storetest.TestStore(t, func(t *testing.T) storetest.Harness {
@@ -39,10 +48,10 @@ func TestConformance(t *testing.T) {
 }
 
 // conformance runs the suite on client, with one Store for all subtests.
-func conformance(t *testing.T, client redisrepo.Client, _ func(time.Duration)) {
+func conformance(t *testing.T, client redisrepo.Client, _ func(time.Duration), opts ...redisrepo.Option) {
 	prefix := redistest.Prefix(t)
 	storetest.TestStore(t, func(t *testing.T) storetest.Harness {
-		return harness(t, client, prefix)
+		return harness(t, client, prefix, opts...)
 	})
 }
 
@@ -52,8 +61,8 @@ var corruptions atomic.Uint64
 
 // harness returns a storetest harness for a Store on client whose Corrupt
 // plants, in turn, each kind of value the Store cannot read.
-func harness(t *testing.T, client redisrepo.Client, prefix string) storetest.Harness {
-	s := redisrepo.New(client, redisrepo.WithKeyPrefix(prefix))
+func harness(t *testing.T, client redisrepo.Client, prefix string, opts ...redisrepo.Option) storetest.Harness {
+	s := redisrepo.New(client, append([]redisrepo.Option{redisrepo.WithKeyPrefix(prefix)}, opts...)...)
 	return storetest.Harness{
 		Store: s,
 		// GET and SET NX GET do not report a TTL; TestRecordTTL and

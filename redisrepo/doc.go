@@ -16,14 +16,15 @@
 // only Redis's clock decides expiry.
 //
 // Records of format 1, the HASH that earlier releases wrote, are still
-// read, so that they replay after an upgrade; they are never written. A
+// read, so that they replay after an upgrade; WithRecordFormat(Format1)
+// writes them too, for the length of a rolling upgrade. A
 // value that no reader of this package can read (another Redis type, a
 // STRING of another format, a record cut short) is reported as
 // coordinator.StateUnreadable with token "", never as an error: the
 // coordinator runs the action and replaces it (Write.Replace with
 // ReplaceToken ""), so the key heals. An earlier release treats a format 2
-// record the same way, so it must not serve the same keys as this one at
-// once (see docs/architecture.md, "Rolling out a format").
+// record the same way: while one still serves the same keys, write format 1
+// (see docs/architecture.md, "Rolling out a format").
 //
 // # Round trips
 //

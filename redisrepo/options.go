@@ -1,5 +1,7 @@
 package redisrepo
 
+import "fmt"
+
 // DefaultKeyPrefix is the prefix of every Redis key the Store writes unless
 // WithKeyPrefix says otherwise.
 const DefaultKeyPrefix = "idempotency:"
@@ -18,4 +20,34 @@ func (f optionFunc) apply(s *Store) { f(s) }
 // see the package documentation.
 func WithKeyPrefix(prefix string) Option {
 	return optionFunc(func(s *Store) { s.prefix = prefix })
+}
+
+// RecordFormat is the format version of the records a Store writes. A Store
+// reads both, whichever it writes.
+type RecordFormat int
+
+// The record formats (docs/architecture.md, "The record").
+const (
+	// Format1 is the HASH that releases before format 2 wrote and read.
+	// Write it while instances of such a release still serve the same keys
+	// (a rolling upgrade): they read it, where they would take a format 2
+	// record for something unreadable and run its action again. Its
+	// reservations and replays each run a Lua script, and its completions
+	// wake no waiter in another process (they poll).
+	Format1 RecordFormat = 1
+	// Format2 is one STRING, read and written by plain commands: the
+	// default.
+	Format2 RecordFormat = 2
+)
+
+// WithRecordFormat sets the format of the records the Store writes: Format2
+// (the default) or Format1, for the length of a rolling upgrade from a
+// release before format 2 (see Format1). It panics on any other value, a
+// programming error; idempotency.Settings checks IDEMPOTENCY_RECORD_FORMAT
+// before it gets here.
+func WithRecordFormat(f RecordFormat) Option {
+	if f != Format1 && f != Format2 {
+		panic(fmt.Sprintf("redisrepo: WithRecordFormat(%d): the record format is 1 or 2", int(f)))
+	}
+	return optionFunc(func(s *Store) { s.format = f })
 }

@@ -22,6 +22,10 @@ var (
 	inspectLua string
 	//go:embed forget.lua
 	forgetLua string
+	//go:embed reserve1.lua
+	reserve1Lua string
+	//go:embed owner1.lua
+	owner1Lua string
 
 	//go:embed owner.lua
 	ownerLua string
@@ -53,10 +57,14 @@ var (
 	reserveScript = redis.NewScript(prelude + reserveLua)
 	inspectScript = redis.NewScript(prelude + inspectLua)
 	forgetScript  = redis.NewScript(prelude + forgetLua)
+
+	// The writer of format 1 (WithRecordFormat(Format1)).
+	reserve1Script = redis.NewScript(prelude + reserve1Lua)
+	owner1Script   = redis.NewScript(prelude + owner1Lua)
 )
 
 // scripts lists the EVALSHA scripts, for LoadScripts.
-var scripts = [...]*redis.Script{legacyScript, reserveScript, inspectScript, forgetScript}
+var scripts = [...]*redis.Script{legacyScript, reserveScript, inspectScript, forgetScript, reserve1Script, owner1Script}
 
 // The scripts of the common paths, sent whole with EVAL: a first run's
 // completion, a long action's renewals, a release, a waiter's read. Each is

@@ -41,6 +41,7 @@ type Client interface {
 type Store struct {
 	client  Client
 	prefix  string
+	format  RecordFormat
 	lastMS  [2]atomic.Pointer[boxedMS] // the last lease and TTL boxed: see boxed
 	channel string                     // the wake-up channel; see Watch
 	waiters *waiters
@@ -51,7 +52,7 @@ var _ coordinator.Store = (*Store)(nil)
 // New returns a Store that keeps its records through client. Without options
 // the keys have the prefix DefaultKeyPrefix.
 func New(client Client, opts ...Option) *Store {
-	s := &Store{client: client, prefix: DefaultKeyPrefix}
+	s := &Store{client: client, prefix: DefaultKeyPrefix, format: Format2}
 	for _, o := range opts {
 		o.apply(s)
 	}
@@ -111,6 +112,9 @@ func (s *Store) Reserve(ctx context.Context, key coordinator.Key, w coordinator.
 		return coordinator.Record{}, false, storageError(coordinator.MethodReserve,
 			fmt.Errorf("redisrepo: cannot write a record in state %s", w.State))
 	}
+	if s.format == Format1 {
+		return s.reserve1(ctx, key, w, ttl)
+	}
 	val, err := encodeRecord(w.State, w.Token, w.Fingerprint, w.Result)
 	if err != nil {
 		return coordinator.Record{}, false, storageError(coordinator.MethodReserve, err)
@@ -143,6 +147,39 @@ func (s *Store) Reserve(ctx context.Context, key coordinator.Key, w coordinator.
 	}
 	return rec, false, nil
 }
+
+// reserve1 is Reserve in format 1.
+func (s *Store) reserve1(ctx context.Context, key coordinator.Key, w coordinator.Write, ttl int64) (coordinator.Record, bool, error) {
+	state, result := argPending, any("")
+	if w.State == coordinator.StateCompleted {
+		state, result = argCompleted, w.Result
+	}
+	replace, replaceToken := argNoReplace, ""
+	if w.Replace {
+		replace, replaceToken = argReplace, w.ReplaceToken
+	}
+	v, err := reserve1Script.Run(ctx, s.client, []string{s.Key(key)},
+		state, w.Token, w.Fingerprint, result, ttl, replace, replaceToken).Result()
+	if err != nil {
+		return coordinator.Record{}, false, storageError(coordinator.MethodReserve, err)
+	}
+	if n, ok := v.(int64); ok && n == 1 {
+		return coordinator.Record{}, true, nil
+	}
+	rec, err := decodeLegacy(v)
+	if err != nil {
+		return coordinator.Record{}, false, storageError(coordinator.MethodReserve, err)
+	}
+	return rec, false, nil
+}
+
+// The arguments of the format 1 scripts that are always the same.
+const (
+	argPending   = "pending"
+	argCompleted = "completed"
+	argReplace   = "1"
+	argNoReplace = "0"
+)
 
 // Get implements coordinator.Store: it returns the record under key; a
 // missing key is a Record with State coordinator.StateAbsent and a nil
@@ -210,6 +247,9 @@ func (s *Store) Complete(ctx context.Context, key coordinator.Key, token string,
 	if err != nil {
 		return false, storageError(coordinator.MethodComplete, err)
 	}
+	if s.format == Format1 {
+		return s.owner1(ctx, coordinator.MethodComplete, key, "complete", token, result, ms)
+	}
 	return s.owner(ctx, coordinator.MethodComplete,
 		redis.NewCmd(ctx, argEval, completeBody, argOneKey, s.Key(key), storedToken(token), result, s.boxed(ms, false), s.channel))
 }
@@ -219,6 +259,9 @@ func (s *Store) Complete(ctx context.Context, key coordinator.Key, token string,
 // in any process is woken (see Watch). It returns a
 // *coordinator.StorageError when Redis fails.
 func (s *Store) Release(ctx context.Context, key coordinator.Key, token string) (bool, error) {
+	if s.format == Format1 {
+		return s.owner1(ctx, coordinator.MethodRelease, key, "release", token, "", 0)
+	}
 	return s.owner(ctx, coordinator.MethodRelease,
 		redis.NewCmd(ctx, argEval, releaseBody, argOneKey, s.Key(key), storedToken(token), s.channel))
 }
@@ -232,15 +275,30 @@ func (s *Store) Renew(ctx context.Context, key coordinator.Key, token string, le
 	if err != nil {
 		return false, storageError(coordinator.MethodRenew, err)
 	}
+	if s.format == Format1 {
+		return s.owner1(ctx, coordinator.MethodRenew, key, "renew", token, "", ms)
+	}
 	return s.owner(ctx, coordinator.MethodRenew,
 		redis.NewCmd(ctx, argEval, renewBody, argOneKey, s.Key(key), storedToken(token), s.boxed(ms, true)))
 }
 
+// owner1 is an owner-checked step in format 1.
+func (s *Store) owner1(ctx context.Context, m coordinator.Method, key coordinator.Key, step, token string, result any, ms int64) (bool, error) {
+	v, err := owner1Script.Run(ctx, s.client, []string{s.Key(key)}, step, token, result, ms).Result()
+	return ownerReply(m, v, err)
+}
+
 // owner runs one of the scripts that act only for the owner of a pending
-// record; they reply 1 when they did, 0 when they did not.
+// record.
 func (s *Store) owner(ctx context.Context, m coordinator.Method, cmd *redis.Cmd) (bool, error) {
 	_ = s.client.Process(ctx, cmd)
 	v, err := cmd.Result()
+	return ownerReply(m, v, err)
+}
+
+// ownerReply reads the reply of an owner script: 1 when it acted, 0 when it
+// did not.
+func ownerReply(m coordinator.Method, v any, err error) (bool, error) {
 	if err != nil {
 		return false, storageError(m, err)
 	}

@@ -3,7 +3,6 @@ package redisrepo_test
 import (
 	"context"
 	"errors"
-	"strconv"
 	"testing"
 	"time"
 
@@ -314,28 +313,6 @@ func checkStorageError(t testing.TB, what string, err error, m coordinator.Metho
 	}
 }
 
-func hgetall(t testing.TB, c redis.UniversalClient, name string) map[string]string {
-	t.Helper()
-	m, err := c.HGetAll(context.Background(), name).Result()
-	if err != nil {
-		t.Fatalf("HGETALL %s: %v", name, err)
-	}
-	return m
-}
-
-func wantFields(t testing.TB, what string, got, want map[string]string) {
-	t.Helper()
-	if len(got) != len(want) {
-		t.Errorf("%s: fields %q, want %q", what, got, want)
-		return
-	}
-	for k, v := range want {
-		if got[k] != v {
-			t.Errorf("%s: field %s = %q, want %q (all: %q)", what, k, got[k], v, got)
-		}
-	}
-}
-
 // serverTime returns the time of the Redis server that holds name.
 func serverTime(t testing.TB, c redis.UniversalClient, name string) time.Time {
 	t.Helper()
@@ -352,20 +329,6 @@ func serverTime(t testing.TB, c redis.UniversalClient, name string) time.Time {
 		t.Fatal(err)
 	}
 	return tm
-}
-
-// checkCreated checks that created_ms is the server's time of the write.
-func checkCreated(t testing.TB, created string, before time.Time) {
-	t.Helper()
-	ms, err := strconv.ParseInt(created, 10, 64)
-	if err != nil {
-		t.Errorf("created_ms %q: %v", created, err)
-		return
-	}
-	at := time.UnixMilli(ms)
-	if at.Before(before.Truncate(time.Millisecond)) || at.After(before.Add(10*time.Second)) {
-		t.Errorf("created_ms %q = %v, want the server's time, just after %v", created, at, before)
-	}
 }
 
 func checkPTTL(t testing.TB, c redis.UniversalClient, name string, ttl time.Duration) {

@@ -2,13 +2,17 @@ package redisrepo_test
 
 import (
 	"context"
+	"fmt"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/internal/redistest"
+	"github.com/idemkit/idempotency/redisrepo"
 )
 
 // format1 is the previous release's store: its scripts (testdata/format1,
@@ -113,4 +117,52 @@ func TestUpgradeFromFormat1(t *testing.T) {
 			t.Errorf("Inspect of both formats = %+v, %v", infos, err)
 		}
 	})
+}
+
+// TestRollingUpgradeWithFormat1: while instances of the previous release
+// still serve (a rolling upgrade), the new release writes format 1 with
+// WithRecordFormat(Format1), and each release replays what the other
+// completed: no action runs twice.
+func TestRollingUpgradeWithFormat1(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+		ctx := context.Background()
+		old := newFormat1(t, c)
+		s := redisrepo.New(c, redisrepo.WithKeyPrefix(redistest.Prefix(t)), redisrepo.WithRecordFormat(redisrepo.Format1))
+		co, _ := coord(t, s)
+
+		// Completed by the new release: the previous one replays it.
+		key := newKey("rolling-new")
+		var k runs
+		if _, err := coordinator.Do(ctx, co, callOf(key), k.action("new")); err != nil {
+			t.Fatal(err)
+		}
+		if typ := c.Type(ctx, s.Key(key)).Val(); typ != "hash" {
+			t.Fatalf("WithRecordFormat(Format1) wrote a %s", typ)
+		}
+		v, err := old.reserve.Run(ctx, c, []string{s.Key(key)}, "pending", "0badc0de", "", "", 30000, "0", "").Result()
+		rec, ok := v.([]any)
+		if err != nil || !ok || len(rec) != 5 || rec[0] != int64(coordinator.StateCompleted) || !strings.Contains(rec[3].(string), `"new"`) {
+			t.Errorf("the previous release's reserve over it = %v, %v; want the completed record", v, err)
+		}
+
+		// Completed by the previous release: the new one replays it.
+		key2 := newKey("rolling-old")
+		old.run(t, s.Key(key2), "00ff00ff00ff00ff", "", []byte(`{"id":"old","n":1}`))
+		res, err := coordinator.DoResult(ctx, co, callOf(key2), k.action("again"))
+		if err != nil || !res.Replayed || res.Value.ID != "old" {
+			t.Errorf("replay of the previous release's record = %+v, %v", res, err)
+		}
+		if k.n.Load() != 1 {
+			t.Errorf("%d runs, want 1", k.n.Load())
+		}
+	})
+}
+
+func TestWithRecordFormatPanicsOnAnUnknownFormat(t *testing.T) {
+	defer func() {
+		if p := recover(); p == nil || !strings.Contains(fmt.Sprint(p), "1 or 2") {
+			t.Errorf("WithRecordFormat(3): recovered %v, want a panic naming the formats", p)
+		}
+	}()
+	redisrepo.WithRecordFormat(3)
 }

@@ -1,0 +1,31 @@
+-- reserve1.lua: Reserve in record format 1 (WithRecordFormat(Format1)),
+-- which releases before format 2 can read: reserve-or-read, writing a HASH.
+-- KEYS[1] the record's key
+-- ARGV[1] state to write: "pending" or "completed"
+-- ARGV[2] owner token
+-- ARGV[3] fingerprint ("" for none)
+-- ARGV[4] result (written only when ARGV[1] is "completed")
+-- ARGV[5] time to live in milliseconds
+-- ARGV[6] "1" to replace a record that is not pending and has token ARGV[7]
+-- ARGV[7] token of the record to replace ("" for an unreadable one)
+-- Returns 1 when it wrote the record, else the existing record, of either
+-- format, as {state, token, fingerprint, result, pttl}: never nil.
+local key = KEYS[1]
+local st, r = load(key, true)
+if st ~= ABSENT then
+  if ARGV[6] ~= '1' or st == PENDING or r.token ~= ARGV[7] then
+    return {st, r.token, r.fp, r.result, pttl(key)}
+  end
+  redis.call('DEL', key)
+end
+local t = redis.call('TIME')
+local now = t[1] .. string.format('%03d', math.floor(tonumber(t[2]) / 1000))
+if ARGV[1] == 'completed' then
+  redis.call('HSET', key, 'v', VERSION, 'state', 'completed', 'token', ARGV[2], 'fp', ARGV[3],
+    'created_ms', now, 'result', ARGV[4])
+else
+  redis.call('HSET', key, 'v', VERSION, 'state', 'pending', 'token', ARGV[2], 'fp', ARGV[3],
+    'created_ms', now)
+end
+redis.call('PEXPIRE', key, ARGV[5])
+return 1
