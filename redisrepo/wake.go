@@ -30,8 +30,9 @@ var _ coordinator.Watcher = (*Store)(nil)
 // announced, from any process. stop ends the watch; call it once.
 //
 // The announcements travel on one Pub/Sub subscription per Store, opened by
-// the first watch and closed when the last one stops: a process subscribes
-// once, however many callers wait. A completion or release publishes only
+// the first watch and closed 100ms after the last one stops: a process
+// subscribes once, however many callers wait, and waits that follow one
+// another closely share it. A completion or release publishes only
 // when the record was marked, so one that nobody waits on sends nothing. A
 // message can be lost (a subscription that broke, a cluster node that
 // failed): the coordinator keeps polling, backed off, beside the channel. On
@@ -59,9 +60,16 @@ type waiters struct {
 	mu    sync.Mutex
 	keys  map[string]map[chan struct{}]struct{}
 	n     int           // callers waiting
-	sub   *subscription // nil when n == 0 or the client cannot subscribe
+	sub   *subscription // nil when nobody waits (after linger) or the client cannot subscribe
+	idle  *time.Timer   // ends sub, linger after the last waiter left; nil while anyone waits
 	sleep time.Duration // the pause after a broken subscription
 }
+
+// linger is how long the subscription outlives the last waiter, so that a
+// process whose waits follow one another closely (a burst of retries on
+// many keys) keeps one connection instead of opening one per wait. Short,
+// so that nothing of the Store outlives its use for long.
+const linger = 100 * time.Millisecond
 
 func newWaiters(s *Store) *waiters {
 	return &waiters{s: s, keys: map[string]map[chan struct{}]struct{}{}, sleep: 100 * time.Millisecond}
@@ -87,6 +95,10 @@ func (w *waiters) add(ctx context.Context, rkey string) (chan struct{}, func()) 
 	}
 	set[ch] = struct{}{}
 	w.n++
+	if w.idle != nil {
+		w.idle.Stop() // if it fired already, closeIdle sees n > 0 and keeps sub
+		w.idle = nil
+	}
 	sub := w.sub
 	if sub == nil {
 		if cl, ok := w.s.client.(subscriber); ok {
@@ -106,25 +118,34 @@ func (w *waiters) add(ctx context.Context, rkey string) (chan struct{}, func()) 
 	return ch, func() { once.Do(func() { w.remove(rkey, ch) }) }
 }
 
-// remove drops a waiter; the last one ends the subscription, and waits for
-// it to end.
+// remove drops a waiter; the subscription ends linger after the last one.
 func (w *waiters) remove(rkey string, ch chan struct{}) {
 	w.mu.Lock()
+	defer w.mu.Unlock()
 	set := w.keys[rkey]
 	delete(set, ch)
 	if len(set) == 0 {
 		delete(w.keys, rkey)
 	}
 	w.n--
-	var sub *subscription
-	if w.n == 0 {
-		sub, w.sub = w.sub, nil
+	if w.n == 0 && w.sub != nil {
+		w.idle = time.AfterFunc(linger, w.closeIdle)
 	}
+}
+
+// closeIdle ends the subscription if nobody has waited since the timer was
+// armed, and waits for it to end.
+func (w *waiters) closeIdle() {
+	w.mu.Lock()
+	if w.n > 0 || w.sub == nil {
+		w.mu.Unlock()
+		return
+	}
+	sub := w.sub
+	w.sub, w.idle = nil, nil
 	w.mu.Unlock()
-	if sub != nil {
-		close(sub.quit)
-		<-sub.done
-	}
+	close(sub.quit)
+	<-sub.done
 }
 
 // run subscribes, then delivers each announced key to its waiters until quit.
