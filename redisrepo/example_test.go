@@ -47,3 +47,43 @@ func ExampleStore_Inspect() {
 		fmt.Printf("forgot %d key(s)\n", n)
 	}
 }
+
+// During a rolling upgrade from a release before record format 2, the new
+// release writes format 1, which the old one reads; both read both. Deploy
+// again with the default (Format2) once the old release is gone.
+func ExampleWithRecordFormat() {
+	client := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
+	defer client.Close()
+
+	store := redisrepo.New(client, redisrepo.WithRecordFormat(redisrepo.Format1))
+	c, err := coordinator.New(store)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Println("writing record format", redisrepo.Format1)
+	// Output: writing record format 1
+}
+
+// A caller that waits on a key held in another process is woken when the
+// holder completes it, through the store's Watch: the coordinator does this
+// by itself. Watching a record nobody holds returns it and no channel.
+func ExampleStore_Watch() {
+	ctx := context.Background()
+	client := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
+	defer client.Close()
+	store := redisrepo.New(client)
+
+	rec, changed, stop, err := store.Watch(ctx, coordinator.Key{Operation: "payment.charge", Key: "order-42"})
+	if err != nil {
+		log.Printf("redis: %v", err)
+		return
+	}
+	defer stop()
+	if rec.State == coordinator.StatePending {
+		select {
+		case <-changed: // completed or released: read it again
+		case <-ctx.Done():
+		}
+	}
+}
