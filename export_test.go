@@ -11,6 +11,8 @@ var (
 	Variables = variables
 	// LoadEnv is loadEnv: LoadSettings without Validate.
 	LoadEnv = loadEnv
+	// OldRedis is oldRedis: whether INFO server names a Redis before 7.0.
+	OldRedis = oldRedis
 )
 
 // ObserverOptions is observerOptions: the observability options that carry s.

@@ -3,6 +3,7 @@ package idempotency
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -416,6 +417,12 @@ func ping(ctx context.Context, client redis.UniversalClient, store *redisrepo.St
 		return
 	}
 	logger.Info("idempotency: redis is reachable", zap.String("redis_addr", redisAddr(client)))
+	if info, err := client.Info(ctx, "server").Result(); err == nil {
+		if version, old := oldRedis(info); old {
+			logger.Warn("idempotency: the store needs Redis 7.0 or newer (SET with NX and GET); every call to this server will fail with a storage error",
+				zap.String("redis_addr", redisAddr(client)), zap.String("redis_version", version))
+		}
+	}
 	// The scripts of the rare paths (heals, format 1 records, the operator
 	// tools), so that their first call is one round trip; the common paths
 	// need no script cache.
@@ -423,4 +430,20 @@ func ping(ctx context.Context, client redis.UniversalClient, store *redisrepo.St
 		logger.Warn("idempotency: could not load the store's scripts at start-up; each loads at its first use",
 			zap.String("redis_addr", redisAddr(client)), zap.Error(err))
 	}
+}
+
+// oldRedis reads redis_version from the reply of INFO server and reports
+// whether it is older than 7.0, which the store needs. A reply without a
+// version it can read is not called old.
+func oldRedis(info string) (version string, old bool) {
+	for line := range strings.SplitSeq(info, "\n") {
+		v, ok := strings.CutPrefix(strings.TrimSpace(line), "redis_version:")
+		if !ok {
+			continue
+		}
+		major, _, _ := strings.Cut(v, ".")
+		n, err := strconv.Atoi(major)
+		return v, err == nil && n < 7
+	}
+	return "", false
 }

@@ -292,3 +292,21 @@ func TestRedisURLWithoutSlashesIsRefused(t *testing.T) {
 		t.Errorf("NewRedisClient() error = %v; want %q", err, want)
 	}
 }
+
+func TestOldRedis(t *testing.T) {
+	for _, tt := range []struct {
+		info, version string
+		old           bool
+	}{
+		{"# Server\r\nredis_version:7.0.15\r\nredis_git_sha1:0\r\n", "7.0.15", false},
+		{"# Server\r\nredis_version:6.2.14\r\n", "6.2.14", true},
+		{"redis_version:8.4.0", "8.4.0", false},
+		{"redis_version:255.255.255", "255.255.255", false}, // miniredis
+		{"# Server\r\nno version here\r\n", "", false},
+		{"redis_version:x.y", "x.y", false},
+	} {
+		if v, old := idempotency.OldRedis(tt.info); v != tt.version || old != tt.old {
+			t.Errorf("oldRedis(%q) = %q, %v; want %q, %v", tt.info, v, old, tt.version, tt.old)
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -213,3 +214,24 @@ func TestNilNeverEscapes(t *testing.T) {
 		})
 	}
 }
+
+// TestOldRedisIsNamed: a server before Redis 7.0 refuses SET with NX and
+// GET as a syntax error; the storage error says what is needed.
+func TestOldRedisIsNamed(t *testing.T) {
+	s := redisrepo.New(fakeScripter{reply: func() *redis.Cmd {
+		return redis.NewCmdResult(nil, replyError("ERR syntax error"))
+	}})
+	_, _, err := s.Reserve(context.Background(), coordinator.Key{Operation: "op", Key: "k"}, pendingWrite(token(), "", time.Minute))
+	checkStorageError(t, "Reserve", err, coordinator.MethodReserve)
+	if err == nil || !strings.Contains(err.Error(), "needs Redis 7.0 or newer") {
+		t.Errorf("Reserve on a server before 7.0: %v, want it to say that Redis 7.0 is needed", err)
+	}
+}
+
+// replyError is an error reply of Redis, as go-redis reports one.
+type replyError string
+
+func (e replyError) Error() string { return string(e) }
+
+// RedisError makes it a redis.Error.
+func (replyError) RedisError() {}

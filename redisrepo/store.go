@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -126,6 +127,9 @@ func (s *Store) Reserve(ctx context.Context, key coordinator.Key, w coordinator.
 		case errors.Is(err, errWrongType):
 			rec, err := s.legacy(ctx, coordinator.MethodReserve, rkey)
 			return rec, false, err
+		case isSyntaxError(err):
+			return coordinator.Record{}, false, storageError(coordinator.MethodReserve,
+				fmt.Errorf("%w (SET with NX and GET needs Redis 7.0 or newer)", err))
 		case err != nil:
 			return coordinator.Record{}, false, storageError(coordinator.MethodReserve, err)
 		case !found:
@@ -226,6 +230,13 @@ func (s *Store) legacy(ctx context.Context, m coordinator.Method, rkey string) (
 		return coordinator.Record{}, storageError(m, err)
 	}
 	return rec, nil
+}
+
+// isSyntaxError reports whether err is Redis's reply to a command it does
+// not accept as written: for SET with NX and GET, a server before 7.0.
+func isSyntaxError(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re) && strings.HasPrefix(re.Error(), "ERR syntax error")
 }
 
 // decodeReply reads a reply that holds a record: a STRING (format 2, or
