@@ -137,8 +137,13 @@ func (s *Store) Reserve(ctx context.Context, key coordinator.Key, w coordinator.
 		}
 		return decodeValue(v), false, nil
 	}
-	v, err := reserveScript.Run(ctx, s.client, []string{rkey},
-		val, ttl, storedToken(w.ReplaceToken), w.ReplaceToken).Result()
+	return reserveReply(reserveScript.Run(ctx, s.client, []string{rkey},
+		val, ttl, storedToken(w.ReplaceToken), w.ReplaceToken).Result())
+}
+
+// reserveReply reads the reply of reserve.lua or reserve1.lua: 1 when it
+// wrote, else the record that is there.
+func reserveReply(v any, err error) (coordinator.Record, bool, error) {
 	if err != nil {
 		return coordinator.Record{}, false, storageError(coordinator.MethodReserve, err)
 	}
@@ -162,19 +167,8 @@ func (s *Store) reserve1(ctx context.Context, key coordinator.Key, w coordinator
 	if w.Replace {
 		replace, replaceToken = argReplace, w.ReplaceToken
 	}
-	v, err := reserve1Script.Run(ctx, s.client, []string{s.Key(key)},
-		state, w.Token, w.Fingerprint, result, ttl, replace, replaceToken).Result()
-	if err != nil {
-		return coordinator.Record{}, false, storageError(coordinator.MethodReserve, err)
-	}
-	if n, ok := v.(int64); ok && n == 1 {
-		return coordinator.Record{}, true, nil
-	}
-	rec, err := decodeLegacy(v)
-	if err != nil {
-		return coordinator.Record{}, false, storageError(coordinator.MethodReserve, err)
-	}
-	return rec, false, nil
+	return reserveReply(reserve1Script.Run(ctx, s.client, []string{s.Key(key)},
+		state, w.Token, w.Fingerprint, result, ttl, replace, replaceToken).Result())
 }
 
 // The arguments of the format 1 scripts that are always the same.
