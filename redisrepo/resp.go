@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -66,11 +67,9 @@ func (s *Store) parsed(ctx context.Context, args []any) ([]byte, bool, error) {
 	switch {
 	case errors.Is(err, redis.Nil):
 		return nil, false, nil
+	case isReplyError(err, "WRONGTYPE"):
+		return nil, false, errWrongType
 	case err != nil:
-		var re redis.Error
-		if errors.As(err, &re) && bytes.HasPrefix([]byte(re.Error()), []byte("WRONGTYPE")) {
-			return nil, false, errWrongType
-		}
 		return nil, false, err
 	}
 	str, ok := v.(string)
@@ -78,4 +77,11 @@ func (s *Store) parsed(ctx context.Context, args []any) ([]byte, bool, error) {
 		return nil, false, fmt.Errorf("redisrepo: unexpected reply %T", v)
 	}
 	return []byte(str), true, nil
+}
+
+// isReplyError reports whether err is an error reply of Redis that starts
+// with prefix (its error code, as WRONGTYPE, or more).
+func isReplyError(err error, prefix string) bool {
+	var re redis.Error
+	return errors.As(err, &re) && strings.HasPrefix(re.Error(), prefix)
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -127,7 +126,7 @@ func (s *Store) Reserve(ctx context.Context, key coordinator.Key, w coordinator.
 		case errors.Is(err, errWrongType):
 			rec, err := s.legacy(ctx, coordinator.MethodReserve, rkey)
 			return rec, false, err
-		case isSyntaxError(err):
+		case isReplyError(err, "ERR syntax error"): // a server before Redis 7.0
 			return coordinator.Record{}, false, storageError(coordinator.MethodReserve,
 				fmt.Errorf("%w (SET with NX and GET needs Redis 7.0 or newer)", err))
 		case err != nil:
@@ -190,6 +189,11 @@ func (s *Store) Get(ctx context.Context, key coordinator.Key) (coordinator.Recor
 // get reads the record under rkey with GET or, when watch is set, with
 // watch.lua.
 func (s *Store) get(ctx context.Context, m coordinator.Method, rkey string, watch bool) (coordinator.Record, error) {
+	if s.format == Format1 && !watch {
+		// The records it writes are HASHes, which GET refuses: read with
+		// legacy.lua at once (it reads a STRING too), one round trip.
+		return s.legacy(ctx, m, rkey)
+	}
 	var v []byte
 	var found bool
 	var err error
@@ -224,13 +228,6 @@ func (s *Store) legacy(ctx context.Context, m coordinator.Method, rkey string) (
 		return coordinator.Record{}, storageError(m, err)
 	}
 	return rec, nil
-}
-
-// isSyntaxError reports whether err is Redis's reply to a command it does
-// not accept as written: for SET with NX and GET, a server before 7.0.
-func isSyntaxError(err error) bool {
-	var re redis.Error
-	return errors.As(err, &re) && strings.HasPrefix(re.Error(), "ERR syntax error")
 }
 
 // decodeReply reads a reply that holds a record: a STRING (format 2, or
