@@ -1,0 +1,82 @@
+package observability_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"testing"
+
+	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/observability"
+)
+
+// KeyHash is the key_hash of the log lines, and the shell's digest.
+func TestKeyHashIsTheLogLinesHash(t *testing.T) {
+	for _, k := range []string{"order-42", "ünïcødé key", "a:b:c"} {
+		o, logs := logged(t)
+		feed(t, o, coordinator.Event{Kind: coordinator.EventHit, Key: coordinator.Key{Operation: "op", Key: k}})
+		got := only(t, logs).ContextMap()["key_hash"]
+		if want := observability.KeyHash(k); got != want || want != hashOf(k) {
+			t.Errorf("KeyHash(%q) = %q; the log line has %v, sha256 gives %q", k, want, got, hashOf(k))
+		}
+	}
+	// printf %s order-42 | sha256sum | cut -c1-16
+	if got := observability.KeyHash("order-42"); got != "3bf8b157c4238eef" {
+		t.Errorf("KeyHash(order-42) = %q, want 3bf8b157c4238eef", got)
+	}
+}
+
+// RedactError is the error field of the log lines, in every mode.
+func TestRedactErrorIsTheLogLinesErrorField(t *testing.T) {
+	k := coordinator.Key{Operation: "payment.charge", Key: "order-42"}
+	short := coordinator.Key{Operation: "payment.charge", Key: "42"}
+	errs := []error{
+		&coordinator.KeyReuseError{Operation: k.Operation, Key: k.Key, Stored: "fp-a", Got: "fp-b"},
+		&coordinator.StorageError{Method: coordinator.MethodGet, Err: errors.New("WRONGTYPE idempotency:payment.charge:order-42")},
+		errors.New("record order-42 is corrupt"),
+		errors.New("nothing to hide"),
+	}
+	modes := []observability.LogKeysMode{"", observability.LogKeysHashed, observability.LogKeysPlain, observability.LogKeysOmitted}
+	for _, key := range []coordinator.Key{k, short, {Operation: "payment.charge"}} {
+		for _, mode := range modes {
+			for _, err := range errs {
+				o, logs := logged(t, observability.WithLogKeys(mode))
+				feed(t, o, coordinator.Event{Kind: coordinator.EventError, Key: key, ErrorType: coordinator.ErrorDecode, Err: err})
+				want := only(t, logs).ContextMap()["error"]
+				if got := observability.RedactError(err, key, mode); got != want {
+					t.Errorf("RedactError(%q, %v, %q) = %q; the log line has %q", err, key, mode, got, want)
+				}
+			}
+		}
+	}
+	if got := observability.RedactError(nil, k, observability.LogKeysHashed); got != "" {
+		t.Errorf("RedactError(nil) = %q, want \"\"", got)
+	}
+}
+
+// StorageResult is the result label of the storage histogram.
+func TestStorageResultIsTheMetricsLabel(t *testing.T) {
+	tests := []struct {
+		err  error
+		want string
+	}{
+		{nil, "ok"},
+		{errors.New("connection refused"), "error"},
+		{&coordinator.StorageError{Method: coordinator.MethodGet, Err: context.DeadlineExceeded}, "timeout"},
+		{fmt.Errorf("read: %w", timeoutError{}), "timeout"},
+		{&net.OpError{Op: "read", Err: os.ErrDeadlineExceeded}, "timeout"},
+		{fmt.Errorf("get: %w", context.Canceled), "canceled"},
+	}
+	for _, tt := range tests {
+		if got := observability.StorageResult(tt.err); got != tt.want {
+			t.Errorf("StorageResult(%v) = %q, want %q", tt.err, got, tt.want)
+		}
+		o, reg := newObserver(t)
+		feed(t, o, coordinator.Event{Kind: coordinator.EventStorageCall, Key: key("op"), Method: coordinator.MethodGet, Err: tt.err})
+		if n, _ := histogram(t, reg, "idempotency_storage_duration_seconds", "method", "get", "result", tt.want); n != 1 {
+			t.Errorf("%v: %d samples under result=%q, want 1", tt.err, n, tt.want)
+		}
+	}
+}
