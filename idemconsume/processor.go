@@ -1,0 +1,218 @@
+package idemconsume
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+
+	"github.com/idemkit/idempotency/coordinator"
+)
+
+// Processor processes messages at most once per idempotency key through a
+// coordinator, and decides what the broker adapter does with each delivery.
+// Create one with New; it is safe for concurrent use.
+type Processor struct {
+	c   *coordinator.Coordinator
+	op  string
+	cfg config
+}
+
+// New returns a Processor that runs handlers through c under operation.
+// The operation names what the handler does ("billing.credit"): 1 to 100
+// bytes of [A-Za-z0-9._-] (coordinator.ValidateOperation). Give every
+// consumer group its own operation: two groups that consume the same stream
+// under one operation would share records, and the second would take every
+// message for a duplicate of the first's.
+//
+// New returns an error, and no Processor, when c is nil, the operation is
+// invalid or an option's value is refused.
+func New(c *coordinator.Coordinator, operation string, opts ...Option) (*Processor, error) {
+	if c == nil {
+		return nil, errors.New("idemconsume: coordinator is nil")
+	}
+	if err := coordinator.ValidateOperation(operation); err != nil {
+		return nil, fmt.Errorf("idemconsume: operation: %w", err)
+	}
+	cfg := defaultConfig()
+	for _, o := range opts {
+		if o != nil {
+			o.apply(&cfg)
+		}
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("idemconsume: %w", err)
+	}
+	return &Processor{c: c, op: operation, cfg: cfg}, nil
+}
+
+// Operation returns the operation under which the Processor keeps its
+// records.
+func (p *Processor) Operation() string { return p.op }
+
+// Process runs handle for one delivery of msg at most once per idempotency
+// key, and returns what to do with the delivery; it never fails otherwise.
+// The adapter must act on the decision only after Process has returned: an
+// acknowledgement after the effect is what makes a crash in between
+// harmless (the redelivery finds the completed record and is acknowledged
+// without a second effect).
+//
+//   - The handler succeeds, or ran before (a redelivery, a producer's copy
+//     with the same key): Ack.
+//   - Another consumer holds the key (the coordinator's in-flight mode
+//     "raise", or the wait bound of mode "wait" passed): Retry, with
+//     RetryAfter. The message is not acknowledged; it is not a failure.
+//   - The store fails before the handler ran: Retry in on-storage-error mode
+//     "raise" (the handler does not run); in mode "run" the handler runs
+//     unprotected and its success is an Ack (ReasonUnprotected).
+//   - The handler fails: the coordinator releases the key and the decision
+//     is Retry, except for an error matching ErrPermanent, or a failure on
+//     the MaxDeliveries'th delivery, which are DeadLetter. A handler that
+//     panics is recovered and counts as failed (*PanicError).
+//   - The context ends (the consumer stops): Retry.
+//   - The message is delivered more than MaxDeliveries times: DeadLetter
+//     without running the handler, unless it was completed (Ack) or is in
+//     progress (Retry).
+//   - No key can be derived, or the key was used for a message with another
+//     fingerprint: DeadLetter.
+//
+// When the coordinator is disabled (its kill switch), handle just runs: no
+// key is derived and nothing is stored.
+//
+// Process panics when handle is nil.
+func (p *Processor) Process(ctx context.Context, msg Message, handle Handler) Decision {
+	if handle == nil {
+		panic("idemconsume: Process: handler is nil")
+	}
+	over := msg.Deliveries > p.cfg.maxDeliveries
+	if !p.c.Enabled() {
+		if over {
+			return Decision{Action: DeadLetter, Reason: ReasonMaxDeliveries, Err: p.overLimit(msg)}
+		}
+		if err := run(ctx, msg, handle); err != nil {
+			return p.failed(ctx, msg, "", err, false)
+		}
+		return Decision{Action: Ack, Reason: ReasonUnprotected}
+	}
+
+	key, err := p.cfg.key(msg)
+	if err == nil {
+		err = coordinator.ValidateKey(key)
+	}
+	if err != nil {
+		return Decision{Action: DeadLetter, Reason: ReasonBadMessage, Err: fmt.Errorf("idemconsume: key of message %q: %w", msg.ID, err)}
+	}
+	call := coordinator.Call{Operation: p.op, Key: key, TTL: p.cfg.ttl}
+	if p.cfg.fingerprint != nil {
+		fp, err := p.cfg.fingerprint(msg)
+		if err == nil {
+			err = validateFingerprint(fp)
+		}
+		if err != nil {
+			return Decision{Action: DeadLetter, Reason: ReasonBadMessage, Key: key,
+				Err: fmt.Errorf("idemconsume: fingerprint of message %q: %w", msg.ID, err)}
+		}
+		call.Fingerprint = fp
+	}
+
+	// What the action saw, read once DoResult has returned (the action has
+	// returned by then).
+	var ran, protected, lost bool
+	var limit error
+	if over {
+		limit = p.overLimit(msg)
+	}
+	_, err = coordinator.DoResult(ctx, p.c, call, func(actx context.Context) (struct{}, error) {
+		if over {
+			// The message may crash its consumer every time: do not run it.
+			// Reaching here means no completed record: dead-letter it, and
+			// let the coordinator release the key.
+			return struct{}{}, limit
+		}
+		ran = true
+		_, protected = coordinator.ReservationFromContext(actx)
+		herr := run(actx, msg, handle)
+		lost = herr != nil && errors.Is(context.Cause(actx), coordinator.ErrLeaseLost)
+		return struct{}{}, herr
+	})
+
+	var inProgress *coordinator.InProgressError
+	switch {
+	case err == nil && ran && !protected:
+		return Decision{Action: Ack, Reason: ReasonUnprotected, Key: key}
+	case err == nil && ran:
+		return Decision{Action: Ack, Reason: ReasonProcessed, Key: key}
+	case err == nil:
+		return Decision{Action: Ack, Reason: ReasonDuplicate, Key: key}
+	case ran:
+		return p.failed(ctx, msg, key, err, lost)
+	case over && err == limit:
+		return Decision{Action: DeadLetter, Reason: ReasonMaxDeliveries, Key: key, Err: limit}
+	case errors.As(err, &inProgress):
+		return Decision{Action: Retry, Reason: ReasonInProgress, Key: key, Err: err, RetryAfter: inProgress.RetryAfter}
+	case errors.Is(err, coordinator.ErrInProgress):
+		return Decision{Action: Retry, Reason: ReasonInProgress, Key: key, Err: err}
+	case errors.Is(err, coordinator.ErrKeyReuse):
+		return Decision{Action: DeadLetter, Reason: ReasonKeyReuse, Key: key, Err: err}
+	case errors.Is(err, coordinator.ErrStorage):
+		return Decision{Action: Retry, Reason: ReasonStorage, Key: key, Err: err}
+	case errors.Is(err, coordinator.ErrInvalidRequest):
+		return Decision{Action: Retry, Reason: ReasonInvalidRequest, Key: key, Err: err}
+	case ctx.Err() != nil, errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return Decision{Action: Retry, Reason: ReasonCancelled, Key: key, Err: err}
+	}
+	// Do returns no other error; were a store to pass one through, the
+	// message waits rather than being lost.
+	return Decision{Action: Retry, Reason: ReasonStorage, Key: key, Err: err}
+}
+
+// failed decides for a delivery whose handler ran and returned err.
+func (p *Processor) failed(ctx context.Context, msg Message, key string, err error, lost bool) Decision {
+	d := Decision{Action: Retry, Key: key, Err: err}
+	switch {
+	case errors.Is(err, ErrPermanent):
+		d.Action, d.Reason = DeadLetter, ReasonPermanent
+	case lost:
+		d.Reason = ReasonLeaseLost
+	case ctx.Err() != nil:
+		// The consumer stops: the handler was interrupted, not wrong.
+		d.Reason = ReasonCancelled
+	case msg.Deliveries >= p.cfg.maxDeliveries:
+		d.Action, d.Reason = DeadLetter, ReasonMaxDeliveries
+	default:
+		d.Reason = ReasonHandlerError
+	}
+	return d
+}
+
+// overLimit returns the error of a message delivered more than
+// MaxDeliveries times.
+func (p *Processor) overLimit(msg Message) error {
+	return fmt.Errorf("%w: message %q delivered %d times, at most %d allowed", ErrMaxDeliveries, msg.ID, msg.Deliveries, p.cfg.maxDeliveries)
+}
+
+// run calls handle, turning a panic into a *PanicError.
+func run(ctx context.Context, msg Message, handle Handler) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &PanicError{Value: v, Stack: debug.Stack()}
+		}
+	}()
+	return handle(ctx, msg)
+}
+
+// validateFingerprint checks what coordinator.Do checks of a fingerprint,
+// so that a message's bad fingerprint is told apart from a configuration
+// the coordinator refuses: at most coordinator.MaxFingerprintLen bytes of
+// visible ASCII.
+func validateFingerprint(fp string) error {
+	if len(fp) > coordinator.MaxFingerprintLen {
+		return fmt.Errorf("fingerprint is %d bytes, longer than %d", len(fp), coordinator.MaxFingerprintLen)
+	}
+	for i := 0; i < len(fp); i++ {
+		if c := fp[i]; c < 0x21 || c > 0x7e {
+			return fmt.Errorf("fingerprint has byte 0x%02x at offset %d; only visible ASCII is allowed", c, i)
+		}
+	}
+	return nil
+}
