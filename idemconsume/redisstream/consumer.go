@@ -1,0 +1,423 @@
+package redisstream
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemkit/idempotency/idemconsume"
+)
+
+// Client is the part of a go-redis client that a Consumer uses: the stream
+// commands. *redis.Client, *redis.ClusterClient, *redis.Ring and every
+// redis.UniversalClient satisfy it.
+type Client interface {
+	XGroupCreateMkStream(ctx context.Context, stream, group, start string) *redis.StatusCmd
+	XReadGroup(ctx context.Context, a *redis.XReadGroupArgs) *redis.XStreamSliceCmd
+	XAutoClaim(ctx context.Context, a *redis.XAutoClaimArgs) *redis.XAutoClaimCmd
+	XPendingExt(ctx context.Context, a *redis.XPendingExtArgs) *redis.XPendingExtCmd
+	XAck(ctx context.Context, stream, group string, ids ...string) *redis.IntCmd
+	XAdd(ctx context.Context, a *redis.XAddArgs) *redis.StringCmd
+}
+
+var (
+	_ Client = (*redis.Client)(nil)
+	_ Client = (*redis.ClusterClient)(nil)
+	_ Client = (*redis.Ring)(nil)
+	_ Client = redis.UniversalClient(nil)
+)
+
+// The fields that a dead-lettered entry carries besides its own.
+const (
+	// FieldDeadID is the dead-lettered entry's ID in its stream.
+	FieldDeadID = "dead-letter-id"
+	// FieldDeadStream is the stream the entry was dead-lettered from.
+	FieldDeadStream = "dead-letter-stream"
+	// FieldDeadGroup is the consumer group that dead-lettered it.
+	FieldDeadGroup = "dead-letter-group"
+	// FieldDeadReason is the decision's idemconsume.Reason.
+	FieldDeadReason = "dead-letter-reason"
+	// FieldDeadError is the decision's error message.
+	FieldDeadError = "dead-letter-error"
+	// FieldDeadDeliveries is how many times the entry was delivered.
+	FieldDeadDeliveries = "dead-letter-deliveries"
+)
+
+// Consumer consumes a Redis stream in a consumer group and processes every
+// entry through an idemconsume.Processor. Create one with New and call Run.
+type Consumer struct {
+	client Client
+	proc   *idemconsume.Processor
+	stream string
+	group  string
+	handle idemconsume.Handler
+	cfg    config
+}
+
+// New returns a Consumer of the group of stream that processes each entry
+// with handle, through p. The entry's fields are the idemconsume.Message's
+// Fields (their values as strings), its ID the Message's ID, and its
+// delivery count (1 for a new entry; XPENDING's for an entry read again or
+// claimed) the Message's Deliveries; with p's default key function, the key
+// is the entry's "idempotency-key" field, else its ID.
+//
+// New returns an error, and no Consumer, when client, p or handle is nil,
+// stream or group is empty, or an option's value is refused.
+func New(client Client, p *idemconsume.Processor, stream, group string, handle idemconsume.Handler, opts ...Option) (*Consumer, error) {
+	var errs []error
+	if client == nil {
+		errs = append(errs, errors.New("client is nil"))
+	}
+	if p == nil {
+		errs = append(errs, errors.New("processor is nil"))
+	}
+	if handle == nil {
+		errs = append(errs, errors.New("handler is nil"))
+	}
+	if stream == "" {
+		errs = append(errs, errors.New("stream is empty"))
+	}
+	if group == "" {
+		errs = append(errs, errors.New("group is empty"))
+	}
+	cfg := defaultConfig()
+	for _, o := range opts {
+		if o != nil {
+			o.apply(&cfg)
+		}
+	}
+	if err := cfg.validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("redisstream: %w", err)
+	}
+	if cfg.name == "" {
+		cfg.name = defaultName()
+	}
+	if cfg.deadStream == "" {
+		cfg.deadStream = stream + DeadLetterSuffix
+	}
+	return &Consumer{client: client, proc: p, stream: stream, group: group, handle: handle, cfg: cfg}, nil
+}
+
+// defaultName returns the host name and 8 random hex digits.
+func defaultName() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "consumer"
+	}
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return host + "-" + hex.EncodeToString(b[:])
+}
+
+// Name returns the consumer's name in the group (see WithConsumerName).
+func (c *Consumer) Name() string { return c.cfg.name }
+
+// DeadLetterStream returns the name of the stream that dead-lettered
+// entries go to.
+func (c *Consumer) DeadLetterStream() string { return c.cfg.deadStream }
+
+// Run creates the group if it does not exist (XGROUP CREATE ... MKSTREAM,
+// from WithStartID), then consumes until ctx ends, with WithWorkers workers.
+// Each worker first processes the entries left pending under its own name,
+// then, in turn, claims entries that another consumer left pending for
+// WithMinIdle (XAUTOCLAIM, every WithClaimInterval) and reads new ones
+// (XREADGROUP, blocking for WithBlock).
+//
+// Per decision: Ack acknowledges the entry (XACK); Retry leaves it pending,
+// to be claimed once it has been idle for WithMinIdle; DeadLetter adds it,
+// with the FieldDead* fields, to the dead-letter stream (XADD), then
+// acknowledges it. A stream command that fails is reported to WithOnError
+// and retried after a back-off; it never stops Run.
+//
+// When ctx ends, the handlers running get its cancellation, the entries not
+// reached stay pending, and Run returns nil once every worker has stopped:
+// within WithBlock, plus the time the handlers take to return, plus
+// WithAckTimeout. It returns an error, at once, only when the group cannot be
+// created (Redis is down, or the key holds something other than a stream).
+// Run may be called again once it has returned.
+func (c *Consumer) Run(ctx context.Context) error {
+	if err := c.createGroup(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	var wg sync.WaitGroup
+	for i := range c.cfg.workers {
+		w := &worker{c: c, name: c.cfg.name, history: "0"}
+		if c.cfg.workers > 1 {
+			w.name = c.cfg.name + "-" + strconv.Itoa(i)
+		}
+		wg.Go(func() { w.run(ctx) })
+	}
+	wg.Wait()
+	return nil
+}
+
+// createGroup creates the group, and the stream if need be; a group that
+// exists is left as it is.
+func (c *Consumer) createGroup(ctx context.Context) error {
+	err := c.client.XGroupCreateMkStream(ctx, c.stream, c.group, c.cfg.startID).Err()
+	if err != nil && !strings.HasPrefix(err.Error(), "BUSYGROUP") {
+		return fmt.Errorf("redisstream: create group %q of stream %q: %w", c.group, c.stream, err)
+	}
+	return nil
+}
+
+func (c *Consumer) reportError(ctx context.Context, err error) {
+	if c.cfg.onError != nil {
+		c.cfg.onError(ctx, err)
+	}
+}
+
+// Back-off of a worker whose stream commands fail.
+const (
+	minBackoff = 100 * time.Millisecond
+	maxBackoff = 5 * time.Second
+)
+
+// worker is one consumer of the group.
+type worker struct {
+	c       *Consumer
+	name    string
+	history string    // the ID after which to read this consumer's own pending entries; "" once read
+	cursor  string    // XAUTOCLAIM's cursor; "" is "0-0"
+	claimAt time.Time // when to claim next
+	backoff time.Duration
+}
+
+func (w *worker) run(ctx context.Context) {
+	for ctx.Err() == nil {
+		batch, err := w.next(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			w.c.reportError(ctx, err)
+			if isNoGroup(err) {
+				// The stream or the group was deleted: make them again.
+				_ = w.c.createGroup(ctx)
+			}
+			w.backoff = min(max(2*w.backoff, minBackoff), maxBackoff)
+			sleep(ctx, w.backoff)
+			continue
+		}
+		w.backoff = 0
+		for _, m := range batch {
+			if ctx.Err() != nil {
+				return // the rest stay pending, and are claimed later
+			}
+			w.c.process(ctx, m)
+		}
+	}
+}
+
+// next returns the next entries to process: this consumer's own pending
+// entries first, then, every claim interval, entries idle elsewhere, else
+// new entries.
+func (w *worker) next(ctx context.Context) ([]idemconsume.Message, error) {
+	c := w.c
+	if w.history != "" {
+		streams, err := c.client.XReadGroup(ctx, &redis.XReadGroupArgs{
+			Group: c.group, Consumer: w.name, Streams: []string{c.stream, w.history}, Count: c.cfg.batch, Block: -1,
+		}).Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return nil, fmt.Errorf("redisstream: XREADGROUP %s of own pending entries: %w", c.stream, err)
+		}
+		msgs := entries(streams)
+		if len(msgs) == 0 {
+			w.history = ""
+			return nil, nil
+		}
+		w.history = msgs[len(msgs)-1].ID
+		return w.counted(ctx, msgs), nil
+	}
+	if now := time.Now(); !now.Before(w.claimAt) {
+		msgs, cursor, err := c.client.XAutoClaim(ctx, &redis.XAutoClaimArgs{
+			Stream: c.stream, Group: c.group, Consumer: w.name, MinIdle: c.cfg.minIdle,
+			Start: cmp.Or(w.cursor, "0-0"), Count: c.cfg.batch,
+		}).Result()
+		if err != nil {
+			return nil, fmt.Errorf("redisstream: XAUTOCLAIM %s: %w", c.stream, err)
+		}
+		w.cursor = cursor
+		if cursor == "0-0" || cursor == "" {
+			// The whole pending list was scanned: wait a claim interval.
+			w.cursor, w.claimAt = "", now.Add(c.cfg.claimInterval)
+		}
+		if len(msgs) > 0 {
+			return w.counted(ctx, msgs), nil
+		}
+		if w.cursor != "" {
+			return nil, nil // more of the pending list to scan
+		}
+	}
+	streams, err := c.client.XReadGroup(ctx, &redis.XReadGroupArgs{
+		Group: c.group, Consumer: w.name, Streams: []string{c.stream, ">"}, Count: c.cfg.batch,
+		Block: min(c.cfg.block, max(time.Until(w.claimAt), time.Millisecond)),
+	}).Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("redisstream: XREADGROUP %s: %w", c.stream, err)
+	}
+	msgs := entries(streams)
+	out := make([]idemconsume.Message, len(msgs))
+	for i, m := range msgs {
+		out[i] = message(m, 1) // a new entry's first delivery
+	}
+	return out, nil
+}
+
+// counted returns msgs, which were delivered before, with their delivery
+// counts from XPENDING. A count that cannot be read is 0 (unknown): the
+// entry is processed, but not dead-lettered for its deliveries this time.
+func (w *worker) counted(ctx context.Context, msgs []redis.XMessage) []idemconsume.Message {
+	c := w.c
+	counts := make(map[string]int64, len(msgs))
+	// One XPENDING for the range of IDs (they come in ID order); entries of
+	// this consumer in that range that are not in the batch take room, so
+	// leave some, and look up the ones it missed one by one.
+	pend, err := c.client.XPendingExt(ctx, &redis.XPendingExtArgs{
+		Stream: c.stream, Group: c.group, Consumer: w.name,
+		Start: msgs[0].ID, End: msgs[len(msgs)-1].ID, Count: int64(len(msgs)) + 100,
+	}).Result()
+	if err != nil {
+		c.reportError(ctx, fmt.Errorf("redisstream: XPENDING %s: %w", c.stream, err))
+	}
+	for _, p := range pend {
+		counts[p.ID] = p.RetryCount
+	}
+	out := make([]idemconsume.Message, 0, len(msgs))
+	for _, m := range msgs {
+		n, ok := counts[m.ID]
+		if !ok && err == nil {
+			one, err := c.client.XPendingExt(ctx, &redis.XPendingExtArgs{
+				Stream: c.stream, Group: c.group, Consumer: w.name, Start: m.ID, End: m.ID, Count: 1,
+			}).Result()
+			if err != nil {
+				c.reportError(ctx, fmt.Errorf("redisstream: XPENDING %s %s: %w", c.stream, m.ID, err))
+			} else if len(one) == 1 {
+				n = one[0].RetryCount
+			}
+		}
+		out = append(out, message(m, n))
+	}
+	return out
+}
+
+// process processes one delivery and acts on the decision.
+func (c *Consumer) process(ctx context.Context, msg idemconsume.Message) {
+	var d idemconsume.Decision
+	if msg.Fields == nil {
+		// An entry deleted (XDEL, XTRIM) while it was pending is delivered
+		// without fields: there is nothing to process.
+		d = idemconsume.Decision{Action: idemconsume.Ack, Reason: idemconsume.ReasonDuplicate}
+	} else {
+		d = c.proc.Process(ctx, msg, c.handle)
+	}
+	// The effect, if any, has happened: acknowledge it even if the consumer
+	// is stopping.
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.ackTimeout)
+	defer cancel()
+	switch d.Action {
+	case idemconsume.Ack:
+		if err := c.client.XAck(actx, c.stream, c.group, msg.ID).Err(); err != nil {
+			c.reportError(ctx, fmt.Errorf("redisstream: XACK %s %s: %w", c.stream, msg.ID, err))
+		}
+	case idemconsume.DeadLetter:
+		c.deadLetter(actx, ctx, msg, d)
+	}
+	if c.cfg.onDecision != nil {
+		c.cfg.onDecision(ctx, msg, d)
+	}
+}
+
+// deadLetter adds msg to the dead-letter stream, then acknowledges it. An
+// entry that cannot be added is not acknowledged: it is claimed again, and
+// dead-lettered again. A crash between the two adds it twice.
+func (c *Consumer) deadLetter(actx, ctx context.Context, msg idemconsume.Message, d idemconsume.Decision) {
+	values := make([]any, 0, 2*len(msg.Fields)+12)
+	for _, k := range slices.Sorted(maps.Keys(msg.Fields)) {
+		if !strings.HasPrefix(k, "dead-letter-") {
+			values = append(values, k, msg.Fields[k])
+		}
+	}
+	errText := ""
+	if d.Err != nil {
+		errText = d.Err.Error()
+	}
+	values = append(values,
+		FieldDeadID, msg.ID,
+		FieldDeadStream, c.stream,
+		FieldDeadGroup, c.group,
+		FieldDeadReason, string(d.Reason),
+		FieldDeadError, errText,
+		FieldDeadDeliveries, strconv.FormatInt(msg.Deliveries, 10),
+	)
+	if err := c.client.XAdd(actx, &redis.XAddArgs{Stream: c.cfg.deadStream, Values: values}).Err(); err != nil {
+		c.reportError(ctx, fmt.Errorf("redisstream: XADD %s (dead letter of %s): %w", c.cfg.deadStream, msg.ID, err))
+		return
+	}
+	if err := c.client.XAck(actx, c.stream, c.group, msg.ID).Err(); err != nil {
+		c.reportError(ctx, fmt.Errorf("redisstream: XACK %s %s: %w", c.stream, msg.ID, err))
+	}
+}
+
+// entries returns the entries of a read of one stream.
+func entries(streams []redis.XStream) []redis.XMessage {
+	if len(streams) == 0 {
+		return nil
+	}
+	return streams[0].Messages
+}
+
+// message returns the idemconsume.Message of entry m, delivered n times.
+// An entry without fields (deleted while pending) gets nil Fields.
+func message(m redis.XMessage, n int64) idemconsume.Message {
+	msg := idemconsume.Message{ID: m.ID, Deliveries: n}
+	if len(m.Values) > 0 {
+		msg.Fields = make(map[string]string, len(m.Values))
+		for k, v := range m.Values {
+			switch v := v.(type) {
+			case string:
+				msg.Fields[k] = v
+			case nil:
+				msg.Fields[k] = ""
+			default:
+				msg.Fields[k] = fmt.Sprint(v)
+			}
+		}
+	}
+	return msg
+}
+
+// isNoGroup reports whether err is Redis's NOGROUP: the stream or the
+// group does not exist.
+func isNoGroup(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re) && strings.HasPrefix(re.Error(), "NOGROUP")
+}
+
+// sleep waits for d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
