@@ -174,10 +174,10 @@ type reply struct {
 	replayed bool
 }
 
-// charge calls Charge with ctx and req.
-func charge(ctx context.Context, client paymentspb.PaymentsClient, req *paymentspb.ChargeRequest) reply {
+// charge calls Charge with ctx, req and opts.
+func charge(ctx context.Context, client paymentspb.PaymentsClient, req *paymentspb.ChargeRequest, opts ...grpc.CallOption) reply {
 	var r reply
-	r.charge, r.err = client.Charge(ctx, req, grpc.Header(&r.header), grpc.Trailer(&r.trailer))
+	r.charge, r.err = client.Charge(ctx, req, append(opts, grpc.Header(&r.header), grpc.Trailer(&r.trailer))...)
 	vs := r.header.Get(idemgrpc.ReplayedHeader)
 	r.replayed = len(vs) == 1 && vs[0] == "true"
 	return r
