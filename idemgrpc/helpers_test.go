@@ -84,17 +84,9 @@ type payments struct {
 	// fail, when set, is asked before each charge with the run's number;
 	// a non-nil error is returned instead of the charge.
 	fail func(ctx context.Context, n int64) error
-	// keys holds the idempotency key of every call that reached the
-	// service, in order.
-	mu   sync.Mutex
-	keys []string
 }
 
 func (p *payments) Charge(ctx context.Context, req *paymentspb.ChargeRequest) (*paymentspb.Charge, error) {
-	md, _ := metadata.FromIncomingContext(ctx)
-	p.mu.Lock()
-	p.keys = append(p.keys, md.Get(idemgrpc.DefaultKeyHeader)...)
-	p.mu.Unlock()
 	n := p.runs.Add(1)
 	if p.fail != nil {
 		if err := p.fail(ctx, n); err != nil {
@@ -114,12 +106,6 @@ func (p *payments) GetCharge(_ context.Context, req *paymentspb.GetChargeRequest
 }
 
 func (p *payments) n() int { return int(p.runs.Load()) }
-
-func (p *payments) seenKeys() []string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return append([]string(nil), p.keys...)
-}
 
 // serve serves svc with the server interceptor over c (and any server
 // options) on an in-memory listener, and returns a client of it; dial holds
