@@ -461,10 +461,14 @@ func (h *history) lastWindowBefore(pkey string, t int64) int64 {
 	return last
 }
 
-// windowBetween returns a loss window of pkey that started within [from, to].
+// windowBetween returns a loss window of pkey that started within [from, to],
+// or, for a window that spans, that overlaps it.
 func (h *history) windowBetween(pkey string, from, to int64) (lossWindow, bool) {
 	for _, w := range h.windows {
-		if w.covers(pkey) && w.start >= from && w.start <= to {
+		if !w.covers(pkey) || w.start > to {
+			continue
+		}
+		if w.start >= from || w.spans && w.end >= from {
 			return w, true
 		}
 	}
@@ -478,6 +482,7 @@ const (
 	reasonAfterUnprot = "the earlier runs were unprotected and their best-effort save did not land"
 	reasonWipe        = "data loss: kill -9 and an empty restart lost the record (the store was not up)"
 	reasonFailover    = "failover: a master killed, a replica promoted, and writes that had not reached it lost"
+	reasonSentinel    = "failover: Sentinel promoted the replica; writes that had not reached it, or that reached the former master before it was reconfigured, lost"
 )
 
 // checkKey checks one key's calls: its effects and their extra runs, two
@@ -614,7 +619,7 @@ func shortReason(reason string) string {
 		return "after-unprotected"
 	case reasonWipe:
 		return "data-loss"
-	case reasonFailover:
+	case reasonFailover, reasonSentinel:
 		return "failover"
 	}
 	return reason

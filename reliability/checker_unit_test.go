@@ -129,6 +129,19 @@ func TestChecker(t *testing.T) {
 			{id: 2, key: "a", start: 20, end: 30, how: "reserved"},
 			{id: 3, key: "a", start: 40, end: 41, how: "replay", ret: 1},
 		}, wipe), false, "not linearizable", reasonWipe},
+		{"a run again after a write lost in a Sentinel failover", buildHistory(wait, eRaise, []hcall{
+			{id: 1, key: "a", start: 10, end: 20, how: "reserved"},
+			{id: 2, key: "a", start: 30, end: 35, how: "reserved"},
+			{id: 3, key: "a", start: 50, end: 51, how: "final-replay", ret: 2},
+		}, lossWindow{start: 5 * ms, end: 40 * ms, spans: true, reason: reasonSentinel}), true, "", reasonSentinel},
+		{"a run again after a Sentinel failover that ended before the write", buildHistory(wait, eRaise, []hcall{
+			{id: 1, key: "a", start: 10, end: 20, how: "reserved"},
+			{id: 2, key: "a", start: 30, end: 35, how: "reserved"},
+		}, lossWindow{start: 5 * ms, end: 8 * ms, spans: true, reason: reasonSentinel}), false, "extra run not allowed", ""},
+		{"a run again after a cluster failover that began before the write", buildHistory(wait, eRaise, []hcall{
+			{id: 1, key: "a", start: 10, end: 20, how: "reserved"},
+			{id: 2, key: "a", start: 30, end: 35, how: "reserved"},
+		}, lossWindow{start: 5 * ms, end: 40 * ms, reason: reasonFailover}), false, "extra run not allowed", ""},
 		{"another key's result", buildHistory(wait, eRaise, []hcall{
 			{id: 1, key: "a", start: 0, end: 10, how: "reserved"},
 			{id: 2, key: "b", start: 0, end: 10, how: "reserved"},

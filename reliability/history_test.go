@@ -167,8 +167,13 @@ func parseValue(v string) (op, key, fp string, id int, ok bool) {
 // failover (records written shortly before it may be gone).
 type lossWindow struct {
 	start, end int64
-	wipe       bool   // every record is lost, not only some
-	reason     string // why a run after it is allowed, for the report
+	wipe       bool // every record is lost, not only some
+	// spans says that a record written at any time in the window may be
+	// lost, not only one written before it began: a Sentinel failover,
+	// whose former master takes the writes of clients that have not yet
+	// switched until it is reconfigured, and then drops them.
+	spans  bool
+	reason string // why a run after it is allowed, for the report
 	// affects reports whether the window concerns a record (by pkey); nil
 	// means every record.
 	affects func(pkey string) bool
