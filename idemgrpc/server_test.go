@@ -507,3 +507,27 @@ func waitFor(t *testing.T, cond func() bool) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// TestUnreadableRecordHeals: a record the interceptor cannot read (not its
+// format, or a response type this process does not link) is not an outage:
+// the handler runs again and its outcome replaces the record.
+func TestUnreadableRecordHeals(t *testing.T) {
+	for name, record := range map[string]string{
+		"garbage":      "not an envelope",
+		"version":      `{"v":99,"code":0,"type":"payments.v1.Charge"}` + "\n",
+		"unknown type": `{"v":1,"code":0,"type":"no.such.Message"}` + "\n",
+		"bad status":   `{"v":1,"code":5}` + "\n\xff\xff",
+	} {
+		t.Run(name, func(t *testing.T) {
+			c, _ := newCoordinator(t, nil)
+			call := coordinator.Call{Operation: "payments.v1.Payments.Charge", Key: "k"} // no fingerprint: never a reuse
+			if _, err := c.Execute(t.Context(), call, func(context.Context) ([]byte, error) { return []byte(record), nil }); err != nil {
+				t.Fatal(err)
+			}
+			svc := &payments{}
+			client := serve(t, c, svc, nil)
+			wantOK(t, charge(withKey(t, "k"), client, chargeReq(1)), "ch_1", false)
+			wantOK(t, charge(withKey(t, "k"), client, chargeReq(1)), "ch_1", true)
+		})
+	}
+}
