@@ -75,7 +75,8 @@ func run(ctx context.Context, args []string) error {
 		o.produceFlags(fs)
 		o.consumeFlags(fs)
 	default:
-		return errors.New(usage)
+		fmt.Fprintln(os.Stderr, usage)
+		return fmt.Errorf("unknown command %q", cmd)
 	}
 	if err := fs.Parse(args); err != nil {
 		return err

@@ -195,12 +195,6 @@ func (e *effects) check(t *testing.T, keys []string) {
 	}
 }
 
-func (e *effects) count() int {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return len(e.n)
-}
-
 // decisions counts decisions by reason.
 type decisions struct {
 	mu sync.Mutex
