@@ -1,0 +1,276 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"reflect"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"github.com/kelseyhightower/envconfig"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemkit/idempotency"
+)
+
+// check prints the settings and checks Redis: PING, the server version and,
+// on a cluster, every master and its cluster_state.
+func (a *app) check(ctx context.Context, args []string) int {
+	fs, o := a.newFlagSet("check", "check [flags]")
+	rest, err := parse(fs, o, args)
+	if err != nil {
+		return parseStatus(err)
+	}
+	if len(rest) > 0 {
+		return a.usageError(fs, "no arguments expected, got %q", rest)
+	}
+	s, err := o.settings()
+	if err != nil {
+		return a.fail("check", err)
+	}
+	a.printSettings(s, o)
+	fmt.Fprintln(a.stdout)
+
+	client, err := idempotency.NewRedisClient(s)
+	if err != nil {
+		return a.fail("check", err)
+	}
+	defer client.Close()
+	var ok bool
+	switch c := client.(type) {
+	case *redis.ClusterClient:
+		ok = a.checkCluster(ctx, c, s)
+	case *redis.Client:
+		ok = a.checkServer(ctx, c, s)
+	default:
+		return a.fail("check", fmt.Errorf("unexpected client %T", client))
+	}
+	if !ok {
+		fmt.Fprintln(a.stdout, "FAILED")
+		fmt.Fprintln(a.stderr, "idemctl check: Redis failed the check (see above)")
+		return exitFailure
+	}
+	fmt.Fprintln(a.stdout, "OK")
+	return exitOK
+}
+
+// printSettings prints every field of s with its variable, its value (the
+// password of the Redis URL masked) and where the value comes from.
+func (a *app) printSettings(s idempotency.Settings, o *overrides) {
+	names := variables()
+	flagOf := map[string]string{
+		idempotency.EnvPrefix + "_REDIS_URL":           "redis-url",
+		idempotency.EnvPrefix + "_REDIS_CLUSTER_ADDRS": "cluster-addrs",
+		idempotency.EnvPrefix + "_KEY_PREFIX":          "key-prefix",
+	}
+	fmt.Fprintln(a.stdout, "Settings:")
+	w := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
+	v := reflect.ValueOf(s)
+	for i := range v.NumField() {
+		name := v.Type().Field(i).Name
+		if i < len(names) {
+			name = names[i]
+		}
+		source := "default"
+		if f := flagOf[name]; o.set[f] {
+			source = "flag -" + f
+		} else if _, set := os.LookupEnv(name); set {
+			source = "environment"
+		}
+		fmt.Fprintf(w, "  %s\t%s\t(%s)\n", name, settingValue(v.Type().Field(i).Name, v.Field(i)), source)
+	}
+	_ = w.Flush()
+}
+
+// variables returns the names of the variables LoadSettings reads, in the
+// order of the fields of Settings, as envconfig derives them.
+func variables() []string {
+	var b strings.Builder
+	_ = envconfig.Usagef(idempotency.EnvPrefix, &idempotency.Settings{}, &b, "{{range .}}{{usage_key .}}\n{{end}}")
+	return strings.Fields(b.String())
+}
+
+// settingValue formats the value of the field name of Settings as its
+// variable would say it, with strings quoted (so that an empty key prefix
+// shows) and secrets masked: the password of a URL (a field whose name ends
+// in URL) and the whole value of a field whose name speaks of a password or
+// a secret (RedisSentinelPassword), whatever fields Settings gains.
+func settingValue(name string, v reflect.Value) string {
+	if v.Kind() == reflect.String {
+		switch {
+		case secretField(name) && v.String() != "":
+			return "xxxxx"
+		case strings.HasSuffix(name, "URL"):
+			return redactURL(v.String())
+		}
+	}
+	if secretField(name) && !v.IsZero() {
+		return "xxxxx"
+	}
+	switch x := v.Interface().(type) {
+	case string:
+		return strconv.Quote(x)
+	case []string:
+		return strings.Join(x, ",")
+	case idempotency.OperationTTLs:
+		var entries []string
+		for _, op := range slices.Sorted(maps.Keys(x)) {
+			entries = append(entries, op+":"+x[op].String())
+		}
+		return strings.Join(entries, ",")
+	case time.Duration:
+		return x.String()
+	}
+	return fmt.Sprint(v.Interface())
+}
+
+// secretField reports whether the field name of Settings holds a secret,
+// which is never shown.
+func secretField(name string) bool {
+	n := strings.ToLower(name)
+	return strings.Contains(n, "password") || strings.Contains(n, "secret") || strings.Contains(n, "credential")
+}
+
+// checkServer pings a single server and reports its version. It reports
+// false when the server is unreachable.
+func (a *app) checkServer(ctx context.Context, c *redis.Client, s idempotency.Settings) bool {
+	fmt.Fprintf(a.stdout, "Redis %s:\n", c.Options().Addr)
+	r := probe(ctx, c, s.StorageTimeout)
+	a.printProbe(r, false)
+	if r.err == nil && r.clusterEnabled {
+		fmt.Fprintf(a.stdout, "  WARNING: this server is a Redis Cluster node: set %s_REDIS_CLUSTER_ADDRS, or keys on other nodes fail with MOVED\n", idempotency.EnvPrefix)
+	}
+	return r.err == nil
+}
+
+// checkCluster checks every master of the cluster: reachable, its version,
+// and cluster_state ok as it sees it. It reports false when the cluster's
+// slot map cannot be read or a master fails a check.
+func (a *app) checkCluster(ctx context.Context, c *redis.ClusterClient, s idempotency.Settings) bool {
+	fmt.Fprintf(a.stdout, "Redis Cluster, seeds %s:\n", strings.Join(c.Options().Addrs, ","))
+	// Loading the slot map tries the seeds one after the other; a few
+	// storage timeouts bound it.
+	lctx, cancel := context.WithTimeout(ctx, 3*s.StorageTimeout)
+	defer cancel()
+	if err := c.Ping(lctx).Err(); err != nil {
+		fmt.Fprintf(a.stdout, "  unreachable: %v\n", err)
+		return false
+	}
+	var mu sync.Mutex
+	var probes []probeResult
+	err := c.ForEachMaster(lctx, func(ctx context.Context, node *redis.Client) error {
+		r := probe(ctx, node, s.StorageTimeout)
+		mu.Lock()
+		probes = append(probes, r)
+		mu.Unlock()
+		return r.err
+	})
+	slices.SortFunc(probes, func(x, y probeResult) int { return strings.Compare(x.addr, y.addr) })
+	ok := err == nil && len(probes) > 0
+	for _, r := range probes {
+		a.printProbe(r, true)
+		if r.err == nil && r.clusterState != "ok" {
+			ok = false
+		}
+	}
+	switch {
+	case len(probes) == 0 && err != nil:
+		fmt.Fprintf(a.stdout, "  masters unknown: %v\n", err)
+	case ok:
+		fmt.Fprintf(a.stdout, "  %d masters, every one reachable, cluster_state ok\n", len(probes))
+	}
+	return ok
+}
+
+// probeResult is what probe found out about one server.
+type probeResult struct {
+	addr           string
+	rtt            time.Duration
+	version        string
+	old            bool   // version older than 7.0
+	clusterEnabled bool   // cluster_enabled:1
+	clusterState   string // cluster_state, "" outside a cluster
+	err            error
+}
+
+// probe pings the server of c and reads its version and cluster state, each
+// call within timeout.
+func probe(ctx context.Context, c *redis.Client, timeout time.Duration) probeResult {
+	r := probeResult{addr: c.Options().Addr}
+	pctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	start := time.Now()
+	if err := c.Ping(pctx).Err(); err != nil {
+		r.err = fmt.Errorf("ping: %w", err)
+		return r
+	}
+	r.rtt = time.Since(start)
+	info, err := c.Info(pctx).Result()
+	if err != nil {
+		r.err = fmt.Errorf("info: %w", err)
+		return r
+	}
+	fields := infoFields(info)
+	r.version = fields["redis_version"]
+	r.old = oldRedis(r.version)
+	r.clusterEnabled = fields["cluster_enabled"] == "1"
+	if r.clusterEnabled {
+		ci, err := c.ClusterInfo(pctx).Result()
+		if err != nil {
+			r.err = fmt.Errorf("cluster info: %w", err)
+			return r
+		}
+		r.clusterState = infoFields(ci)["cluster_state"]
+		if r.clusterState == "" {
+			r.err = errors.New("cluster info: no cluster_state")
+		}
+	}
+	return r
+}
+
+// printProbe prints r, a master's with cluster set.
+func (a *app) printProbe(r probeResult, cluster bool) {
+	what := "  server"
+	if cluster {
+		what = "  master " + r.addr
+	}
+	if r.err != nil {
+		fmt.Fprintf(a.stdout, "%s: FAILED: %v\n", what, r.err)
+		return
+	}
+	line := fmt.Sprintf("%s: PONG in %v, redis_version %s", what, r.rtt.Round(time.Microsecond), r.version)
+	if cluster {
+		line += ", cluster_state " + r.clusterState
+	}
+	fmt.Fprintln(a.stdout, line)
+	if r.old {
+		fmt.Fprintf(a.stdout, "  WARNING: %s runs Redis %s: the store needs Redis 7.0 or newer (SET with NX and GET); every call to it will fail with a storage error\n", r.addr, r.version)
+	}
+}
+
+// infoFields returns the "name:value" lines of a reply of INFO or CLUSTER
+// INFO.
+func infoFields(info string) map[string]string {
+	out := map[string]string{}
+	for line := range strings.SplitSeq(info, "\n") {
+		if k, v, ok := strings.Cut(strings.TrimSpace(line), ":"); ok && !strings.HasPrefix(k, "#") {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// oldRedis reports whether version, a redis_version, is older than 7.0,
+// which the store needs. A version it cannot read is not called old.
+func oldRedis(version string) bool {
+	major, _, _ := strings.Cut(version, ".")
+	n, err := strconv.Atoi(major)
+	return err == nil && n < 7
+}

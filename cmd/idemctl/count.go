@@ -1,0 +1,98 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"slices"
+	"text/tabwriter"
+
+	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/redisrepo"
+)
+
+// countEntry is the count of one operation; its JSON form is count -json's.
+type countEntry struct {
+	Operation  string `json:"operation"`
+	Total      int    `json:"total"`
+	Pending    int    `json:"pending"`
+	Completed  int    `json:"completed"`
+	Unreadable int    `json:"unreadable"`
+	Format1    int    `json:"format1"`
+}
+
+// count counts the records per operation and state (Store.Count).
+func (a *app) count(ctx context.Context, args []string) int {
+	fs, o := a.newFlagSet("count", "count [flags] [operation...]")
+	asJSON := fs.Bool("json", false, `print JSON: {"prefix": ..., "operations": [{"operation": ..., "total": ..., ...}]}`)
+	ops, err := parse(fs, o, args)
+	if err != nil {
+		return parseStatus(err)
+	}
+	for _, op := range ops {
+		if err := coordinator.ValidateOperation(op); err != nil {
+			return a.usageError(fs, "%v", err)
+		}
+	}
+	c, err := o.connect(ctx)
+	if err != nil {
+		return a.fail("count", err)
+	}
+	defer c.Close()
+	counts, err := c.store.Count(ctx, ops...)
+	if err != nil {
+		return a.fail("count", err)
+	}
+	entries := countEntries(counts)
+	if *asJSON {
+		enc := json.NewEncoder(a.stdout)
+		enc.SetIndent("", "  ")
+		err := enc.Encode(struct {
+			Prefix     string       `json:"prefix"`
+			Operations []countEntry `json:"operations"`
+		}{c.s.KeyPrefix, entries})
+		if err != nil {
+			return a.fail("count", err)
+		}
+		return exitOK
+	}
+	if len(entries) == 0 {
+		fmt.Fprintf(a.stdout, "no records under prefix %q on %s\n", c.s.KeyPrefix, redisAddr(c.client))
+		return exitOK
+	}
+	w := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "operation\ttotal\tpending\tcompleted\tunreadable\tformat1")
+	var sum countEntry
+	for _, e := range entries {
+		printCount(w, e)
+		sum.Total += e.Total
+		sum.Pending += e.Pending
+		sum.Completed += e.Completed
+		sum.Unreadable += e.Unreadable
+		sum.Format1 += e.Format1
+	}
+	if len(entries) > 1 {
+		sum.Operation = "(all)"
+		printCount(w, sum)
+	}
+	_ = w.Flush()
+	return exitOK
+}
+
+// countEntries returns counts by operation name, sorted.
+func countEntries(counts map[string]redisrepo.Counts) []countEntry {
+	entries := []countEntry{}
+	for _, op := range slices.Sorted(maps.Keys(counts)) {
+		n := counts[op]
+		entries = append(entries, countEntry{
+			Operation: op, Total: n.Total(), Pending: n.Pending, Completed: n.Completed,
+			Unreadable: n.Unreadable, Format1: n.Format1,
+		})
+	}
+	return entries
+}
+
+func printCount(w *tabwriter.Writer, e countEntry) {
+	fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%d\t%d\n", e.Operation, e.Total, e.Pending, e.Completed, e.Unreadable, e.Format1)
+}

@@ -1,0 +1,106 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/idemkit/idempotency/coordinator"
+)
+
+// forgetWarning is said before every forget -all and after every forget.
+const forgetWarning = "A forgotten key lets the next call with it run its action AGAIN (a retried payment is charged twice);\n" +
+	"forgetting a pending key lets a second caller run while the first still runs."
+
+// forget deletes the records of keys (Store.Forget), or, with -all, of every
+// key of an operation (Store.ScanKeys, then Forget), after a confirmation.
+func (a *app) forget(ctx context.Context, args []string) int {
+	fs, o := a.newFlagSet("forget", "forget [flags] <operation> <key>...\n       idemctl forget [flags] -operation <op> -all [-yes]")
+	all := fs.Bool("all", false, "forget every record of the operation (-operation), found with SCAN")
+	operation := fs.String("operation", "", "the `operation` (instead of the first argument)")
+	yes := fs.Bool("yes", false, "with -all: do not ask for a confirmation (required when stdin is not a terminal)")
+	rest, err := parse(fs, o, args)
+	if err != nil {
+		return parseStatus(err)
+	}
+	if *operation == "" && len(rest) > 0 && !*all {
+		*operation, rest = rest[0], rest[1:]
+	}
+	switch {
+	case *all && *operation == "":
+		return a.usageError(fs, "-all needs -operation")
+	case *all && len(rest) > 0:
+		return a.usageError(fs, "-all takes no keys, got %q", rest)
+	case !*all && (*operation == "" || len(rest) == 0):
+		return a.usageError(fs, "want an operation and at least one key, or -operation and -all")
+	case *yes && !*all:
+		return a.usageError(fs, "-yes goes with -all only")
+	}
+	keys, err := parseKeys(*operation, rest)
+	if err != nil {
+		return a.usageError(fs, "%v", err)
+	}
+	c, err := o.connect(ctx)
+	if err != nil {
+		return a.fail("forget", err)
+	}
+	defer c.Close()
+	if *all {
+		return a.forgetAll(ctx, c, *operation, *yes)
+	}
+
+	fctx, cancel := context.WithTimeout(ctx, c.s.StorageTimeout)
+	defer cancel()
+	n, err := c.store.Forget(fctx, keys...)
+	if err != nil {
+		return a.fail("forget", fmt.Errorf("%w (%d forgotten before the error)", err, n))
+	}
+	fmt.Fprintf(a.stdout, "forgot %d of %s of %s (the others were absent)\n", n, plural(len(keys), "key"), *operation)
+	fmt.Fprintln(a.stderr, forgetWarning)
+	return exitOK
+}
+
+// forgetAll forgets every record of operation, after the operator typed the
+// operation's name (or with yes).
+func (a *app) forgetAll(ctx context.Context, c *conn, operation string, yes bool) int {
+	counts, err := c.store.Count(ctx, operation)
+	if err != nil {
+		return a.fail("forget", err)
+	}
+	n := counts[operation]
+	where := fmt.Sprintf("under prefix %q on %s", c.s.KeyPrefix, redisAddr(c.client))
+	if n.Total() == 0 {
+		fmt.Fprintf(a.stdout, "no records of %s %s: nothing to forget\n", operation, where)
+		return exitOK
+	}
+	if !yes {
+		if !a.terminal {
+			fmt.Fprintf(a.stderr, "idemctl forget: refusing to forget %s of %s without -yes: stdin is not a terminal, so nobody can confirm\n", plural(n.Total(), "record"), operation)
+			return exitUsage
+		}
+		fmt.Fprintf(a.stderr, "About to forget %s of %s %s (%d pending, %d completed, %d unreadable).\n%s\nType the operation name (%s) to forget them: ",
+			plural(n.Total(), "record"), operation, where, n.Pending, n.Completed, n.Unreadable, forgetWarning, operation)
+		line, _ := bufio.NewReader(a.stdin).ReadString('\n')
+		if !strings.HasSuffix(line, "\n") {
+			fmt.Fprintln(a.stderr) // end of input: end the prompt's line
+		}
+		if strings.TrimSpace(line) != operation {
+			fmt.Fprintln(a.stderr, "idemctl forget: not confirmed: nothing forgotten")
+			return exitFailure
+		}
+	}
+	forgotten := 0
+	err = c.store.ScanKeys(ctx, operation, func(keys []coordinator.Key) error {
+		fctx, cancel := context.WithTimeout(ctx, c.s.StorageTimeout)
+		defer cancel()
+		n, err := c.store.Forget(fctx, keys...)
+		forgotten += n
+		return err
+	})
+	if err != nil {
+		return a.fail("forget", fmt.Errorf("%w (%d forgotten before the error)", err, forgotten))
+	}
+	fmt.Fprintf(a.stdout, "forgot %s of %s %s\n", plural(forgotten, "record"), operation, where)
+	return exitOK
+}

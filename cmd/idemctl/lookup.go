@@ -1,0 +1,210 @@
+package main
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"time"
+	"unicode/utf8"
+
+	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/redisrepo"
+)
+
+// The encodings of a result: -result-format.
+const (
+	formatAuto   = "auto"   // text if printable UTF-8, else quoted if UTF-8, else base64
+	formatText   = "text"   // as it is when printable, else quoted with Go escapes
+	formatHex    = "hex"    // lowercase hex digits
+	formatBase64 = "base64" // standard base64, padded
+)
+
+// lookupEntry is what lookup reports of one key; its JSON form is lookup
+// -json's.
+type lookupEntry struct {
+	Operation   string     `json:"operation"`
+	Key         string     `json:"key"`
+	RedisKey    string     `json:"redis_key"`
+	State       string     `json:"state"`
+	TTLMillis   *int64     `json:"ttl_ms"` // null when absent, -1 without an expiry
+	CreatedAt   *time.Time `json:"created_at,omitempty"`
+	Fingerprint string     `json:"fingerprint"`
+	ResultSize  int        `json:"result_size"`
+	Token       bool       `json:"token"`
+	// Result and ResultEncoding are there with -result, for a completed
+	// record.
+	Result         *string `json:"result,omitempty"`
+	ResultEncoding string  `json:"result_encoding,omitempty"`
+}
+
+// lookup describes keys of one operation: Store.Inspect, and Store.Get for
+// the owner token and the result.
+func (a *app) lookup(ctx context.Context, args []string) int {
+	fs, o := a.newFlagSet("lookup", "lookup [flags] <operation> <key>...")
+	asJSON := fs.Bool("json", false, "print a JSON array, one object per key")
+	withResult := fs.Bool("result", false, "print the stored result of a completed record too")
+	format := fs.String("result-format", formatAuto, "how to print a result: auto (text if printable UTF-8, else quoted, else base64), text (quoted when not printable), hex or base64")
+	rest, err := parse(fs, o, args)
+	if err != nil {
+		return parseStatus(err)
+	}
+	switch *format {
+	case formatAuto, formatText, formatHex, formatBase64:
+	default:
+		return a.usageError(fs, "-result-format %q: want auto, text, hex or base64", *format)
+	}
+	if len(rest) < 2 {
+		return a.usageError(fs, "want an operation and at least one key")
+	}
+	keys, err := parseKeys(rest[0], rest[1:])
+	if err != nil {
+		return a.usageError(fs, "%v", err)
+	}
+	c, err := o.connect(ctx)
+	if err != nil {
+		return a.fail("lookup", err)
+	}
+	defer c.Close()
+
+	entries, err := c.describe(ctx, keys, *withResult, *format, *asJSON)
+	if err != nil {
+		return a.fail("lookup", err)
+	}
+	if *asJSON {
+		enc := json.NewEncoder(a.stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(entries); err != nil {
+			return a.fail("lookup", err)
+		}
+		return exitOK
+	}
+	for i, e := range entries {
+		if i > 0 {
+			fmt.Fprintln(a.stdout)
+		}
+		a.printEntry(e)
+	}
+	return exitOK
+}
+
+// describe returns the entries of keys: one Inspect for all, and a Get per
+// key for the owner token and the result, each within the storage timeout.
+func (c *conn) describe(ctx context.Context, keys []coordinator.Key, withResult bool, format string, forJSON bool) ([]lookupEntry, error) {
+	ictx, cancel := context.WithTimeout(ctx, c.s.StorageTimeout)
+	infos, err := c.store.Inspect(ictx, keys...)
+	cancel()
+	if err != nil {
+		return nil, err
+	}
+	entries := make([]lookupEntry, len(infos))
+	for i, in := range infos {
+		e := entryOf(in)
+		if in.State == coordinator.StatePending || in.State == coordinator.StateCompleted {
+			gctx, cancel := context.WithTimeout(ctx, c.s.StorageTimeout)
+			rec, err := c.store.Get(gctx, in.Key)
+			cancel()
+			if err != nil {
+				return nil, err
+			}
+			// The record may have changed since Inspect: what Get read
+			// wins for the token and the result.
+			e.Token = rec.Token != ""
+			if withResult && rec.State == coordinator.StateCompleted {
+				text, enc := encodeResult(rec.Result, format, forJSON)
+				e.Result, e.ResultEncoding = &text, enc
+			}
+		}
+		entries[i] = e
+	}
+	return entries, nil
+}
+
+// entryOf returns what Inspect says of one key.
+func entryOf(in redisrepo.Info) lookupEntry {
+	e := lookupEntry{
+		Operation:   in.Key.Operation,
+		Key:         in.Key.Key,
+		RedisKey:    in.RedisKey,
+		State:       in.State.String(),
+		Fingerprint: in.Fingerprint,
+		ResultSize:  in.ResultSize,
+	}
+	if in.State != coordinator.StateAbsent {
+		ms := in.TTL.Milliseconds()
+		if in.TTL < 0 {
+			ms = -1
+		}
+		e.TTLMillis = &ms
+	}
+	if !in.CreatedAt.IsZero() {
+		t := in.CreatedAt.UTC()
+		e.CreatedAt = &t
+	}
+	return e
+}
+
+// printEntry prints e as text, every value from Redis made safe for a
+// terminal.
+func (a *app) printEntry(e lookupEntry) {
+	line := func(label, value string) { fmt.Fprintf(a.stdout, "  %-11s  %s\n", label, value) }
+	fmt.Fprintf(a.stdout, "%s %s\n", e.Operation, e.Key)
+	line("redis key", safe(e.RedisKey))
+	line("state", e.State)
+	if e.State == coordinator.StateAbsent.String() {
+		return
+	}
+	ttl := "none (the key never expires)"
+	if *e.TTLMillis >= 0 {
+		ttl = (time.Duration(*e.TTLMillis) * time.Millisecond).String()
+	}
+	line("ttl", ttl)
+	if e.CreatedAt != nil {
+		line("created", e.CreatedAt.Format(time.RFC3339Nano))
+	}
+	fp := "none"
+	if e.Fingerprint != "" {
+		fp = safe(e.Fingerprint)
+	}
+	line("fingerprint", fp)
+	token := "absent"
+	if e.Token {
+		token = "present"
+	}
+	line("owner token", token)
+	if e.State == coordinator.StateCompleted.String() {
+		line("result size", plural(e.ResultSize, "byte"))
+		if e.Result != nil {
+			line("result", e.ResultEncoding+": "+*e.Result)
+		}
+	}
+}
+
+// encodeResult returns result encoded as format says, and the name of the
+// encoding it used: "text" (as it is), "quoted" (a Go string literal, whose
+// escapes keep control characters off the terminal), "hex" or "base64". For
+// JSON, which escapes what needs it, any UTF-8 is text, and text that is not
+// UTF-8 is base64 (JSON would replace its bytes).
+func encodeResult(result []byte, format string, forJSON bool) (string, string) {
+	s := string(result)
+	switch format {
+	case formatHex:
+		return hex.EncodeToString(result), formatHex
+	case formatBase64:
+		return base64.StdEncoding.EncodeToString(result), formatBase64
+	}
+	valid := utf8.Valid(result)
+	switch {
+	case forJSON && valid:
+		return s, formatText
+	case forJSON:
+		return base64.StdEncoding.EncodeToString(result), formatBase64
+	case printable(s):
+		return s, formatText
+	case format == formatText || valid:
+		return strconv.Quote(s), "quoted"
+	}
+	return base64.StdEncoding.EncodeToString(result), formatBase64
+}

@@ -1,0 +1,305 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/redisrepo"
+)
+
+// Exit statuses.
+const (
+	exitOK      = 0
+	exitFailure = 1 // invalid settings, Redis failed or unreachable, not confirmed
+	exitUsage   = 2 // unknown command, bad flag or argument
+)
+
+const usageText = `idemctl: the operator tool of idemkit's idempotency records in Redis.
+
+Usage:
+  idemctl check [flags]                                  print the settings, check Redis or the Cluster
+  idemctl lookup [flags] <operation> <key>...            describe keys (-json, -result)
+  idemctl forget [flags] <operation> <key>...            forget keys
+  idemctl forget [flags] -operation <op> -all [-yes]     forget every record of an operation
+  idemctl count [flags] [operation...]                   count records per operation and state
+
+It reads the IDEMPOTENCY_* environment variables, as the module does
+(https://github.com/idemkit/idempotency/blob/main/docs/configuration.md).
+Every command takes -redis-url, -cluster-addrs and -key-prefix, which
+override IDEMPOTENCY_REDIS_URL, IDEMPOTENCY_REDIS_CLUSTER_ADDRS and
+IDEMPOTENCY_KEY_PREFIX. Flags may come before or after the arguments; put
+-- before a key that starts with '-'. "idemctl <command> -h" lists a
+command's flags.
+
+A forgotten key lets the next call with it run its action AGAIN.
+
+Exit status: 0 success, 1 failure (invalid settings, Redis unreachable or
+failing, forget not confirmed), 2 usage error.
+`
+
+// app is one run of idemctl: where it reads and writes.
+type app struct {
+	stdin          io.Reader
+	stdout, stderr io.Writer
+	// terminal reports whether stdin is a terminal, where an operator can
+	// confirm a forget -all.
+	terminal bool
+}
+
+// run runs idemctl with args (without the program name) and returns its exit
+// status. It reads the settings from the process's environment
+// (idempotency.LoadSettings), confirmations from stdin, and writes results
+// to stdout and errors, warnings and prompts to stderr.
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	a := &app{stdin: stdin, stdout: stdout, stderr: stderr, terminal: isTerminal(stdin)}
+	return a.run(ctx, args)
+}
+
+func (a *app) run(ctx context.Context, args []string) int {
+	if len(args) == 0 {
+		fmt.Fprint(a.stderr, usageText)
+		return exitUsage
+	}
+	cmd, args := args[0], args[1:]
+	switch cmd {
+	case "check":
+		return a.check(ctx, args)
+	case "lookup":
+		return a.lookup(ctx, args)
+	case "forget":
+		return a.forget(ctx, args)
+	case "count":
+		return a.count(ctx, args)
+	case "help", "-h", "-help", "--help":
+		fmt.Fprint(a.stdout, usageText)
+		return exitOK
+	}
+	fmt.Fprintf(a.stderr, "idemctl: unknown command %q\n\n%s", cmd, usageText)
+	return exitUsage
+}
+
+// isTerminal reports whether r is a terminal: a character device (which
+// /dev/null is too: a prompt then reads nothing, and the operator has not
+// confirmed).
+func isTerminal(r io.Reader) bool {
+	f, ok := r.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
+
+// overrides are the flags every command has, which override variables.
+type overrides struct {
+	redisURL, clusterAddrs, keyPrefix string
+	set                               map[string]bool // by flag name: given on the command line
+}
+
+// newFlagSet returns the flag set of a command, with the overriding flags.
+func (a *app) newFlagSet(name, synopsis string) (*flag.FlagSet, *overrides) {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(a.stderr)
+	o := &overrides{}
+	fs.StringVar(&o.redisURL, "redis-url", "", "Redis `URL`, overriding IDEMPOTENCY_REDIS_URL (a password here is visible to ps: prefer the variable)")
+	fs.StringVar(&o.clusterAddrs, "cluster-addrs", "", "comma-separated Redis Cluster seed `nodes`, overriding IDEMPOTENCY_REDIS_CLUSTER_ADDRS (\"\": a single server)")
+	fs.StringVar(&o.keyPrefix, "key-prefix", "", "key `prefix`, overriding IDEMPOTENCY_KEY_PREFIX")
+	fs.Usage = func() {
+		fmt.Fprintf(a.stderr, "Usage: idemctl %s\n\nFlags:\n", synopsis)
+		fs.PrintDefaults()
+	}
+	return fs, o
+}
+
+// parse parses args with fs, flags and arguments in any order ("--" ends the
+// flags), and returns the arguments. It returns flag.ErrHelp for -h.
+func parse(fs *flag.FlagSet, o *overrides, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if n := len(args) - len(rest); n > 0 && args[n-1] == "--" {
+			pos = append(pos, rest...)
+			break
+		}
+		if len(rest) == 0 {
+			break
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
+	}
+	if o != nil {
+		o.set = map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { o.set[f.Name] = true })
+	}
+	return pos, nil
+}
+
+// parseStatus returns the exit status for an error of parse: exitOK after
+// -h, which printed the usage, else exitUsage (the flag package has printed
+// the error and the usage).
+func parseStatus(err error) int {
+	if errors.Is(err, flag.ErrHelp) {
+		return exitOK
+	}
+	return exitUsage
+}
+
+// usageError prints msg and the command's usage and returns exitUsage.
+func (a *app) usageError(fs *flag.FlagSet, format string, args ...any) int {
+	fmt.Fprintf(a.stderr, "idemctl %s: %s\n", fs.Name(), fmt.Sprintf(format, args...))
+	fs.Usage()
+	return exitUsage
+}
+
+// fail prints err and returns exitFailure.
+func (a *app) fail(cmd string, err error) int {
+	fmt.Fprintf(a.stderr, "idemctl %s: %v\n", cmd, err)
+	return exitFailure
+}
+
+// settings returns the settings from the environment (LoadSettings), with
+// the flags in o applied and validated again. Its errors name the variables
+// (IDEMPOTENCY_REDIS_URL for -redis-url) and never show a password.
+func (o *overrides) settings() (idempotency.Settings, error) {
+	s, err := idempotency.LoadSettings()
+	if err != nil {
+		return s, err
+	}
+	if len(o.set) == 0 {
+		return s, nil
+	}
+	if o.set["redis-url"] {
+		s.RedisURL = o.redisURL
+	}
+	if o.set["cluster-addrs"] {
+		s.RedisClusterAddrs = splitList(o.clusterAddrs)
+	}
+	if o.set["key-prefix"] {
+		s.KeyPrefix = o.keyPrefix
+	}
+	if err := s.Validate(); err != nil {
+		return s, fmt.Errorf("%w\n(-redis-url, -cluster-addrs and -key-prefix stand for the variables they override)", err)
+	}
+	return s, nil
+}
+
+// splitList splits a comma-separated list, trimming spaces around entries
+// and dropping empty ones, as LoadSettings reads
+// IDEMPOTENCY_REDIS_CLUSTER_ADDRS.
+func splitList(s string) []string {
+	var out []string
+	for e := range strings.SplitSeq(s, ",") {
+		if e = strings.TrimSpace(e); e != "" {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// conn is a connection to the Redis of the settings.
+type conn struct {
+	s      idempotency.Settings
+	client redis.UniversalClient
+	store  *redisrepo.Store
+}
+
+// connect loads the settings, builds the client and the store as the module
+// does (idempotency.NewRedisClient, NewStore), and pings Redis within the
+// storage timeout, so that an unreachable Redis fails fast. Close the conn.
+func (o *overrides) connect(ctx context.Context) (*conn, error) {
+	s, err := o.settings()
+	if err != nil {
+		return nil, err
+	}
+	client, err := idempotency.NewRedisClient(s)
+	if err != nil {
+		return nil, err
+	}
+	c := &conn{s: s, client: client, store: idempotency.NewStore(s, client)}
+	pctx, cancel := context.WithTimeout(ctx, s.StorageTimeout)
+	defer cancel()
+	if err := client.Ping(pctx).Err(); err != nil {
+		_ = client.Close()
+		return nil, fmt.Errorf("redis at %s is unreachable: %w", redisAddr(client), err)
+	}
+	return c, nil
+}
+
+func (c *conn) Close() { _ = c.client.Close() }
+
+// redisAddr describes where client points: the address of a single server
+// or the seed nodes of a cluster. It never shows a password.
+func redisAddr(client redis.UniversalClient) string {
+	switch c := client.(type) {
+	case *redis.Client:
+		return c.Options().Addr
+	case *redis.ClusterClient:
+		return "cluster " + strings.Join(c.Options().Addrs, ",")
+	}
+	return fmt.Sprintf("%T", client)
+}
+
+// plural returns "1 record", "2 records".
+func plural(n int, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return fmt.Sprintf("%d %ss", n, what)
+}
+
+// parseKeys returns the keys of operation, or the first error of
+// coordinator.ValidateOperation and ValidateKey.
+func parseKeys(operation string, keys []string) ([]coordinator.Key, error) {
+	if err := coordinator.ValidateOperation(operation); err != nil {
+		return nil, err
+	}
+	out := make([]coordinator.Key, len(keys))
+	for i, k := range keys {
+		if err := coordinator.ValidateKey(k); err != nil {
+			return nil, fmt.Errorf("key %d (%s): %w", i+1, strconv.QuoteToASCII(k), err)
+		}
+		out[i] = coordinator.Key{Operation: operation, Key: k}
+	}
+	return out, nil
+}
+
+// safe returns s as it is when it is printable ASCII, else quoted with Go
+// escapes: what is read from Redis never writes control characters to a
+// terminal.
+func safe(s string) string {
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x20 || s[i] > 0x7e {
+			return strconv.QuoteToASCII(s)
+		}
+	}
+	return s
+}
+
+// printable reports whether s is UTF-8 of printable characters and spaces
+// only: no control characters, no newlines.
+func printable(s string) bool {
+	if !utf8.ValidString(s) {
+		return false
+	}
+	for _, r := range s {
+		if !unicode.IsPrint(r) {
+			return false
+		}
+	}
+	return true
+}
