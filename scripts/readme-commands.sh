@@ -122,7 +122,7 @@ echo ">>> make demo"
 make demo
 
 if [ "${RUN_TESTS:-0}" = 1 ]; then
-	echo ">>> go test -race -count=1 ./..."
-	go test -race -count=1 ./...
+	echo ">>> make test"
+	make test
 fi
 echo ">>> readme-commands: all README commands work"
