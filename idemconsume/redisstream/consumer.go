@@ -39,7 +39,9 @@ var (
 	_ Client = redis.UniversalClient(nil)
 )
 
-// The fields that a dead-lettered entry carries besides its own.
+// The fields that a dead-lettered entry carries besides its own; an
+// entry's own fields that start with "dead-letter-" (an entry dead-lettered
+// before, and published again) are replaced by them.
 const (
 	// FieldDeadID is the dead-lettered entry's ID in its stream.
 	FieldDeadID = "dead-letter-id"
