@@ -279,7 +279,7 @@ func TestForget(t *testing.T) {
 			t.Errorf("forgotten key is %v", st)
 		}
 		r = idemctl(t, b.env, "", false, "forget", op, "k0:*", "k1:*", "k2:*")
-		if r.code != exitOK || !strings.Contains(r.stdout, "forgot 2 of 3 keys") {
+		if r.code != exitOK || !strings.Contains(r.stdout, "forgot 2 of 3 keys of order.create (1 absent)") {
 			t.Errorf("forget three: exit %d\n%s", r.code, r.output())
 		}
 		// A forgotten key runs its action again.
@@ -327,7 +327,7 @@ func TestForget(t *testing.T) {
 		// -yes, no terminal needed; then nothing to forget.
 		recs.completed(op, "again", "", []byte("r"))
 		r = idemctl(t, b.env, "", false, "forget", "-operation", op, "-all", "-yes")
-		if r.code != exitOK || !strings.Contains(r.stdout, "forgot 1 record of order.create") {
+		if r.code != exitOK || !strings.Contains(r.stdout, "forgot 1 record of order.create") || !strings.Contains(r.stderr, "run its action AGAIN") {
 			t.Errorf("forget -all -yes: exit %d\n%s", r.code, r.output())
 		}
 		r = idemctl(t, b.env, "", false, "forget", "-operation", op, "-all", "-yes")

@@ -56,7 +56,7 @@ func (a *app) forget(ctx context.Context, args []string) int {
 	if err != nil {
 		return a.fail("forget", fmt.Errorf("%w (%d forgotten before the error)", err, n))
 	}
-	fmt.Fprintf(a.stdout, "forgot %d of %s of %s (the others were absent)\n", n, plural(len(keys), "key"), *operation)
+	fmt.Fprintf(a.stdout, "forgot %d of %s of %s (%d absent)\n", n, plural(len(keys), "key"), *operation, len(keys)-n)
 	fmt.Fprintln(a.stderr, forgetWarning)
 	return exitOK
 }
@@ -102,5 +102,8 @@ func (a *app) forgetAll(ctx context.Context, c *conn, operation string, yes bool
 		return a.fail("forget", fmt.Errorf("%w (%d forgotten before the error)", err, forgotten))
 	}
 	fmt.Fprintf(a.stdout, "forgot %s of %s %s\n", plural(forgotten, "record"), operation, where)
+	if yes {
+		fmt.Fprintln(a.stderr, forgetWarning)
+	}
 	return exitOK
 }
