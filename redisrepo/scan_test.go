@@ -200,8 +200,10 @@ func TestCount(t *testing.T) {
 		mustReserve(t, s, coordinator.Key{Operation: "o", Key: "pay.charge:k"}, completedWrite(token(), "", []byte("r"), time.Minute))
 		// Not counted: another prefix, and a name that is no record's.
 		mustReserve(t, sibling, next("pay.charge"), pendingWrite(token(), "", time.Minute))
-		if err := c.Set(ctx, prefix+"no-colon", "x", time.Minute).Err(); err != nil {
-			t.Fatal(err)
+		for _, name := range []string{prefix + "no-colon", prefix + "bad op:k", prefix + "op:", prefix + "op:bad key"} {
+			if err := c.Set(ctx, name, "x", time.Minute).Err(); err != nil {
+				t.Fatal(err)
+			}
 		}
 
 		got, err := s.Count(ctx)
@@ -254,6 +256,33 @@ func TestCount(t *testing.T) {
 			}
 		}
 	})
+}
+
+// With an empty prefix every key of the database is walked: a key that
+// looks like a record (operation, colon, key) is counted, as unreadable
+// unless it is one; the rest are skipped. On a server of the test's own, as
+// every key of it is seen.
+func TestCountEmptyPrefix(t *testing.T) {
+	in := redistest.Start(t)
+	c := in.Client(t)
+	ctx := t.Context()
+	s := redisrepo.New(c, redisrepo.WithKeyPrefix(""))
+	mustReserve(t, s, coordinator.Key{Operation: "op", Key: "k:1"}, completedWrite(token(), "", []byte("r"), time.Minute))
+	for _, name := range []string{"session:abc", "plain", "a b:c"} {
+		if err := c.Set(ctx, name, "x", time.Minute).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := s.Count(ctx)
+	want := map[string]redisrepo.Counts{"op": {Completed: 1}, "session": {Unreadable: 1}}
+	if err != nil || !maps.Equal(got, want) {
+		t.Errorf("Count() = %+v, %v; want %+v", got, err, want)
+	}
+	var keys []coordinator.Key
+	if err := s.ScanKeys(ctx, "op", func(ks []coordinator.Key) error { keys = append(keys, ks...); return nil }); err != nil ||
+		!slices.Equal(keys, []coordinator.Key{{Operation: "op", Key: "k:1"}}) {
+		t.Errorf("ScanKeys(op) = %v, %v; want op:k:1", keys, err)
+	}
 }
 
 // An operator forgets every record of an operation, a SCAN reply at a time.
