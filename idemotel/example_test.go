@@ -201,3 +201,16 @@ func ExampleWithTracerProvider() {
 	// idempotency.store get in trace 01000000000000000000000000000000
 	// POST /charges in trace 01000000000000000000000000000000
 }
+
+// Options can be collected before New, e.g. from an app's configuration.
+func ExampleOption() {
+	storeSpans := true // say, from a flag
+	opts := []idemotel.Option{idemotel.WithKeyHash(true)}
+	if storeSpans {
+		opts = append(opts, idemotel.WithStoreSpans(true))
+	}
+	var obs coordinator.Observer = idemotel.New(opts...)
+	fmt.Printf("%T\n", obs)
+	// Output:
+	// *idemotel.Observer
+}

@@ -70,17 +70,17 @@ func (o *Observer) Observe(ctx context.Context, e coordinator.Event) {
 	}
 	switch e.Kind {
 	case coordinator.EventHit:
-		o.outcome(span, attrs, "hit", true)
+		setOutcome(span, attrs, "hit", true)
 		span.AddEvent(eventHit, trace.WithAttributes(attrs...))
 	case coordinator.EventMiss:
-		o.outcome(span, attrs, "miss", false)
+		setOutcome(span, attrs, "miss", false)
 		span.AddEvent(eventMiss, trace.WithAttributes(attrs...))
 	case coordinator.EventInFlight:
-		o.outcome(span, attrs, "in_flight", false)
+		setOutcome(span, attrs, "in_flight", false)
 		attrs = append(attrs, keyInFlightMode.String(e.Mode.String()))
 		span.AddEvent(eventInFlight, trace.WithAttributes(attrs...))
 	case coordinator.EventUnprotected:
-		o.outcome(span, attrs, "unprotected", false)
+		setOutcome(span, attrs, "unprotected", false)
 		attrs = append(attrs, keyMethod.String(string(e.Method)))
 		span.AddEvent(eventUnprotected, trace.WithAttributes(attrs...))
 	case coordinator.EventWaited:
@@ -111,9 +111,9 @@ func (o *Observer) Observe(ctx context.Context, e coordinator.Event) {
 	}
 }
 
-// outcome sets the attributes of the event that decides, for now, how the
+// setOutcome sets the attributes of the event that decides, for now, how the
 // call ends: a later one replaces them (a waiter's in_flight by hit or miss).
-func (o *Observer) outcome(span trace.Span, attrs []attribute.KeyValue, outcome string, replayed bool) {
+func setOutcome(span trace.Span, attrs []attribute.KeyValue, outcome string, replayed bool) {
 	var buf [4]attribute.KeyValue
 	span.SetAttributes(append(append(buf[:0], attrs...), keyOutcome.String(outcome), keyReplayed.Bool(replayed))...)
 }
