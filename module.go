@@ -5,10 +5,12 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/fx"
 	"go.uber.org/zap"
 
 	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/idemotel"
 	"github.com/idemkit/idempotency/observability"
 	"github.com/idemkit/idempotency/redisrepo"
 )
@@ -56,9 +58,18 @@ const ObserversGroup = "idempotency.observers"
 //
 //	fx.New(idempotency.Module, fx.Supply(zap.NewNop()), ...)
 //
+// When the graph has a trace.TracerProvider, Module also records every call
+// on the OpenTelemetry span of its context, as events and attributes
+// (package idemotel; NewTracingObserver), unless IDEMPOTENCY_TRACING_ENABLED
+// is false. Without one, it does nothing about tracing.
+//
 // Note that fx matches types exactly: an app that provides a
 // *prometheus.Registry must also provide it as a prometheus.Registerer
-// (fx.As) for Module to find it.
+// (fx.As) for Module to find it, and an app that provides the SDK's
+// *sdktrace.TracerProvider must also provide it as a trace.TracerProvider:
+//
+//	fx.Provide(fx.Annotate(newTracerProvider, fx.As(fx.Self()), fx.As(new(trace.TracerProvider))))
+//
 // Building Module in many apps in one process (one fxtest app per test) is
 // fine: metrics registered by an earlier app are reused, not registered
 // twice.
@@ -225,6 +236,7 @@ type observerParams struct {
 	Settings   Settings
 	Logger     moduleLogger
 	Registerer prometheus.Registerer  `optional:"true"`
+	Tracing    trace.TracerProvider   `optional:"true"`
 	Extra      []coordinator.Observer `group:"idempotency.observers"`
 }
 
@@ -233,7 +245,26 @@ func provideObserver(p observerParams) (coordinator.Observer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return observability.Multi(append([]coordinator.Observer{obs}, p.Extra...)...), nil
+	list := []coordinator.Observer{obs}
+	if p.Tracing != nil && p.Settings.TracingEnabled {
+		list = append(list, NewTracingObserver(p.Settings, p.Tracing))
+	}
+	return observability.Multi(append(list, p.Extra...)...), nil
+}
+
+// NewTracingObserver returns the Observer that records calls on the
+// OpenTelemetry span of their context, as Module adds it when the graph has
+// a trace.TracerProvider: idemotel.New with tp for its spans, and with the
+// key's hash on spans unless IDEMPOTENCY_LOG_KEYS is omitted (keys appear in
+// spans only as a hash, whatever the mode). It does not look at
+// TracingEnabled: Module does. Store spans are off; for them, set
+// TracingEnabled to false and add idemotel.New(idemotel.WithStoreSpans(true))
+// to ObserversGroup.
+func NewTracingObserver(s Settings, tp trace.TracerProvider) *idemotel.Observer {
+	return idemotel.New(
+		idemotel.WithTracerProvider(tp),
+		idemotel.WithKeyHash(s.LogKeys != observability.LogKeysOmitted),
+	)
 }
 
 type coordinatorParams struct {

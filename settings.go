@@ -148,6 +148,12 @@ type Settings struct {
 	// Prometheus name without colons ([a-zA-Z_][a-zA-Z0-9_]*).
 	MetricsNamespace string `split_words:"true" default:"" desc:"prefix of every metric name, e.g. shop gives shop_idempotency_..."`
 
+	// TracingEnabled (TRACING_ENABLED, default true) records every call on
+	// the OpenTelemetry span of its context (package idemotel) when the
+	// app's graph provides a trace.TracerProvider to Module; false turns
+	// that off. Without a provider it has no effect.
+	TracingEnabled bool `split_words:"true" default:"true" desc:"record each call on its OpenTelemetry span when the app provides a trace.TracerProvider"`
+
 	// LogKeys (LOG_KEYS, default hashed) is how idempotency keys appear in
 	// log lines: hashed (a digest that correlates the lines of one key
 	// without writing it), plain, or omitted. Empty means hashed. Keys may
@@ -173,6 +179,7 @@ func DefaultSettings() Settings {
 		StorageTimeout: coordinator.DefaultStorageTimeout,
 		MaxResultBytes: coordinator.DefaultMaxResultBytes,
 		MetricsEnabled: true,
+		TracingEnabled: true,
 		LogKeys:        observability.LogKeysHashed,
 	}
 }

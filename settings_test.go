@@ -39,6 +39,7 @@ func contractDefaults() idempotency.Settings {
 		StorageTimeout:    time.Second,
 		MaxResultBytes:    1048576,
 		MetricsEnabled:    true,
+		TracingEnabled:    true,
 		LogKeys:           "hashed",
 	}
 }
@@ -309,6 +310,7 @@ func TestLoadSettings(t *testing.T) {
 				"IDEMPOTENCY_MAX_RESULT_BYTES":    "4096",
 				"IDEMPOTENCY_METRICS_ENABLED":     "false",
 				"IDEMPOTENCY_METRICS_NAMESPACE":   "shop",
+				"IDEMPOTENCY_TRACING_ENABLED":     "false",
 				"IDEMPOTENCY_LOG_KEYS":            "omitted",
 			},
 			want: func(s *idempotency.Settings) {
@@ -333,6 +335,7 @@ func TestLoadSettings(t *testing.T) {
 					MaxResultBytes:    4096,
 					MetricsEnabled:    false,
 					MetricsNamespace:  "shop",
+					TracingEnabled:    false,
 					LogKeys:           observability.LogKeysOmitted,
 				}
 			},
