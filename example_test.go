@@ -6,6 +6,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/fx"
+	"go.uber.org/zap"
 
 	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/coordinator"
@@ -99,4 +100,38 @@ func ExampleOverrideSettingsWith() {
 	}
 	fmt.Println(s.KeyPrefix)
 	// Output: shop:idempotency:
+}
+
+// Redis Sentinel from the settings: IDEMPOTENCY_REDIS_SENTINEL_MASTER and
+// IDEMPOTENCY_REDIS_SENTINEL_ADDRS, set here in code. The URL still gives the
+// master's password and database; its host is ignored. NewRedisClient does
+// not connect.
+func ExampleNewRedisClient_sentinel() {
+	s := idempotency.DefaultSettings() // an app: idempotency.LoadSettings()
+	s.RedisURL = "redis://:master-password@ignored/2"
+	s.RedisSentinelMaster = "payments"
+	s.RedisSentinelAddrs = []string{"sentinel-a:26379", "sentinel-b:26379", "sentinel-c:26379"}
+	client, err := idempotency.NewRedisClient(s)
+	if err != nil {
+		panic(err)
+	}
+	defer client.Close()
+	o := client.(*redis.Client).Options() // a failover client: it follows the sentinels
+	fmt.Println(o.Addr, "db", o.DB)
+	// Output: FailoverClient db 2
+}
+
+// go-redis's own log lines through a zap logger, as Module does on start
+// (IDEMPOTENCY_REDIS_LOGS=zap), for an app that uses the library without
+// fx. This example is compiled but not run: go-redis logs only when it has
+// something to say, such as a failed dial.
+func ExampleSetRedisLogger() {
+	logger, _ := zap.NewProduction()
+	detach, err := idempotency.SetRedisLogger(idempotency.RedisLogsZap, logger)
+	if err != nil {
+		panic(err)
+	}
+	defer detach() // before the logger is closed: lines go back to standard error
+	// ... every go-redis client of the process now logs through logger,
+	// named "go-redis".
 }

@@ -13,6 +13,9 @@ var (
 	LoadEnv = loadEnv
 	// OldRedis is oldRedis: whether INFO server names a Redis before 7.0.
 	OldRedis = oldRedis
+	// FailureLine is failureLine: whether a go-redis log line reports a
+	// failure (logged at Warn).
+	FailureLine = failureLine
 )
 
 // ObserverOptions is observerOptions: the observability options that carry s.

@@ -58,6 +58,10 @@ const ObserversGroup = "idempotency.observers"
 //
 //	fx.New(idempotency.Module, fx.Supply(zap.NewNop()), ...)
 //
+// On start it also sends go-redis's own log lines, which go-redis prints to
+// standard error unstructured, to that logger (IDEMPOTENCY_REDIS_LOGS,
+// SetRedisLogger), until it stops: go-redis has one logger per process.
+//
 // When the graph has a trace.TracerProvider, Module also records every call
 // on the OpenTelemetry span of its context, as events and attributes
 // (package idemotel; NewTracingObserver), unless IDEMPOTENCY_TRACING_ENABLED
@@ -172,15 +176,33 @@ type moduleLogger struct{ *zap.Logger }
 type loggerParams struct {
 	fx.In
 
-	Logger *zap.Logger `optional:"true"`
+	Lifecycle fx.Lifecycle
+	Settings  Settings
+	Logger    *zap.Logger `optional:"true"`
 }
 
 func provideLogger(p loggerParams) (moduleLogger, error) {
-	if p.Logger != nil {
-		return moduleLogger{p.Logger}, nil
+	logger := p.Logger
+	if logger == nil {
+		var err error
+		if logger, err = newStderrLogger(); err != nil {
+			return moduleLogger{}, err
+		}
 	}
-	logger, err := newStderrLogger()
-	return moduleLogger{logger}, err
+	// go-redis's logger is the process's, so it is set on start, not when
+	// the graph is built; first, so that the start-up ping's lines go there.
+	var detach func()
+	p.Lifecycle.Append(fx.Hook{
+		OnStart: func(context.Context) (err error) {
+			detach, err = SetRedisLogger(p.Settings.RedisLogs, logger)
+			return err
+		},
+		OnStop: func(context.Context) error {
+			detach()
+			return nil
+		},
+	})
+	return moduleLogger{logger}, nil
 }
 
 type storeParams struct {

@@ -27,9 +27,13 @@ import (
 
 // NewRedisClient returns the Redis client the settings describe, without
 // connecting: a *redis.ClusterClient over RedisClusterAddrs when that is set,
-// else a *redis.Client for RedisURL. In cluster mode the user name, password,
-// TLS (rediss://) and every query option of RedisURL apply to every node, its
-// host is ignored, and its database must be 0 (a cluster has no other). The
+// a failover *redis.Client (redis.NewFailoverClient) for the master that
+// RedisSentinelMaster names when that is set, else a *redis.Client for
+// RedisURL. In cluster mode the user name, password, TLS (rediss://) and
+// every query option of RedisURL apply to every node, its host is ignored,
+// and its database must be 0 (a cluster has no other). With Sentinel they
+// apply to the master the sentinels name, the database too, and the host is
+// ignored; the client follows the sentinels' failovers. The
 // client fails fast when Redis is down (one dial attempt per connection, a
 // dial timeout of at most IDEMPOTENCY_STORAGE_TIMEOUT) and honours context
 // deadlines (ContextTimeoutEnabled), so the storage timeout bounds every call.
@@ -41,12 +45,14 @@ import (
 //
 // It returns an error naming IDEMPOTENCY_REDIS_URL, and no client, when the
 // URL is invalid, or, in cluster mode, sets a database other than 0 or a
-// query option that a cluster client would ignore. The error never shows the
-// user name or password, nor any part of them.
+// query option that a cluster client would ignore (a failover client's
+// likewise), and an error naming the REDIS_SENTINEL_* variable that is
+// missing or conflicting. The error never shows the user name or password,
+// nor any part of them.
 func NewRedisClient(s Settings) (redis.UniversalClient, error) {
-	cluster := len(s.RedisClusterAddrs) > 0
+	top := s.topology()
 	// The same check as Settings.Validate.
-	opts, err := parseRedisURL(s.RedisURL, cluster)
+	opts, err := parseRedisURL(s.RedisURL, top)
 	if err != nil {
 		return nil, fmt.Errorf("%s_REDIS_URL: %w", EnvPrefix, err)
 	}
@@ -78,10 +84,68 @@ func NewRedisClient(s Settings) (redis.UniversalClient, error) {
 			opts.WriteTimeout = s.StorageTimeout
 		}
 	}
-	if !cluster {
-		return redis.NewClient(opts), nil
+	switch top {
+	case topologyCluster:
+		return redis.NewClusterClient(clusterOptions(opts, s.RedisClusterAddrs)), nil
+	case topologySentinel:
+		if errs := s.sentinelErrors(); len(errs) > 0 {
+			// The sentinel variables' own checks (Validate's): go-redis
+			// would take an empty list of sentinels, and fail every call.
+			return nil, invalidSettings(errs)
+		}
+		return redis.NewFailoverClient(failoverOptions(opts, s)), nil
 	}
-	return redis.NewClusterClient(clusterOptions(opts, s.RedisClusterAddrs)), nil
+	return redis.NewClient(opts), nil
+}
+
+// failoverOptions returns the options of a failover client for the master
+// that s.RedisSentinelMaster names, through the sentinels of
+// s.RedisSentinelAddrs, that carry every field of o that redis.ParseURL sets
+// but the server's address (parseRedisURL refuses the query options it would
+// drop).
+func failoverOptions(o *redis.Options, s Settings) *redis.FailoverOptions {
+	c := clusterOptions(o, nil)
+	return &redis.FailoverOptions{
+		MasterName:       s.RedisSentinelMaster,
+		SentinelAddrs:    s.RedisSentinelAddrs,
+		SentinelPassword: s.RedisSentinelPassword,
+
+		Username: o.Username,
+		Password: o.Password,
+		DB:       o.DB,
+		// redis.ParseURL names the URL's host as the TLS server; the master
+		// is whichever server the sentinels name, verified under its own
+		// name (clusterOptions clears it).
+		TLSConfig: c.TLSConfig,
+
+		Protocol:   o.Protocol,
+		ClientName: o.ClientName,
+
+		MaxRetries:      o.MaxRetries,
+		MinRetryBackoff: o.MinRetryBackoff,
+		MaxRetryBackoff: o.MaxRetryBackoff,
+
+		DialTimeout:           o.DialTimeout,
+		DialerRetries:         o.DialerRetries,
+		ReadTimeout:           o.ReadTimeout,
+		WriteTimeout:          o.WriteTimeout,
+		ContextTimeoutEnabled: o.ContextTimeoutEnabled,
+
+		PoolFIFO:              o.PoolFIFO,
+		PoolSize:              o.PoolSize,
+		PoolTimeout:           o.PoolTimeout,
+		MaxConcurrentDials:    o.MaxConcurrentDials,
+		MinIdleConns:          o.MinIdleConns,
+		MaxIdleConns:          o.MaxIdleConns,
+		MaxActiveConns:        o.MaxActiveConns,
+		ConnMaxIdleTime:       o.ConnMaxIdleTime,
+		ConnMaxLifetime:       o.ConnMaxLifetime,
+		ConnMaxLifetimeJitter: o.ConnMaxLifetimeJitter,
+
+		PipelinePoolSize:        o.PipelinePoolSize,
+		PipelineReadBufferSize:  o.PipelineReadBufferSize,
+		PipelineWriteBufferSize: o.PipelineWriteBufferSize,
+	}
 }
 
 // clusterOptions returns the options of a cluster client over addrs that
@@ -147,10 +211,15 @@ func clusterOptions(o *redis.Options, addrs []string) *redis.ClusterOptions {
 const clusterStateReloadInterval = time.Second
 
 // redisAddr describes where client points, for log lines: the address of a
-// single server or the seed nodes of a cluster. It never includes a password.
-func redisAddr(client redis.UniversalClient) string {
+// single server, the seed nodes of a cluster, or the master a failover client
+// asks the sentinels for (s names them: go-redis's options of a failover
+// client do not). It never includes a password.
+func redisAddr(client redis.UniversalClient, s Settings) string {
 	switch c := client.(type) {
 	case *redis.Client:
+		if s.topology() == topologySentinel {
+			return fmt.Sprintf("sentinel master %s via %s", s.RedisSentinelMaster, strings.Join(s.RedisSentinelAddrs, ","))
+		}
 		return c.Options().Addr
 	case *redis.ClusterClient:
 		return strings.Join(c.Options().Addrs, ",")
@@ -411,16 +480,16 @@ func ping(ctx context.Context, client redis.UniversalClient, store *redisrepo.St
 	defer cancel()
 	if err := client.Ping(ctx).Err(); err != nil {
 		logger.Warn("idempotency: redis is unreachable at start-up; calls follow IDEMPOTENCY_ON_STORAGE_ERROR until it is back",
-			zap.String("redis_addr", redisAddr(client)),
+			zap.String("redis_addr", redisAddr(client, s)),
 			zap.Stringer("on_storage_error", s.OnStorageError),
 			zap.Error(fmt.Errorf("ping redis: %w", err)))
 		return
 	}
-	logger.Info("idempotency: redis is reachable", zap.String("redis_addr", redisAddr(client)))
+	logger.Info("idempotency: redis is reachable", zap.String("redis_addr", redisAddr(client, s)))
 	if info, err := client.Info(ctx, "server").Result(); err == nil {
 		if version, old := oldRedis(info); old {
 			logger.Warn("idempotency: the store needs Redis 7.0 or newer (SET with NX and GET); every call to this server will fail with a storage error",
-				zap.String("redis_addr", redisAddr(client)), zap.String("redis_version", version))
+				zap.String("redis_addr", redisAddr(client, s)), zap.String("redis_version", version))
 		}
 	}
 	// The scripts of the rare paths (heals, format 1 records, the operator
@@ -428,7 +497,7 @@ func ping(ctx context.Context, client redis.UniversalClient, store *redisrepo.St
 	// need no script cache.
 	if err := store.LoadScripts(ctx); err != nil {
 		logger.Warn("idempotency: could not load the store's scripts at start-up; each loads at its first use",
-			zap.String("redis_addr", redisAddr(client)), zap.Error(err))
+			zap.String("redis_addr", redisAddr(client, s)), zap.Error(err))
 	}
 }
 

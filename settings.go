@@ -59,6 +59,28 @@ type Settings struct {
 	// ones.
 	RedisClusterAddrs []string `split_words:"true" default:"" desc:"comma-separated host:port seed nodes of a Redis Cluster; set: a cluster client is used"`
 
+	// RedisSentinelMaster (REDIS_SENTINEL_MASTER, default empty) is the
+	// name under which Redis Sentinel monitors the master. When it is set, a
+	// failover client is used instead of the single server in RedisURL: it
+	// asks the sentinels of RedisSentinelAddrs for the master's address, and
+	// follows a failover when they announce one. The user, password,
+	// database, TLS and query options of RedisURL then apply to the master
+	// (and its replicas), and its host is ignored. It cannot be combined with
+	// RedisClusterAddrs.
+	RedisSentinelMaster string `split_words:"true" default:"" desc:"name of the master that Redis Sentinel monitors; set: a failover client asks IDEMPOTENCY_REDIS_SENTINEL_ADDRS for it"`
+
+	// RedisSentinelAddrs (REDIS_SENTINEL_ADDRS, default empty) lists the
+	// host:port addresses of the sentinels, comma-separated; required with
+	// RedisSentinelMaster, and refused without it. LoadSettings trims spaces
+	// around entries and drops empty ones.
+	RedisSentinelAddrs []string `split_words:"true" default:"" desc:"comma-separated host:port addresses of the sentinels (with IDEMPOTENCY_REDIS_SENTINEL_MASTER)"`
+
+	// RedisSentinelPassword (REDIS_SENTINEL_PASSWORD, default empty) is the
+	// password of the sentinels themselves (their requirepass), if they have
+	// one; the master's is RedisURL's. String and the start-up logs never
+	// show it.
+	RedisSentinelPassword string `split_words:"true" default:"" desc:"password of the sentinels (their requirepass), if any; the master's password is in IDEMPOTENCY_REDIS_URL"`
+
 	// RedisAutoPipeline (REDIS_AUTO_PIPELINE, default false) sends the
 	// store's commands through the Redis client's go-redis AutoPipeliner,
 	// which batches the commands of concurrent callers into pipelines: more
@@ -159,6 +181,13 @@ type Settings struct {
 	// without writing it), plain, or omitted. Empty means hashed. Keys may
 	// carry user or tenant identifiers, hence the default.
 	LogKeys observability.LogKeysMode `split_words:"true" default:"hashed" desc:"how keys appear in log lines: hashed, plain or omitted (empty: hashed)"`
+
+	// RedisLogs (REDIS_LOGS, default zap) is where go-redis's own log lines
+	// go: zap, the module's logger; off, nowhere; keep, wherever go-redis's
+	// logger points already (its default is standard error, unstructured).
+	// go-redis has one logger per process, so this applies to every go-redis
+	// client in it (RedisLogsMode). Empty means zap.
+	RedisLogs RedisLogsMode `split_words:"true" default:"zap" desc:"where go-redis's own log lines go: zap (the module's logger), off, or keep (leave go-redis's logger alone) (empty: zap)"`
 }
 
 // DefaultSettings returns the documented defaults: what LoadSettings returns
@@ -181,15 +210,19 @@ func DefaultSettings() Settings {
 		MetricsEnabled: true,
 		TracingEnabled: true,
 		LogKeys:        observability.LogKeysHashed,
+		RedisLogs:      RedisLogsZap,
 	}
 }
 
-// String returns s as fmt's %+v would, with the password in RedisURL
-// replaced by "xxxxx", so that Settings can be logged.
+// String returns s as fmt's %+v would, with the password in RedisURL and
+// RedisSentinelPassword replaced by "xxxxx", so that Settings can be logged.
 func (s Settings) String() string {
 	type fields Settings // without this String method
 	f := fields(s)
 	f.RedisURL = redactURL(s.RedisURL)
+	if f.RedisSentinelPassword != "" {
+		f.RedisSentinelPassword = "xxxxx"
+	}
 	return fmt.Sprintf("%+v", f)
 }
 
@@ -249,6 +282,7 @@ func loadEnv() (Settings, error) {
 		return Settings{}, invalidSettings(errs)
 	}
 	s.RedisClusterAddrs = splitList(s.RedisClusterAddrs)
+	s.RedisSentinelAddrs = splitList(s.RedisSentinelAddrs)
 	if s.RedisURL == "" {
 		// Set but empty (an unset Helm value, say) means the default, as it
 		// does for the modes.
@@ -380,7 +414,7 @@ func (s Settings) Validate() error {
 	bad := func(name string, err error) {
 		errs = append(errs, fmt.Errorf("%s_%s: %w", EnvPrefix, name, err))
 	}
-	if err := validateRedisURL(s.RedisURL, len(s.RedisClusterAddrs) > 0); err != nil {
+	if err := validateRedisURL(s.RedisURL, s.topology()); err != nil {
 		bad("REDIS_URL", err)
 	}
 	for _, addr := range s.RedisClusterAddrs {
@@ -388,6 +422,7 @@ func (s Settings) Validate() error {
 			bad("REDIS_CLUSTER_ADDRS", fmt.Errorf("entry %q: %w", addr, err))
 		}
 	}
+	errs = append(errs, s.sentinelErrors()...)
 	if s.RecordFormat != int(redisrepo.Format1) && s.RecordFormat != int(redisrepo.Format2) {
 		bad("RECORD_FORMAT", fmt.Errorf("must be 1 or 2, got %d", s.RecordFormat))
 	}
@@ -409,6 +444,31 @@ func (s Settings) Validate() error {
 		return invalidSettings(errs)
 	}
 	return nil
+}
+
+// sentinelErrors returns what is wrong with the REDIS_SENTINEL_* variables,
+// each error naming its variable.
+func (s Settings) sentinelErrors() []error {
+	var errs []error
+	bad := func(name string, err error) {
+		errs = append(errs, fmt.Errorf("%s_%s: %w", EnvPrefix, name, err))
+	}
+	for _, addr := range s.RedisSentinelAddrs {
+		if err := validateHostPort(addr); err != nil {
+			bad("REDIS_SENTINEL_ADDRS", fmt.Errorf("entry %q: %w", addr, err))
+		}
+	}
+	switch sentinel := s.RedisSentinelMaster != ""; {
+	case sentinel && len(s.RedisClusterAddrs) > 0:
+		bad("REDIS_SENTINEL_MASTER", fmt.Errorf("cannot be combined with %s_REDIS_CLUSTER_ADDRS: set one of them (a cluster fails over by itself)", EnvPrefix))
+	case sentinel && len(s.RedisSentinelAddrs) == 0:
+		bad("REDIS_SENTINEL_ADDRS", fmt.Errorf("is empty but %s_REDIS_SENTINEL_MASTER is set: list the sentinels, host:port,host:port", EnvPrefix))
+	case !sentinel && len(s.RedisSentinelAddrs) > 0:
+		bad("REDIS_SENTINEL_MASTER", fmt.Errorf("is empty but %s_REDIS_SENTINEL_ADDRS is set: name the master the sentinels monitor", EnvPrefix))
+	case !sentinel && s.RedisSentinelPassword != "":
+		bad("REDIS_SENTINEL_PASSWORD", fmt.Errorf("is set but %s_REDIS_SENTINEL_MASTER is not: it is the sentinels' password", EnvPrefix))
+	}
+	return errs
 }
 
 // optionVariables names the variable behind each option that Settings sets,
@@ -490,25 +550,46 @@ func optionErrors(err error) []error {
 	return out
 }
 
+// topology says what kind of client the settings describe.
+type topology int
+
+const (
+	topologyServer   topology = iota // one server: RedisURL
+	topologyCluster                  // RedisClusterAddrs is set
+	topologySentinel                 // RedisSentinelMaster is set
+)
+
+func (s Settings) topology() topology {
+	switch {
+	case len(s.RedisClusterAddrs) > 0:
+		return topologyCluster
+	case s.RedisSentinelMaster != "":
+		return topologySentinel
+	}
+	return topologyServer
+}
+
 // validateRedisURL returns the error parseRedisURL returns for raw, if any.
-func validateRedisURL(raw string, cluster bool) error {
-	_, err := parseRedisURL(raw, cluster)
+func validateRedisURL(raw string, top topology) error {
+	_, err := parseRedisURL(raw, top)
 	return err
 }
 
 // parseRedisURL returns the go-redis options of raw: a redis:// or rediss://
-// URL that redis.ParseURL accepts. With cluster set (IDEMPOTENCY_REDIS_CLUSTER_ADDRS
-// is), it also refuses what a cluster client would ignore: a database other
-// than 0, and a query option that clusterOptions does not carry over (none in
-// go-redis v9.23; the check keeps a later go-redis's new option from being
-// dropped without a word).
+// URL that redis.ParseURL accepts. For a cluster (IDEMPOTENCY_REDIS_CLUSTER_ADDRS
+// is set), it also refuses what a cluster client would ignore: a database
+// other than 0, and a query option that clusterOptions does not carry over
+// (none in go-redis v9.23; the check keeps a later go-redis's new option from
+// being dropped without a word). For a failover client
+// (IDEMPOTENCY_REDIS_SENTINEL_MASTER is set), it refuses a query option that
+// failoverOptions does not carry over, on the same grounds.
 //
 // Its messages never show the user name or the password, nor any part of
 // them: they do not quote the URL, a URL whose user information cannot be
 // located is refused with a fixed message, and a message that would quote
 // three bytes in a row of it (from url.Parse or go-redis, or a value taken
 // from the URL) is replaced by a fixed one.
-func parseRedisURL(raw string, cluster bool) (*redis.Options, error) {
+func parseRedisURL(raw string, top topology) (*redis.Options, error) {
 	info, clear := userinfo(raw)
 	if info != "" && !clear {
 		return nil, errors.New("the user name and password cannot be told apart from the rest of the URL, so it is not shown: " +
@@ -557,7 +638,15 @@ func parseRedisURL(raw string, cluster bool) (*redis.Options, error) {
 	if opts.DB < 0 {
 		return nil, hide(fmt.Errorf("database number must not be negative, got %d", opts.DB), strconv.Itoa(opts.DB))
 	}
-	if !cluster {
+	switch top {
+	case topologyServer:
+		return opts, nil
+	case topologySentinel:
+		for _, name := range slices.Sorted(maps.Keys(u.Query())) {
+			if name != "db" && !appliesToCluster(name) {
+				return nil, hide(fmt.Errorf("query option %s has no effect on a failover client (%s_REDIS_SENTINEL_MASTER is set)", name, EnvPrefix), name)
+			}
+		}
 		return opts, nil
 	}
 	if opts.DB != 0 {

@@ -41,6 +41,7 @@ func contractDefaults() idempotency.Settings {
 		MetricsEnabled:    true,
 		TracingEnabled:    true,
 		LogKeys:           "hashed",
+		RedisLogs:         "zap",
 	}
 }
 
@@ -126,6 +127,43 @@ func TestLoadSettings(t *testing.T) {
 		{name: "REDIS_CLUSTER_ADDRS missing host", env: env("REDIS_CLUSTER_ADDRS", ":7000"), wantErr: []string{`IDEMPOTENCY_REDIS_CLUSTER_ADDRS: entry ":7000": want host:port with a host`}},
 		{name: "REDIS_CLUSTER_ADDRS bad port", env: env("REDIS_CLUSTER_ADDRS", "node-a:http"), wantErr: []string{`IDEMPOTENCY_REDIS_CLUSTER_ADDRS: entry "node-a:http": port "http" is not a number from 1 to 65535`}},
 		{name: "REDIS_CLUSTER_ADDRS port 0", env: env("REDIS_CLUSTER_ADDRS", "node-a:0"), wantErr: []string{`IDEMPOTENCY_REDIS_CLUSTER_ADDRS: entry "node-a:0": port "0"`}},
+
+		// REDIS_SENTINEL_*
+		{
+			name: "REDIS_SENTINEL master and sentinels",
+			env:  env("REDIS_SENTINEL_MASTER", "mymaster", "REDIS_SENTINEL_ADDRS", " sentinel-a:26379, ,10.0.0.3:26379 ", "REDIS_SENTINEL_PASSWORD", "s3cret"),
+			want: func(s *idempotency.Settings) {
+				s.RedisSentinelMaster, s.RedisSentinelAddrs = "mymaster", []string{"sentinel-a:26379", "10.0.0.3:26379"}
+				s.RedisSentinelPassword = "s3cret"
+			},
+		},
+		{
+			name: "REDIS_SENTINEL with a database and options",
+			env:  env("REDIS_SENTINEL_MASTER", "mymaster", "REDIS_SENTINEL_ADDRS", "sentinel-a:26379", "REDIS_URL", "redis://:pw@ignored:1/3?pool_size=5"),
+			want: func(s *idempotency.Settings) {
+				s.RedisSentinelMaster, s.RedisSentinelAddrs = "mymaster", []string{"sentinel-a:26379"}
+				s.RedisURL = "redis://:pw@ignored:1/3?pool_size=5"
+			},
+		},
+		{name: "REDIS_SENTINEL_MASTER without sentinels", env: env("REDIS_SENTINEL_MASTER", "mymaster"), wantErr: []string{"IDEMPOTENCY_REDIS_SENTINEL_ADDRS: is empty but IDEMPOTENCY_REDIS_SENTINEL_MASTER is set: list the sentinels, host:port,host:port"}},
+		{name: "REDIS_SENTINEL_ADDRS without a master", env: env("REDIS_SENTINEL_ADDRS", "sentinel-a:26379"), wantErr: []string{"IDEMPOTENCY_REDIS_SENTINEL_MASTER: is empty but IDEMPOTENCY_REDIS_SENTINEL_ADDRS is set: name the master the sentinels monitor"}},
+		{name: "REDIS_SENTINEL_PASSWORD without a master", env: env("REDIS_SENTINEL_PASSWORD", "s3cret"), wantErr: []string{"IDEMPOTENCY_REDIS_SENTINEL_PASSWORD: is set but IDEMPOTENCY_REDIS_SENTINEL_MASTER is not: it is the sentinels' password"}},
+		{
+			name:    "REDIS_SENTINEL with a cluster",
+			env:     env("REDIS_SENTINEL_MASTER", "mymaster", "REDIS_SENTINEL_ADDRS", "sentinel-a:26379", "REDIS_CLUSTER_ADDRS", "node-a:7000"),
+			wantErr: []string{"IDEMPOTENCY_REDIS_SENTINEL_MASTER: cannot be combined with IDEMPOTENCY_REDIS_CLUSTER_ADDRS: set one of them (a cluster fails over by itself)"},
+		},
+		{
+			name:    "REDIS_SENTINEL_ADDRS bad entry",
+			env:     env("REDIS_SENTINEL_MASTER", "mymaster", "REDIS_SENTINEL_ADDRS", "sentinel-a:26379,sentinel-b"),
+			wantErr: []string{`IDEMPOTENCY_REDIS_SENTINEL_ADDRS: entry "sentinel-b": want host:port (missing port in address)`},
+		},
+
+		// REDIS_LOGS
+		{name: "REDIS_LOGS off", env: env("REDIS_LOGS", "off"), want: func(s *idempotency.Settings) { s.RedisLogs = idempotency.RedisLogsOff }},
+		{name: "REDIS_LOGS keep", env: env("REDIS_LOGS", "keep"), want: func(s *idempotency.Settings) { s.RedisLogs = idempotency.RedisLogsKeep }},
+		{name: "REDIS_LOGS empty means zap", env: env("REDIS_LOGS", "")},
+		{name: "REDIS_LOGS unknown", env: env("REDIS_LOGS", "stderr"), wantErr: []string{`IDEMPOTENCY_REDIS_LOGS: unknown go-redis log mode "stderr": accepted values are zap, off, keep`}},
 
 		// REDIS_AUTO_PIPELINE
 		{name: "REDIS_AUTO_PIPELINE true", env: env("REDIS_AUTO_PIPELINE", "true"), want: func(s *idempotency.Settings) { s.RedisAutoPipeline = true }},
@@ -312,6 +350,9 @@ func TestLoadSettings(t *testing.T) {
 				"IDEMPOTENCY_METRICS_NAMESPACE":   "shop",
 				"IDEMPOTENCY_TRACING_ENABLED":     "false",
 				"IDEMPOTENCY_LOG_KEYS":            "omitted",
+				"IDEMPOTENCY_REDIS_LOGS":          "keep",
+				// REDIS_SENTINEL_*, which cannot be combined with
+				// REDIS_CLUSTER_ADDRS: "REDIS_SENTINEL master and sentinels".
 			},
 			want: func(s *idempotency.Settings) {
 				*s = idempotency.Settings{
@@ -337,6 +378,7 @@ func TestLoadSettings(t *testing.T) {
 					MetricsNamespace:  "shop",
 					TracingEnabled:    false,
 					LogKeys:           observability.LogKeysOmitted,
+					RedisLogs:         idempotency.RedisLogsKeep,
 				}
 			},
 		},

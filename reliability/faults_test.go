@@ -27,6 +27,8 @@ type faultEnv struct {
 	admin   redis.UniversalClient // a client straight to Redis, for the faults' commands
 	proxy   *faultproxy.Proxy     // between the storm's client and Redis, if any
 	cluster *testCluster          // the cluster, if any
+	// sentinel is the master, replica and sentinel, if any.
+	sentinel *redistest.Sentinel
 }
 
 // faultResult is what a fault did: when it began and ended on the storm's
@@ -44,7 +46,7 @@ type fault struct {
 	// expect is what the docs say happens, for the report.
 	expect string
 	// needs is what the fault acts on: "standalone", "proxy" (a standalone
-	// server behind the fault proxy) or "cluster"; "" for any.
+	// server behind the fault proxy), "cluster" or "sentinel"; "" for any.
 	needs string
 	// quiet says that no call may meet a store failure other than a
 	// timeout.

@@ -159,6 +159,8 @@ func faultModes(lv level, f fault) []modes {
 		return []modes{m(wait, eRaise), m(raise, eRun)}
 	case faultFailover.name:
 		return []modes{m(wait, eRaise), m(run, eRun)}
+	case faultSentinelFailover.name:
+		return []modes{m(wait, eRaise), m(raise, eRaise)}
 	}
 	return allModes
 }
