@@ -135,3 +135,14 @@ func ExampleSetRedisLogger() {
 	// ... every go-redis client of the process now logs through logger,
 	// named "go-redis".
 }
+
+// Settings as an operator tool shows them: no password, and where they point.
+func ExampleSettings_Redacted() {
+	s := idempotency.DefaultSettings() // an app: idempotency.LoadSettings()
+	s.RedisURL = "rediss://app:s3cret@cache.internal:6380/2"
+	fmt.Println(s.Redacted().RedisURL)
+	fmt.Println(s.RedisAddr())
+	// Output:
+	// rediss://app:xxxxx@cache.internal:6380/2
+	// cache.internal:6380
+}

@@ -210,24 +210,6 @@ func clusterOptions(o *redis.Options, addrs []string) *redis.ClusterOptions {
 // failover after a master died).
 const clusterStateReloadInterval = time.Second
 
-// redisAddr describes where client points, for log lines: the address of a
-// single server, the seed nodes of a cluster, or the master a failover client
-// asks the sentinels for (s names them: go-redis's options of a failover
-// client do not). It never includes a password.
-func redisAddr(client redis.UniversalClient, s Settings) string {
-	switch c := client.(type) {
-	case *redis.Client:
-		if s.topology() == topologySentinel {
-			return fmt.Sprintf("sentinel master %s via %s", s.RedisSentinelMaster, strings.Join(s.RedisSentinelAddrs, ","))
-		}
-		return c.Options().Addr
-	case *redis.ClusterClient:
-		return strings.Join(c.Options().Addrs, ",")
-	default:
-		return fmt.Sprintf("%T", client)
-	}
-}
-
 // NewStore returns the Redis store over client, with the settings' key
 // prefix and record format (format 1 when RecordFormat is 1, else format 2;
 // Validate refuses any other value). It sends the store's commands to client
@@ -480,16 +462,16 @@ func ping(ctx context.Context, client redis.UniversalClient, store *redisrepo.St
 	defer cancel()
 	if err := client.Ping(ctx).Err(); err != nil {
 		logger.Warn("idempotency: redis is unreachable at start-up; calls follow IDEMPOTENCY_ON_STORAGE_ERROR until it is back",
-			zap.String("redis_addr", redisAddr(client, s)),
+			zap.String("redis_addr", s.RedisAddr()),
 			zap.Stringer("on_storage_error", s.OnStorageError),
 			zap.Error(fmt.Errorf("ping redis: %w", err)))
 		return
 	}
-	logger.Info("idempotency: redis is reachable", zap.String("redis_addr", redisAddr(client, s)))
+	logger.Info("idempotency: redis is reachable", zap.String("redis_addr", s.RedisAddr()))
 	if info, err := client.Info(ctx, "server").Result(); err == nil {
 		if version, old := oldRedis(info); old {
 			logger.Warn("idempotency: the store needs Redis 7.0 or newer (SET with NX and GET); every call to this server will fail with a storage error",
-				zap.String("redis_addr", redisAddr(client, s)), zap.String("redis_version", version))
+				zap.String("redis_addr", s.RedisAddr()), zap.String("redis_version", version))
 		}
 	}
 	// The scripts of the rare paths (heals, format 1 records, the operator
@@ -497,7 +479,7 @@ func ping(ctx context.Context, client redis.UniversalClient, store *redisrepo.St
 	// need no script cache.
 	if err := store.LoadScripts(ctx); err != nil {
 		logger.Warn("idempotency: could not load the store's scripts at start-up; each loads at its first use",
-			zap.String("redis_addr", redisAddr(client, s)), zap.Error(err))
+			zap.String("redis_addr", s.RedisAddr()), zap.Error(err))
 	}
 }
 

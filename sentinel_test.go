@@ -282,3 +282,35 @@ func TestSetRedisLogger(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// RedisAddr names where the settings point without any secret; Redacted
+// masks both passwords and changes nothing else.
+func TestSettingsRedisAddrAndRedacted(t *testing.T) {
+	s := idempotency.DefaultSettings()
+	s.RedisURL = "rediss://app:hunter2@cache.example:6380/1"
+	if got := s.RedisAddr(); got != "cache.example:6380" {
+		t.Errorf("RedisAddr() = %q", got)
+	}
+	s.RedisURL = "redis://app:hunter2@[::1"
+	if got := s.RedisAddr(); got != "(invalid URL)" {
+		t.Errorf("RedisAddr() of an invalid URL = %q", got)
+	}
+	c := idempotency.DefaultSettings()
+	c.RedisClusterAddrs = []string{"node-a:7000", "node-b:7001"}
+	if got := c.RedisAddr(); got != "cluster node-a:7000,node-b:7001" {
+		t.Errorf("cluster RedisAddr() = %q", got)
+	}
+	sn := sentinelSettings("redis://:hunter2@ignored/0")
+	sn.RedisSentinelPassword = "s3cret"
+	if got := sn.RedisAddr(); got != "sentinel master mymaster via 127.0.0.1:1,127.0.0.1:2" {
+		t.Errorf("sentinel RedisAddr() = %q", got)
+	}
+	r := sn.Redacted()
+	if r.RedisURL != "redis://:xxxxx@ignored/0" || r.RedisSentinelPassword != "xxxxx" {
+		t.Errorf("Redacted() URL %q, sentinel password %q", r.RedisURL, r.RedisSentinelPassword)
+	}
+	r.RedisURL, r.RedisSentinelPassword = sn.RedisURL, sn.RedisSentinelPassword
+	if !reflect.DeepEqual(r, sn) {
+		t.Errorf("Redacted() changed more than the secrets:\n%+v\n%+v", r, sn)
+	}
+}

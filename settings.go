@@ -218,12 +218,40 @@ func DefaultSettings() Settings {
 // RedisSentinelPassword replaced by "xxxxx", so that Settings can be logged.
 func (s Settings) String() string {
 	type fields Settings // without this String method
-	f := fields(s)
-	f.RedisURL = redactURL(s.RedisURL)
-	if f.RedisSentinelPassword != "" {
-		f.RedisSentinelPassword = "xxxxx"
+	return fmt.Sprintf("%+v", fields(s.Redacted()))
+}
+
+// Redacted returns s with its secrets masked, as String shows them: the
+// password in RedisURL replaced by "xxxxx" (a URL whose user information
+// cannot be told apart from the rest, or that does not parse, by "(invalid
+// URL)", since there is no telling where its password is), and
+// RedisSentinelPassword, when set, by "xxxxx". For showing settings field by
+// field, as idemctl check does.
+func (s Settings) Redacted() Settings {
+	s.RedisURL = redactURL(s.RedisURL)
+	if s.RedisSentinelPassword != "" {
+		s.RedisSentinelPassword = "xxxxx"
 	}
-	return fmt.Sprintf("%+v", f)
+	return s
+}
+
+// RedisAddr describes where the settings point, for messages: the host:port
+// of RedisURL, the seed nodes of RedisClusterAddrs, or the master that
+// RedisSentinelMaster names and the sentinels of RedisSentinelAddrs. It never
+// includes a user name or password; for a URL that does not parse it is
+// "(invalid URL)".
+func (s Settings) RedisAddr() string {
+	switch s.topology() {
+	case topologyCluster:
+		return "cluster " + strings.Join(s.RedisClusterAddrs, ",")
+	case topologySentinel:
+		return fmt.Sprintf("sentinel master %s via %s", s.RedisSentinelMaster, strings.Join(s.RedisSentinelAddrs, ","))
+	}
+	opts, err := parseRedisURL(s.RedisURL, topologyServer)
+	if err != nil {
+		return "(invalid URL)"
+	}
+	return opts.Addr
 }
 
 // redactURL hides the password of a URL; a URL that does not parse, or whose

@@ -88,3 +88,14 @@ func ExampleDoResult() {
 	// rf_1 duplicate: false
 	// rf_1 duplicate: true
 }
+
+// An adapter that computes fingerprints checks its own before calling Do, so
+// that a fingerprint it cannot use is its error, not the caller's.
+func ExampleValidateFingerprint() {
+	fp, _ := coordinator.Fingerprint(map[string]int{"amount": 100})
+	fmt.Println(coordinator.ValidateFingerprint(fp))
+	fmt.Println(coordinator.ValidateFingerprint("two words"))
+	// Output:
+	// <nil>
+	// idempotency: invalid request: fingerprint has byte 0x20 at offset 3; only visible ASCII (0x21-0x7e) is allowed
+}

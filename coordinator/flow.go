@@ -50,7 +50,7 @@ func (c *Coordinator) check(call Call) (time.Duration, error) {
 	if err := ValidateKey(call.Key); err != nil {
 		return 0, err
 	}
-	if err := validateFingerprint(call.Fingerprint); err != nil {
+	if err := ValidateFingerprint(call.Fingerprint); err != nil {
 		return 0, err
 	}
 	if call.TTL < 0 {

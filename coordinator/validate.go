@@ -38,9 +38,11 @@ func ValidateOperation(op string) error {
 	return nil
 }
 
-// validateFingerprint accepts "" (no fingerprint) or 1 to MaxFingerprintLen
-// bytes of visible ASCII.
-func validateFingerprint(fp string) error {
+// ValidateFingerprint returns an *InvalidRequestError unless fp is "" (no
+// fingerprint) or 1 to MaxFingerprintLen bytes of visible ASCII (0x21 to
+// 0x7E): what Do checks of Call.Fingerprint, for an adapter that computes a
+// fingerprint and wants to tell its own bad one from the caller's.
+func ValidateFingerprint(fp string) error {
 	return visibleASCII("fingerprint", fp, MaxFingerprintLen)
 }
 
