@@ -143,6 +143,9 @@ func TestModuleDoesNotTrace(t *testing.T) {
 		{"provider as *sdktrace.TracerProvider only (fx matches types exactly)", func(tp *sdktrace.TracerProvider) []fx.Option {
 			return []fx.Option{fx.Supply(tp)}
 		}},
+		{"both types in one fx.As, which provides the first only (docs/testing.md)", func(tp *sdktrace.TracerProvider) []fx.Option {
+			return []fx.Option{fx.Supply(fx.Annotate(tp, fx.As(fx.Self(), new(trace.TracerProvider))))}
+		}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			clearEnv(t)
