@@ -1,10 +1,11 @@
 // Package reliability holds the reliability suite: storms of concurrent
 // duplicate calls through coordinator.Do on a real Redis (a standalone
-// server and a Redis Cluster with replicas), in every pair of in-flight and
+// server, a Redis Cluster with replicas, and a master and replica behind
+// Redis Sentinel), in every pair of in-flight and
 // on-storage-error modes, with faults injected while they run: kill -9 and
 // an empty restart, SIGSTOP, DEBUG SLEEP, CLIENT KILL loops, SCRIPT FLUSH
 // loops, a link held by a fault proxy and released newest first, and a
-// cluster master killed. Every call is recorded, and every history is checked
+// cluster master killed, and SENTINEL FAILOVER. Every call is recorded, and every history is checked
 // with a linearizability checker (github.com/anishathalye/porcupine) against
 // the guarantee that docs/architecture.md documents, key by key; every
 // action run beyond the first is classified as allowed by the docs (and
