@@ -3,6 +3,7 @@ package idempotency_test
 import (
 	"bytes"
 	"crypto/tls"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -86,22 +87,45 @@ func goRedisQueryOptions(t *testing.T) map[string]string {
 // are read from the go-redis source, so an option a later go-redis adds is
 // covered without a change here.
 func TestNewRedisClientClusterCarriesEveryQueryOption(t *testing.T) {
+	checkQueryOptionsCarried(t, "cluster",
+		func(raw string) idempotency.Settings {
+			s := idempotency.DefaultSettings()
+			s.RedisURL = raw
+			s.RedisClusterAddrs = []string{"127.0.0.1:2"}
+			return s
+		},
+		func(c redis.UniversalClient) reflect.Value {
+			return reflect.ValueOf(*c.(*redis.ClusterClient).Options())
+		},
+		"IDEMPOTENCY_REDIS_URL: query option %s has no effect on a cluster client (IDEMPOTENCY_REDIS_CLUSTER_ADDRS is set)")
+}
+
+// checkQueryOptionsCarried checks, for every query option that redis.ParseURL
+// reads, that the client NewRedisClient builds for settings(url with the
+// option) carries every field the option sets on a single-server client
+// (options returns the client's options struct), or that NewRedisClient and
+// Validate both refuse it with refusal (a format naming the option).
+func checkQueryOptionsCarried(t *testing.T, kind string, settings func(raw string) idempotency.Settings,
+	options func(redis.UniversalClient) reflect.Value, refusal string) {
+	t.Helper()
 	const base = "redis://app:secret@127.0.0.1:1/0"
 	baseOpts, err := redis.ParseURL(base)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for name, kind := range goRedisQueryOptions(t) {
+	for name, valueKind := range goRedisQueryOptions(t) {
 		t.Run(name, func(t *testing.T) {
-			if name == "db" {
-				t.Skip("a cluster has database 0 only: TestNewRedisClientClusterRefusesADatabase")
-			}
-			value := map[string]string{"int": "7", "string": "name7", "duration": "700ms", "bool": "true"}[kind]
+			value := map[string]string{"int": "7", "string": "name7", "duration": "700ms", "bool": "true"}[valueKind]
 			if value == "" {
-				t.Fatalf("no test value for a %s option", kind)
+				t.Fatalf("no test value for a %s option", valueKind)
 			}
 			raw, ref := base+"?"+name+"="+value, baseOpts
 			switch name {
+			case "db":
+				if kind == "cluster" {
+					t.Skip("a cluster has database 0 only: TestNewRedisClientClusterRefusesADatabase")
+				}
+				raw = base + "?db=7"
 			case "skip_verify": // TLS only
 				raw = strings.Replace(raw, "redis://", "rediss://", 1)
 				if ref, err = redis.ParseURL(strings.Replace(base, "redis://", "rediss://", 1)); err != nil {
@@ -114,12 +138,10 @@ func TestNewRedisClientClusterCarriesEveryQueryOption(t *testing.T) {
 			if err != nil {
 				t.Fatalf("redis.ParseURL(%s): %v", raw, err)
 			}
-			s := idempotency.DefaultSettings()
-			s.RedisURL = raw
-			s.RedisClusterAddrs = []string{"127.0.0.1:2"}
+			s := settings(raw)
 			client, err := idempotency.NewRedisClient(s)
 			if err != nil {
-				want := "IDEMPOTENCY_REDIS_URL: query option " + name + " has no effect on a cluster client (IDEMPOTENCY_REDIS_CLUSTER_ADDRS is set)"
+				want := fmt.Sprintf(refusal, name)
 				if err.Error() != want {
 					t.Fatalf("NewRedisClient() error = %q; want it applied, or refused with %q", err, want)
 				}
@@ -129,7 +151,7 @@ func TestNewRedisClientClusterCarriesEveryQueryOption(t *testing.T) {
 				return
 			}
 			defer client.Close()
-			got := reflect.ValueOf(*client.(*redis.ClusterClient).Options())
+			got := options(client)
 			refV, singleV := reflect.ValueOf(*ref), reflect.ValueOf(*single)
 			set := 0
 			for i := range singleV.NumField() {
@@ -141,17 +163,17 @@ func TestNewRedisClientClusterCarriesEveryQueryOption(t *testing.T) {
 				want := singleV.Field(i).Interface()
 				if field.Name == "TLSConfig" {
 					if g := got.FieldByName("TLSConfig").Interface().(*tls.Config); g == nil || g.InsecureSkipVerify != single.TLSConfig.InsecureSkipVerify {
-						t.Errorf("cluster TLSConfig = %+v; want InsecureSkipVerify %v", g, single.TLSConfig.InsecureSkipVerify)
+						t.Errorf("%s TLSConfig = %+v; want InsecureSkipVerify %v", kind, g, single.TLSConfig.InsecureSkipVerify)
 					}
 					continue
 				}
 				g := got.FieldByName(field.Name)
 				if !g.IsValid() {
-					t.Errorf("%s sets Options.%s, which ClusterOptions lacks, yet NewRedisClient accepted it", name, field.Name)
+					t.Errorf("%s sets Options.%s, which the %s client's options lack, yet NewRedisClient accepted it", name, field.Name, kind)
 					continue
 				}
 				if !reflect.DeepEqual(g.Interface(), want) {
-					t.Errorf("%s=%s: cluster Options().%s = %v, want %v", name, value, field.Name, g.Interface(), want)
+					t.Errorf("%s=%s: %s client's %s = %v, want %v", name, value, kind, field.Name, g.Interface(), want)
 				}
 			}
 			if set == 0 {

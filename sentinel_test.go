@@ -1,7 +1,6 @@
 package idempotency_test
 
 import (
-	"crypto/tls"
 	"reflect"
 	"strings"
 	"sync/atomic"
@@ -71,71 +70,9 @@ func TestNewRedisClientSentinel(t *testing.T) {
 // client (the master's connections), or is refused naming it, as for a
 // cluster (TestNewRedisClientClusterCarriesEveryQueryOption).
 func TestNewRedisClientSentinelCarriesEveryQueryOption(t *testing.T) {
-	const base = "redis://app:secret@127.0.0.1:1/0"
-	baseOpts, err := redis.ParseURL(base)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for name, kind := range goRedisQueryOptions(t) {
-		t.Run(name, func(t *testing.T) {
-			value := map[string]string{"int": "7", "string": "name7", "duration": "700ms", "bool": "true"}[kind]
-			if value == "" {
-				t.Fatalf("no test value for a %s option", kind)
-			}
-			raw, ref := base+"?"+name+"="+value, baseOpts
-			switch name {
-			case "db":
-				raw = base + "?db=7"
-			case "skip_verify": // TLS only
-				raw = strings.Replace(raw, "redis://", "rediss://", 1)
-				if ref, err = redis.ParseURL(strings.Replace(base, "redis://", "rediss://", 1)); err != nil {
-					t.Fatal(err)
-				}
-			case "conn_max_lifetime_jitter": // at most the lifetime
-				raw += "&conn_max_lifetime=1h"
-			}
-			single, err := redis.ParseURL(raw)
-			if err != nil {
-				t.Fatalf("redis.ParseURL(%s): %v", raw, err)
-			}
-			s := sentinelSettings(raw)
-			client, err := idempotency.NewRedisClient(s)
-			if err != nil {
-				want := "IDEMPOTENCY_REDIS_URL: query option " + name + " has no effect on a failover client (IDEMPOTENCY_REDIS_SENTINEL_MASTER is set)"
-				if err.Error() != want {
-					t.Fatalf("NewRedisClient() error = %q; want it applied, or refused with %q", err, want)
-				}
-				if verr := s.Validate(); verr == nil || !strings.Contains(verr.Error(), want) {
-					t.Fatalf("Validate() = %v; want it to refuse the option as NewRedisClient does", verr)
-				}
-				return
-			}
-			defer client.Close()
-			got := reflect.ValueOf(*client.(*redis.Client).Options())
-			refV, singleV := reflect.ValueOf(*ref), reflect.ValueOf(*single)
-			set := 0
-			for i := range singleV.NumField() {
-				field := singleV.Type().Field(i)
-				if !field.IsExported() || reflect.DeepEqual(refV.Field(i).Interface(), singleV.Field(i).Interface()) {
-					continue
-				}
-				set++
-				want := singleV.Field(i).Interface()
-				if field.Name == "TLSConfig" {
-					if g := got.FieldByName("TLSConfig").Interface().(*tls.Config); g == nil || g.InsecureSkipVerify != single.TLSConfig.InsecureSkipVerify {
-						t.Errorf("failover TLSConfig = %+v; want InsecureSkipVerify %v", g, single.TLSConfig.InsecureSkipVerify)
-					}
-					continue
-				}
-				if g := got.FieldByName(field.Name); !reflect.DeepEqual(g.Interface(), want) {
-					t.Errorf("%s=%s: failover Options().%s = %v, want %v", name, value, field.Name, g.Interface(), want)
-				}
-			}
-			if set == 0 {
-				t.Fatalf("%s=%s sets no field of redis.Options; pick another test value", name, value)
-			}
-		})
-	}
+	checkQueryOptionsCarried(t, "failover", sentinelSettings,
+		func(c redis.UniversalClient) reflect.Value { return reflect.ValueOf(*c.(*redis.Client).Options()) },
+		"IDEMPOTENCY_REDIS_URL: query option %s has no effect on a failover client (IDEMPOTENCY_REDIS_SENTINEL_MASTER is set)")
 }
 
 // NewRedisClient refuses incomplete Sentinel settings as Validate does,

@@ -68,11 +68,16 @@ func spawn(dir string, port int, extra []string) (*proc, error) {
 		// DEBUG unless it is enabled).
 		"--enable-debug-command", "local",
 	}, extra...)
-	cmd := exec.Command("redis-server", args...)
+	return startProc(exec.Command("redis-server", args...), dir, port, logPath, "redis-server")
+}
+
+// startProc starts cmd, a redis-server that will listen on port, in dir, and
+// waits for it to answer PING; what names it in errors, logPath is its log.
+func startProc(cmd *exec.Cmd, dir string, port int, logPath, what string) (*proc, error) {
 	cmd.Dir = dir
 	cmd.SysProcAttr = sysProcAttr()
 	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start redis-server: %w", err)
+		return nil, fmt.Errorf("start %s: %w", what, err)
 	}
 	p := &proc{port: port, dir: dir, cmd: cmd, done: make(chan struct{})}
 	go func() {
@@ -97,11 +102,11 @@ func spawn(dir string, port int, extra []string) (*proc, error) {
 		}
 		select {
 		case <-p.done:
-			return nil, fmt.Errorf("redis-server on port %d exited: %s", port, tail(logPath))
+			return nil, fmt.Errorf("%s on port %d exited: %s", what, port, tail(logPath))
 		case <-ctx.Done():
 			p.kill()
-			return nil, fmt.Errorf("redis-server on port %d did not answer PING within %v: %v; log: %s",
-				port, startTimeout, err, tail(logPath))
+			return nil, fmt.Errorf("%s on port %d did not answer PING within %v: %v; log: %s",
+				what, port, startTimeout, err, tail(logPath))
 		case <-time.After(10 * time.Millisecond):
 		}
 	}

@@ -196,36 +196,7 @@ func startSentinelProcess(dir, masterAddr string) (*proc, error) {
 	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
 		return nil, err
 	}
-	cmd := exec.Command("redis-server", conf, "--sentinel")
-	cmd.Dir = dir
-	cmd.SysProcAttr = sysProcAttr()
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start redis-server --sentinel: %w", err)
-	}
-	p := &proc{port: port, dir: dir, cmd: cmd, done: make(chan struct{})}
-	go func() {
-		_ = cmd.Wait()
-		close(p.done)
-	}()
-	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
-	defer cancel()
-	opts := &redis.Options{Addr: p.addr(), DialTimeout: 200 * time.Millisecond}
-	for {
-		err := listening(p.addr())
-		if err == nil {
-			if err = pingPID(ctx, opts, cmd.Process.Pid); err == nil {
-				return p, nil
-			}
-		}
-		select {
-		case <-p.done:
-			return nil, fmt.Errorf("redis-server --sentinel on port %d exited: %s", port, tail(logPath))
-		case <-ctx.Done():
-			p.kill()
-			return nil, fmt.Errorf("redis-server --sentinel on port %d did not answer within %v: %v; log: %s", port, startTimeout, err, tail(logPath))
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
+	return startProc(exec.Command("redis-server", conf, "--sentinel"), dir, port, logPath, "redis-server --sentinel")
 }
 
 // waitReplicaInSync waits until the server at addr is a replica whose link
