@@ -106,7 +106,7 @@ func (p *Processor) Process(ctx context.Context, msg Message, handle Handler) De
 	if p.cfg.fingerprint != nil {
 		fp, err := p.cfg.fingerprint(msg)
 		if err == nil {
-			err = validateFingerprint(fp)
+			err = coordinator.ValidateFingerprint(fp)
 		}
 		if err != nil {
 			return Decision{Action: DeadLetter, Reason: ReasonBadMessage, Key: key,
@@ -199,20 +199,4 @@ func run(ctx context.Context, msg Message, handle Handler) (err error) {
 		}
 	}()
 	return handle(ctx, msg)
-}
-
-// validateFingerprint checks what coordinator.Do checks of a fingerprint,
-// so that a message's bad fingerprint is told apart from a configuration
-// the coordinator refuses: at most coordinator.MaxFingerprintLen bytes of
-// visible ASCII.
-func validateFingerprint(fp string) error {
-	if len(fp) > coordinator.MaxFingerprintLen {
-		return fmt.Errorf("fingerprint is %d bytes, longer than %d", len(fp), coordinator.MaxFingerprintLen)
-	}
-	for i := 0; i < len(fp); i++ {
-		if c := fp[i]; c < 0x21 || c > 0x7e {
-			return fmt.Errorf("fingerprint has byte 0x%02x at offset %d; only visible ASCII is allowed", c, i)
-		}
-	}
-	return nil
 }

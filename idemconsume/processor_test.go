@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -303,4 +304,34 @@ func TestDecisionString(t *testing.T) {
 	if got := fmt.Sprint(d); got != "retry (in_progress)" {
 		t.Errorf("got %q", got)
 	}
+}
+
+// A fingerprint the coordinator would refuse is the message's fault: a dead
+// letter, with the coordinator's own *InvalidRequestError behind it, the
+// same rule coordinator.Do applies (coordinator.ValidateFingerprint).
+func TestBadFingerprint(t *testing.T) {
+	for name, fp := range map[string]string{
+		"space":    "has space",
+		"too long": strings.Repeat("f", coordinator.MaxFingerprintLen+1),
+		"control":  "a\x00b",
+	} {
+		t.Run(name, func(t *testing.T) {
+			p := newProcessor(t, newCoordinator(t, nil), idemconsume.WithFingerprint(func(idemconsume.Message) (string, error) { return fp, nil }))
+			h := &counter{}
+			d := p.Process(t.Context(), msg("1-0", 1), h.handle)
+			check(t, d, idemconsume.DeadLetter, idemconsume.ReasonBadMessage)
+			var ir *coordinator.InvalidRequestError
+			if !errors.Is(d.Err, coordinator.ErrInvalidRequest) || !errors.As(d.Err, &ir) || !strings.Contains(ir.Reason, "fingerprint") {
+				t.Errorf("error %v, want a *coordinator.InvalidRequestError about the fingerprint", d.Err)
+			}
+			if h.runs.Load() != 0 {
+				t.Error("handler ran")
+			}
+		})
+	}
+	// The longest fingerprint the coordinator takes is taken.
+	p := newProcessor(t, newCoordinator(t, nil), idemconsume.WithFingerprint(func(idemconsume.Message) (string, error) {
+		return strings.Repeat("f", coordinator.MaxFingerprintLen), nil
+	}))
+	check(t, p.Process(t.Context(), msg("1-0", 1), (&counter{}).handle), idemconsume.Ack, idemconsume.ReasonProcessed)
 }
