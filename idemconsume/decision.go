@@ -57,9 +57,10 @@ const (
 	// ReasonInProgress (Retry): another consumer holds the key and runs the
 	// handler now. Decision.RetryAfter says when its lease would end.
 	ReasonInProgress Reason = "in_progress"
-	// ReasonLeaseLost (Retry): the handler ran but its reservation was lost
-	// (another consumer may have taken the key over); its result is not
-	// trusted.
+	// ReasonLeaseLost (Retry): the handler ran and failed, and its
+	// reservation was lost (another consumer may have taken the key over):
+	// its error is not trusted, even one that matches ErrPermanent, and the
+	// message is never dead-lettered for it.
 	ReasonLeaseLost Reason = "lease_lost"
 	// ReasonStorage (Retry): the store failed before the handler ran and the
 	// coordinator's on-storage-error mode is "raise"; the handler did not

@@ -36,7 +36,7 @@
 //	another consumer holds the key                Retry       in_progress (RetryAfter)
 //	store down before the handler, mode "raise"   Retry       storage_error
 //	context ended (the consumer stops)            Retry       cancelled
-//	reservation lost while the handler ran        Retry       lease_lost
+//	handler failed after its reservation was lost Retry       lease_lost
 //	handler error (or panic), delivery < max      Retry       handler_error
 //	TTL refused by the coordinator's bounds       Retry       invalid_request
 //	handler error matching ErrPermanent           DeadLetter  permanent_error

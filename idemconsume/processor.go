@@ -170,10 +170,14 @@ func (p *Processor) Process(ctx context.Context, msg Message, handle Handler) De
 func (p *Processor) failed(ctx context.Context, msg Message, key string, err error, lost bool) Decision {
 	d := Decision{Action: Retry, Key: key, Err: err}
 	switch {
+	case lost:
+		// Another consumer may hold the key and run the message now: this
+		// run's error, permanent or not, is not the message's last word,
+		// and dead-lettering it would hand the dead-letter queue a message
+		// that is being processed.
+		d.Reason = ReasonLeaseLost
 	case errors.Is(err, ErrPermanent):
 		d.Action, d.Reason = DeadLetter, ReasonPermanent
-	case lost:
-		d.Reason = ReasonLeaseLost
 	case ctx.Err() != nil:
 		// The consumer stops: the handler was interrupted, not wrong.
 		d.Reason = ReasonCancelled

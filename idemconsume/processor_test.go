@@ -335,3 +335,36 @@ func TestBadFingerprint(t *testing.T) {
 	}))
 	check(t, p.Process(t.Context(), msg("1-0", 1), (&counter{}).handle), idemconsume.Ack, idemconsume.ReasonProcessed)
 }
+
+// A handler whose reservation was taken over while it ran is not trusted,
+// whatever its error says: the message is retried, never dead-lettered
+// while another consumer holds it (its redelivery will find that
+// consumer's result, or its key in progress).
+func TestLeaseLostIsRetriedEvenIfPermanent(t *testing.T) {
+	for name, herr := range map[string]error{
+		"permanent":      idemconsume.Permanent(errors.New("ledger says: no such account")),
+		"last delivery":  errors.New("ledger unavailable"),
+		"panic is alike": nil, // the handler panics
+	} {
+		t.Run(name, func(t *testing.T) {
+			store := memstore.New()
+			c := newCoordinator(t, store, coordinator.WithLease(time.Second),
+				coordinator.WithRenewInterval(20*time.Millisecond), coordinator.WithStorageTimeout(100*time.Millisecond))
+			p := newProcessor(t, c, idemconsume.WithMaxDeliveries(1))
+			key := coordinator.Key{Operation: p.Operation(), Key: "1-0"}
+			other := coordinator.Record{State: coordinator.StatePending, Token: "0123456789abcdef"}
+			d := p.Process(t.Context(), msg("1-0", 1), func(ctx context.Context, _ idemconsume.Message) error {
+				store.Put(key, other) // another consumer took the message over
+				<-ctx.Done()
+				if herr == nil {
+					panic(context.Cause(ctx))
+				}
+				return herr
+			})
+			check(t, d, idemconsume.Retry, idemconsume.ReasonLeaseLost)
+			if got := store.Snapshot(key); got.State != coordinator.StatePending || got.Token != other.Token {
+				t.Errorf("record %+v, want the other consumer's reservation left alone", got)
+			}
+		})
+	}
+}
