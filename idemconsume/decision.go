@@ -63,8 +63,11 @@ const (
 	// message is never dead-lettered for it.
 	ReasonLeaseLost Reason = "lease_lost"
 	// ReasonStorage (Retry): the store failed before the handler ran and the
-	// coordinator's on-storage-error mode is "raise"; the handler did not
-	// run.
+	// coordinator's on-storage-error mode is "raise"; or the message was
+	// delivered more than MaxDeliveries times and the store could not say
+	// whether it was completed or is held by another consumer (the store
+	// failed in mode "run", or the coordinator's in-flight mode is "run").
+	// The handler did not run.
 	ReasonStorage Reason = "storage_error"
 	// ReasonCancelled (Retry): the context ended (the consumer stops) before
 	// or while the handler ran.
@@ -83,8 +86,9 @@ const (
 	ReasonPermanent Reason = "permanent_error"
 	// ReasonMaxDeliveries (DeadLetter): the handler failed on the
 	// MaxDeliveries'th delivery, or the message was delivered more than
-	// MaxDeliveries times without being completed (a handler that crashes
-	// its process every time); in the second case the handler did not run.
+	// MaxDeliveries times, and the store says it is neither completed nor
+	// held by another consumer (a handler that crashes its process every
+	// time); in the second case the handler did not run.
 	ReasonMaxDeliveries Reason = "max_deliveries"
 	// ReasonBadMessage (DeadLetter): the key function or the fingerprint
 	// function failed, or returned a key or fingerprint the coordinator

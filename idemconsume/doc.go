@@ -42,6 +42,7 @@
 //	handler error matching ErrPermanent           DeadLetter  permanent_error
 //	handler error on delivery max                 DeadLetter  max_deliveries
 //	delivered more than max times, not completed  DeadLetter  max_deliveries (handler not run)
+//	the same, but the store cannot say            Retry       storage_error (handler not run)
 //	no key, or a key or fingerprint refused       DeadLetter  bad_message
 //	key used for a message with another content   DeadLetter  key_reuse
 //

@@ -47,10 +47,10 @@ func WithFingerprint(f func(Message) (string, error)) Option {
 // WithMaxDeliveries sets how many deliveries a message gets: a handler
 // error on the n-th delivery dead-letters it (ReasonMaxDeliveries), and a
 // message delivered more than n times is dead-lettered without running the
-// handler, unless it was completed (then it is acknowledged) or is in
-// progress elsewhere (then it waits). Messages whose Deliveries is 0
-// (unknown) are never dead-lettered for their count. Default
-// DefaultMaxDeliveries (5); at least 1.
+// handler, unless it was completed (then it is acknowledged), is in
+// progress elsewhere, or the store cannot say (then it waits: Retry).
+// Messages whose Deliveries is 0 (unknown) are never dead-lettered for
+// their count. Default DefaultMaxDeliveries (5); at least 1.
 func WithMaxDeliveries(n int) Option {
 	return optionFunc(func(c *config) { c.maxDeliveries = int64(n) })
 }

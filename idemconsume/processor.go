@@ -71,8 +71,9 @@ func (p *Processor) Operation() string { return p.op }
 //     panics is recovered and counts as failed (*PanicError).
 //   - The context ends (the consumer stops): Retry.
 //   - The message is delivered more than MaxDeliveries times: DeadLetter
-//     without running the handler, unless it was completed (Ack) or is in
-//     progress (Retry).
+//     without running the handler, unless it was completed (Ack), is in
+//     progress (Retry), or the store cannot say, as when it is down in
+//     on-storage-error mode "run" (Retry, ReasonStorage).
 //   - No key can be derived, or the key was used for a message with another
 //     fingerprint: DeadLetter.
 //
@@ -123,14 +124,16 @@ func (p *Processor) Process(ctx context.Context, msg Message, handle Handler) De
 		limit = p.overLimit(msg)
 	}
 	_, err = coordinator.DoResult(ctx, p.c, call, func(actx context.Context) (struct{}, error) {
+		_, protected = coordinator.ReservationFromContext(actx)
 		if over {
 			// The message may crash its consumer every time: do not run it.
-			// Reaching here means no completed record: dead-letter it, and
-			// let the coordinator release the key.
+			// Reaching here under a reservation means no completed record
+			// and no other holder: dead-letter it, and let the coordinator
+			// release the key. Without one (the store failed, mode "run")
+			// nobody knows; see below.
 			return struct{}{}, limit
 		}
 		ran = true
-		_, protected = coordinator.ReservationFromContext(actx)
 		herr := run(actx, msg, handle)
 		lost = herr != nil && errors.Is(context.Cause(actx), coordinator.ErrLeaseLost)
 		return struct{}{}, herr
@@ -146,6 +149,13 @@ func (p *Processor) Process(ctx context.Context, msg Message, handle Handler) De
 		return Decision{Action: Ack, Reason: ReasonDuplicate, Key: key}
 	case ran:
 		return p.failed(ctx, msg, key, err, lost)
+	case over && err == limit && !protected:
+		// The store could not tell whether the message was processed, or is
+		// being processed by another consumer now: dead-lettering it could
+		// hand the dead-letter queue a message whose effect happened or is
+		// happening. It waits for the store, without running the handler.
+		return Decision{Action: Retry, Reason: ReasonStorage, Key: key,
+			Err: fmt.Errorf("%w; the store cannot say whether it was processed, so it is left for a later delivery", limit)}
 	case over && err == limit:
 		return Decision{Action: DeadLetter, Reason: ReasonMaxDeliveries, Key: key, Err: limit}
 	case errors.As(err, &inProgress):

@@ -368,3 +368,23 @@ func TestLeaseLostIsRetriedEvenIfPermanent(t *testing.T) {
 		})
 	}
 }
+
+// A message over the delivery limit is dead-lettered only when the store
+// says it is neither completed nor held by another consumer. With the store
+// down (on-storage-error mode "run") nobody can say: it waits, and the
+// handler does not run.
+func TestOverMaxDeliveriesWithTheStoreDown(t *testing.T) {
+	store := faultstore.Wrap(memstore.New())
+	c := newCoordinator(t, store, coordinator.WithOnStorageError(coordinator.OnStorageErrorRun))
+	p := newProcessor(t, c, idemconsume.WithMaxDeliveries(3))
+	store.Fail(coordinator.MethodReserve, errors.New("connection refused"))
+	store.Fail(coordinator.MethodGet, errors.New("connection refused"))
+	h := &counter{}
+	d := p.Process(t.Context(), msg("1-0", 4), h.handle)
+	check(t, d, idemconsume.Retry, idemconsume.ReasonStorage)
+	if !errors.Is(d.Err, idemconsume.ErrMaxDeliveries) || h.runs.Load() != 0 {
+		t.Fatalf("error %v, runs %d; want ErrMaxDeliveries and no run", d.Err, h.runs.Load())
+	}
+	store.Reset()
+	check(t, p.Process(t.Context(), msg("1-0", 5), h.handle), idemconsume.DeadLetter, idemconsume.ReasonMaxDeliveries)
+}
