@@ -70,7 +70,13 @@ type envelope struct {
 // coordinator reports it (record_validation_error), releases the key and
 // still returns the live outcome; its Decode refuses what it cannot read, so
 // that the coordinator heals the record.
-type codec struct{}
+type codec struct {
+	// want is the full name of the method's response message, when the
+	// method is in protoregistry.GlobalFiles: Decode refuses a response of
+	// another type, which gRPC would send as it is and the client would
+	// decode, field numbers and all, as a message of the type it expects.
+	want protoreflect.FullName
+}
 
 var _ coordinator.Codec[*outcome] = codec{}
 
@@ -110,7 +116,7 @@ func (codec) Encode(o *outcome) ([]byte, error) {
 	return append(b, body...), nil
 }
 
-func (codec) Decode(b []byte) (*outcome, error) {
+func (c codec) Decode(b []byte) (*outcome, error) {
 	meta, body, ok := bytes.Cut(b, []byte{'\n'})
 	if !ok {
 		return nil, errors.New("idemgrpc: stored outcome has no envelope")
@@ -127,10 +133,16 @@ func (codec) Decode(b []byte) (*outcome, error) {
 		if err := proto.Unmarshal(body, p); err != nil {
 			return nil, fmt.Errorf("idemgrpc: stored status: %w", err)
 		}
-		if p.GetCode() != int32(e.Code) || codes.Code(e.Code) == codes.OK {
+		if codes.Code(e.Code) > codes.Unauthenticated {
+			return nil, fmt.Errorf("idemgrpc: stored status has code %d, which gRPC does not define", e.Code)
+		}
+		if p.GetCode() != int32(e.Code) {
 			return nil, fmt.Errorf("idemgrpc: stored status has code %d, envelope %d", p.GetCode(), e.Code)
 		}
 		return &outcome{st: status.FromProto(p)}, nil
+	}
+	if c.want != "" && protoreflect.FullName(e.Type) != c.want {
+		return nil, fmt.Errorf("idemgrpc: stored response has type %q, but the method returns %s", e.Type, c.want)
 	}
 	mt, err := protoregistry.GlobalTypes.FindMessageByName(protoreflect.FullName(e.Type))
 	if err != nil {

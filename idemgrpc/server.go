@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
+	"sync"
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -14,6 +16,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/protoadapt"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/idemkit/idempotency/coordinator"
@@ -106,6 +110,42 @@ func UnaryServerInterceptor(c *coordinator.Coordinator, opts ...Option) grpc.Una
 type server struct {
 	c   *coordinator.Coordinator
 	cfg *config
+	// codecs holds each method's codec (a codec), made on its first
+	// protected call. The methods are those the gRPC server registered, so
+	// it stays small.
+	codecs sync.Map
+}
+
+// codec returns the codec of fullMethod: one that replays only the
+// method's response type, when the method is in protoregistry.GlobalFiles
+// (generated code registers it there).
+func (s *server) codec(fullMethod string) codec {
+	if c, ok := s.codecs.Load(fullMethod); ok {
+		return c.(codec)
+	}
+	c := codec{want: responseType(fullMethod)}
+	s.codecs.Store(fullMethod, c)
+	return c
+}
+
+// responseType returns the full name of the response message of fullMethod
+// ("/payments.v1.Payments/Charge" → payments.v1.Charge), or "" when the
+// method is not in protoregistry.GlobalFiles.
+func responseType(fullMethod string) protoreflect.FullName {
+	svc, method, ok := strings.Cut(strings.TrimPrefix(fullMethod, "/"), "/")
+	name := protoreflect.FullName(svc + "." + method)
+	if !ok || !name.IsValid() {
+		return ""
+	}
+	d, err := protoregistry.GlobalFiles.FindDescriptorByName(name)
+	if err != nil {
+		return ""
+	}
+	md, ok := d.(protoreflect.MethodDescriptor)
+	if !ok {
+		return ""
+	}
+	return md.Output().FullName()
 }
 
 func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
@@ -158,7 +198,7 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	call := coordinator.Call{Operation: op, Key: key, Fingerprint: fp, TTL: s.cfg.ttl}
 
 	var own *outcome
-	res, err := coordinator.DoWithCodec(ctx, s.c, call, codec{}, func(ctx context.Context) (*outcome, error) {
+	res, err := coordinator.DoWithCodec(ctx, s.c, call, s.codec(info.FullMethod), func(ctx context.Context) (*outcome, error) {
 		resp, herr := handler(ctx, req)
 		own = &outcome{resp: resp, err: herr}
 		code := codes.OK

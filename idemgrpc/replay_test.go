@@ -1,0 +1,141 @@
+package idemgrpc_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	spb "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/idemgrpc"
+	"github.com/idemkit/idempotency/idemgrpc/internal/paymentspb"
+)
+
+// record returns a stored outcome in idemgrpc's envelope: meta, a newline,
+// the encoding of body.
+func record(t *testing.T, meta string, body proto.Message) string {
+	t.Helper()
+	b, err := proto.Marshal(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return meta + "\n" + string(b)
+}
+
+// store writes rec as the completed record of key under Charge's operation,
+// without a fingerprint (so that it is never a reuse), as another writer
+// would.
+func store(t *testing.T, c *coordinator.Coordinator, key, rec string) {
+	t.Helper()
+	call := coordinator.Call{Operation: "payments.v1.Payments.Charge", Key: key}
+	if _, err := c.Execute(t.Context(), call, func(context.Context) ([]byte, error) { return []byte(rec), nil }); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRecordOfAnotherTypeIsNotReplayed: a record whose message type is not
+// the method's response type (a record another writer made, or one a
+// version of the service with another response type stored) must not be
+// replayed: gRPC would send its bytes, and the client would decode them as
+// a Charge — a ChargeRequest's account becomes the charge's ID. It is
+// unreadable, so it heals: the handler runs and its charge replaces it.
+func TestRecordOfAnotherTypeIsNotReplayed(t *testing.T) {
+	c, ev := newCoordinator(t, nil)
+	store(t, c, "k", record(t, `{"v":1,"code":0,"type":"payments.v1.ChargeRequest"}`,
+		&paymentspb.ChargeRequest{Account: "acct_evil", AmountCents: 1}))
+	svc := &payments{}
+	client := serve(t, c, svc, nil)
+	wantOK(t, charge(withKey(t, "k"), client, chargeReq(1)), "ch_1", false)
+	wantOK(t, charge(withKey(t, "k"), client, chargeReq(1)), "ch_1", true)
+	wantDecodeError(t, ev, "payments.v1.ChargeRequest")
+}
+
+// TestRecordWithAnInvalidCodeIsNotReplayed: a status record with a code
+// that gRPC does not define is corrupt, not an outcome to replay.
+func TestRecordWithAnInvalidCodeIsNotReplayed(t *testing.T) {
+	c, ev := newCoordinator(t, nil)
+	store(t, c, "k", record(t, `{"v":1,"code":99}`, &spb.Status{Code: 99, Message: "garbage"}))
+	svc := &payments{}
+	client := serve(t, c, svc, nil)
+	wantOK(t, charge(withKey(t, "k"), client, chargeReq(1)), "ch_1", false)
+	wantDecodeError(t, ev, "code 99")
+}
+
+// wantDecodeError checks that the coordinator reported one decode_error
+// whose message names what is wrong (contains want).
+func wantDecodeError(t *testing.T, ev *events, want string) {
+	t.Helper()
+	ev.mu.Lock()
+	defer ev.mu.Unlock()
+	var msgs []string
+	for _, e := range ev.all {
+		if e.Kind == coordinator.EventError && e.ErrorType == coordinator.ErrorDecode {
+			msgs = append(msgs, e.Err.Error())
+		}
+	}
+	if len(msgs) != 1 || !strings.Contains(msgs[0], want) {
+		t.Fatalf("decode errors = %q, want one that says %q", msgs, want)
+	}
+}
+
+// TestCorruptRecordsNeverCrashNorReplay feeds records of every kind of
+// damage to the server interceptor: none may panic, and each is either
+// replayed as the exact response type or status it holds, or healed by a
+// run of the handler.
+func TestCorruptRecordsNeverCrashNorReplay(t *testing.T) {
+	good := record(t, `{"v":1,"code":0,"type":"payments.v1.Charge"}`, &paymentspb.Charge{Id: "ch_stored"})
+	records := map[string]string{
+		"empty":               "",
+		"newline only":        "\n",
+		"no envelope":         "not an envelope",
+		"json not an object":  "[1,2]\n",
+		"json null":           "null\n",
+		"json string version": `{"v":"1","code":0,"type":"payments.v1.Charge"}` + "\n",
+		"negative code":       `{"v":1,"code":-1}` + "\n",
+		"newer version":       `{"v":2,"code":0,"type":"payments.v1.Charge","new":true}` + "\n",
+		"older version":       `{"v":0,"code":0,"type":"payments.v1.Charge"}` + "\n",
+		"no type":             `{"v":1,"code":0}` + "\n",
+		"unknown type":        `{"v":1,"code":0,"type":"no.such.Message"}` + "\n",
+		"enum type name":      `{"v":1,"code":0,"type":"google.protobuf.NullValue"}` + "\n",
+		"invalid type name":   `{"v":1,"code":0,"type":"..."}` + "\n",
+		"truncated response":  good[:len(good)-3],
+		"bad wire bytes":      `{"v":1,"code":0,"type":"payments.v1.Charge"}` + "\n\xff\xff\xff",
+		"status code OK":      record(t, `{"v":1,"code":0}`, &spb.Status{Code: 0}),
+		"status mismatch":     record(t, `{"v":1,"code":5}`, &spb.Status{Code: 3, Message: "x"}),
+		"status empty body":   `{"v":1,"code":5}` + "\n",
+		"status bad bytes":    `{"v":1,"code":5}` + "\n\xff\xff",
+		"status huge code":    record(t, `{"v":1,"code":4294967295}`, &spb.Status{Code: -1}),
+		"other type":          record(t, `{"v":1,"code":0,"type":"google.rpc.Status"}`, &spb.Status{Code: 5}),
+	}
+	for name, rec := range records {
+		t.Run(name, func(t *testing.T) {
+			c, _ := newCoordinator(t, nil)
+			store(t, c, "k", rec)
+			intercept := idemgrpc.UnaryServerInterceptor(c)
+			info := &grpc.UnaryServerInfo{FullMethod: chargeMethod}
+			ctx := metadata.NewIncomingContext(t.Context(), metadata.Pairs(idemgrpc.DefaultKeyHeader, "k"))
+			ran := 0
+			handler := func(context.Context, any) (any, error) {
+				ran++
+				return &paymentspb.Charge{Id: "ch_fresh"}, nil
+			}
+			resp, err := intercept(ctx, chargeReq(1), info, handler)
+			if err != nil {
+				t.Fatalf("interceptor: %v; want the handler's charge (the record heals)", err)
+			}
+			ch, ok := resp.(*paymentspb.Charge)
+			if !ok || ch.GetId() != "ch_fresh" || ran != 1 {
+				t.Fatalf("interceptor = %T %v after %d runs, want the fresh *paymentspb.Charge after 1", resp, resp, ran)
+			}
+			// The healed record replays.
+			resp, err = intercept(ctx, chargeReq(1), info, handler)
+			if ch, ok := resp.(*paymentspb.Charge); err != nil || !ok || ch.GetId() != "ch_fresh" || ran != 1 {
+				t.Fatalf("retry = %T %v, %v after %d runs; want the stored charge", resp, resp, err, ran)
+			}
+		})
+	}
+}
