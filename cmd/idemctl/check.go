@@ -61,8 +61,9 @@ func (a *app) check(ctx context.Context, args []string) int {
 	return exitOK
 }
 
-// printSettings prints every field of s with its variable, its value (the
-// password of the Redis URL masked) and where the value comes from.
+// printSettings prints every field of s with its variable, its value (with
+// the secrets masked, as s.Redacted masks them) and where the value comes
+// from.
 func (a *app) printSettings(s idempotency.Settings, o *overrides) {
 	names := variables()
 	flagOf := map[string]string{
@@ -72,9 +73,9 @@ func (a *app) printSettings(s idempotency.Settings, o *overrides) {
 	}
 	fmt.Fprintln(a.stdout, "Settings:")
 	w := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
-	v := reflect.ValueOf(s)
-	for i := range v.NumField() {
-		name := v.Type().Field(i).Name
+	plain, redacted := reflect.ValueOf(s), reflect.ValueOf(s.Redacted())
+	for i := range redacted.NumField() {
+		name := redacted.Type().Field(i).Name
 		if i < len(names) {
 			name = names[i]
 		}
@@ -84,7 +85,8 @@ func (a *app) printSettings(s idempotency.Settings, o *overrides) {
 		} else if _, set := os.LookupEnv(name); set {
 			source = "environment"
 		}
-		fmt.Fprintf(w, "  %s\t%s\t(%s)\n", name, settingValue(v.Type().Field(i).Name, v.Field(i)), source)
+		masked := !reflect.DeepEqual(plain.Field(i).Interface(), redacted.Field(i).Interface())
+		fmt.Fprintf(w, "  %s\t%s\t(%s)\n", name, settingValue(redacted.Type().Field(i).Name, redacted.Field(i), masked), source)
 	}
 	_ = w.Flush()
 }
@@ -97,25 +99,16 @@ func variables() []string {
 	return strings.Fields(b.String())
 }
 
-// settingValue formats the value of the field name of Settings as its
-// variable would say it, with strings quoted (so that an empty key prefix
-// shows) and secrets masked: the password of a URL (a field whose name ends
-// in URL) and the whole value of a field whose name speaks of a password or
-// a secret (RedisSentinelPassword), whatever fields Settings gains.
-func settingValue(name string, v reflect.Value) string {
-	if v.Kind() == reflect.String {
-		switch {
-		case secretField(name) && v.String() != "":
-			return "xxxxx"
-		case strings.HasSuffix(name, "URL"):
-			return redactURL(v.String())
-		}
-	}
-	if secretField(name) && !v.IsZero() {
-		return "xxxxx"
-	}
+// settingValue formats v, the value of the field name of Settings.Redacted,
+// as its variable would say it, with strings quoted (so that an empty key
+// prefix shows), but a URL (a field whose name ends in URL) and a value that
+// Redacted masked (masked) shown as they are.
+func settingValue(name string, v reflect.Value, masked bool) string {
 	switch x := v.Interface().(type) {
 	case string:
+		if masked || strings.HasSuffix(name, "URL") {
+			return x
+		}
 		return strconv.Quote(x)
 	case []string:
 		return strings.Join(x, ",")
@@ -131,17 +124,10 @@ func settingValue(name string, v reflect.Value) string {
 	return fmt.Sprint(v.Interface())
 }
 
-// secretField reports whether the field name of Settings holds a secret,
-// which is never shown.
-func secretField(name string) bool {
-	n := strings.ToLower(name)
-	return strings.Contains(n, "password") || strings.Contains(n, "secret") || strings.Contains(n, "credential")
-}
-
 // checkServer pings a single server and reports its version. It reports
 // false when the server is unreachable.
 func (a *app) checkServer(ctx context.Context, c *redis.Client, s idempotency.Settings) bool {
-	fmt.Fprintf(a.stdout, "Redis %s:\n", c.Options().Addr)
+	fmt.Fprintf(a.stdout, "Redis %s:\n", s.RedisAddr())
 	r := probe(ctx, c, s.StorageTimeout)
 	a.printProbe(r, false)
 	if r.err == nil && r.clusterEnabled {
@@ -154,7 +140,7 @@ func (a *app) checkServer(ctx context.Context, c *redis.Client, s idempotency.Se
 // and cluster_state ok as it sees it. It reports false when the cluster's
 // slot map cannot be read or a master fails a check.
 func (a *app) checkCluster(ctx context.Context, c *redis.ClusterClient, s idempotency.Settings) bool {
-	fmt.Fprintf(a.stdout, "Redis Cluster, seeds %s:\n", strings.Join(c.Options().Addrs, ","))
+	fmt.Fprintf(a.stdout, "Redis %s:\n", s.RedisAddr())
 	// Loading the slot map tries the seeds one after the other; a few
 	// storage timeouts bound it.
 	lctx, cancel := context.WithTimeout(ctx, 3*s.StorageTimeout)

@@ -46,6 +46,14 @@ func TestCheck(t *testing.T) {
 				t.Errorf("check's output lacks %q:\n%s", want, r.stdout)
 			}
 		}
+		// The Redis is named as the settings name it (Settings.RedisAddr).
+		label := "Redis " + redistest.ServerOptions(t).Addr + ":\n"
+		if _, cluster := b.env["IDEMPOTENCY_REDIS_CLUSTER_ADDRS"]; cluster {
+			label = "Redis cluster " + strings.Join(redistest.ClusterAddrs(t), ",") + ":\n"
+		}
+		if !strings.Contains(r.stdout, "\n"+label) {
+			t.Errorf("check does not name the Redis %q:\n%s", label, r.stdout)
+		}
 		if _, cluster := b.env["IDEMPOTENCY_REDIS_CLUSTER_ADDRS"]; cluster {
 			for _, addr := range redistest.ClusterAddrs(t) {
 				if !strings.Contains(r.stdout, "master "+addr+": PONG") {

@@ -58,7 +58,7 @@ func (a *app) count(ctx context.Context, args []string) int {
 		return exitOK
 	}
 	if len(entries) == 0 {
-		fmt.Fprintf(a.stdout, "no records under prefix %q on %s\n", c.s.KeyPrefix, redisAddr(c.client))
+		fmt.Fprintf(a.stdout, "no records under prefix %q on %s\n", c.s.KeyPrefix, c.s.RedisAddr())
 		return exitOK
 	}
 	w := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)

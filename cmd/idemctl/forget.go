@@ -69,7 +69,7 @@ func (a *app) forgetAll(ctx context.Context, c *conn, operation string, yes bool
 		return a.fail("forget", err)
 	}
 	n := counts[operation]
-	where := fmt.Sprintf("under prefix %q on %s", c.s.KeyPrefix, redisAddr(c.client))
+	where := fmt.Sprintf("under prefix %q on %s", c.s.KeyPrefix, c.s.RedisAddr())
 	if n.Total() == 0 {
 		fmt.Fprintf(a.stdout, "no records of %s %s: nothing to forget\n", operation, where)
 		return exitOK

@@ -84,63 +84,64 @@ func TestSafe(t *testing.T) {
 	}
 }
 
-func TestRedactURL(t *testing.T) {
-	for in, want := range map[string]string{
-		"redis://localhost:6379/0":                     "redis://localhost:6379/0",
-		"redis://:s3cret@localhost:6379/0":             "redis://:xxxxx@localhost:6379/0",
-		"rediss://user:s3cret@host:6380/1?pool_size=4": "rediss://user:xxxxx@host:6380/1?pool_size=4",
-		"redis://:s3c/ret@localhost:6379/0":            "(invalid URL, not shown)",
-		"redis://:s3c%zzret@localhost:6379/0":          "(invalid URL, not shown)",
-		"s3cret@localhost":                             "(invalid URL, not shown)",
-	} {
-		if got := redactURL(in); got != want {
-			t.Errorf("redactURL(%q) = %q, want %q", in, got, want)
-		}
-	}
-}
-
-// Every secret in Settings is masked, whatever its field is called: the
-// fields of a password or a secret entirely, the password of a URL.
+// Every secret in Settings is masked, as Settings.Redacted masks it, and
+// every other value is shown as its variable would say it.
 func TestSettingValue(t *testing.T) {
 	const secret = "s3cr3t-value"
 	for _, tc := range []struct {
-		name  string
-		value any
-		want  string
+		name   string
+		value  any
+		masked bool
+		want   string
 	}{
-		{"RedisURL", "redis://u:" + secret + "@h:1/0", "redis://u:xxxxx@h:1/0"},
-		{"RedisSentinelPassword", secret, "xxxxx"},
-		{"RedisSentinelPassword", "", `""`},
-		{"SomeSecret", secret, "xxxxx"},
-		{"OtherURL", "redis://:" + secret + "@h:1/0", "redis://:xxxxx@h:1/0"},
-		{"KeyPrefix", "", `""`},
-		{"KeyPrefix", "idempotency:", `"idempotency:"`},
-		{"RedisClusterAddrs", []string{"a:1", "b:2"}, "a:1,b:2"},
-		{"OperationTTLS", idempotency.OperationTTLs{"b.op": time.Hour, "a.op": time.Minute}, "a.op:1m0s,b.op:1h0m0s"},
-		{"Lease", 30 * time.Second, "30s"},
-		{"Enabled", true, "true"},
-		{"MaxResultBytes", 1 << 20, "1048576"},
+		{"RedisURL", "redis://u:xxxxx@h:1/0", true, "redis://u:xxxxx@h:1/0"},
+		{"RedisURL", "redis://h:1/0", false, "redis://h:1/0"},
+		{"RedisSentinelPassword", "xxxxx", true, "xxxxx"},
+		{"RedisSentinelPassword", "", false, `""`},
+		{"KeyPrefix", "", false, `""`},
+		{"KeyPrefix", "idempotency:", false, `"idempotency:"`},
+		{"RedisClusterAddrs", []string{"a:1", "b:2"}, false, "a:1,b:2"},
+		{"OperationTTLS", idempotency.OperationTTLs{"b.op": time.Hour, "a.op": time.Minute}, false, "a.op:1m0s,b.op:1h0m0s"},
+		{"Lease", 30 * time.Second, false, "30s"},
+		{"Enabled", true, false, "true"},
+		{"MaxResultBytes", 1 << 20, false, "1048576"},
 	} {
-		got := settingValue(tc.name, reflect.ValueOf(tc.value))
+		got := settingValue(tc.name, reflect.ValueOf(tc.value), tc.masked)
 		if got != tc.want {
-			t.Errorf("settingValue(%s, %v) = %q, want %q", tc.name, tc.value, got, tc.want)
+			t.Errorf("settingValue(%s, %v, %v) = %q, want %q", tc.name, tc.value, tc.masked, got, tc.want)
 		}
 	}
 
-	// Whatever fields Settings has: every string field of a secret set,
-	// nothing of it printed.
+	// Whatever fields Settings gains: a field whose name speaks of a
+	// password, a secret or a credential is one that Redacted must mask
+	// (idemctl has no masking of its own), and the URL's password too.
 	s := idempotency.DefaultSettings()
 	v := reflect.ValueOf(&s).Elem()
+	secrets := 0
 	for i := range v.NumField() {
-		if f := v.Type().Field(i); secretField(f.Name) && f.Type.Kind() == reflect.String {
-			v.Field(i).SetString(secret)
+		f := v.Type().Field(i)
+		n := strings.ToLower(f.Name)
+		if !strings.Contains(n, "password") && !strings.Contains(n, "secret") && !strings.Contains(n, "credential") {
+			continue
 		}
+		switch f.Type.Kind() {
+		case reflect.String:
+			v.Field(i).SetString(secret)
+		case reflect.Slice:
+			v.Field(i).Set(reflect.ValueOf([]string{secret}))
+		default:
+			t.Fatalf("Settings.%s holds a secret of a kind this test does not set: %v", f.Name, f.Type)
+		}
+		secrets++
+	}
+	if secrets == 0 {
+		t.Fatal("no field of Settings holds a password: the test looks for the wrong names")
 	}
 	s.RedisURL = "redis://:" + secret + "@localhost:6379/0"
 	var out strings.Builder
 	(&app{stdout: &out}).printSettings(s, &overrides{})
-	if strings.Contains(out.String(), secret) || !strings.Contains(out.String(), "xxxxx") {
-		t.Errorf("printSettings shows a secret, or masks nothing:\n%s", out.String())
+	if strings.Contains(out.String(), secret[:5]) || strings.Count(out.String(), "xxxxx") != secrets+1 {
+		t.Errorf("printSettings shows a secret, or does not mask %d values:\n%s", secrets+1, out.String())
 	}
 }
 

@@ -235,24 +235,12 @@ func (o *overrides) connect(ctx context.Context) (*conn, error) {
 	defer cancel()
 	if err := client.Ping(pctx).Err(); err != nil {
 		_ = client.Close()
-		return nil, fmt.Errorf("redis at %s is unreachable: %w", redisAddr(client), err)
+		return nil, fmt.Errorf("redis at %s is unreachable: %w", s.RedisAddr(), err)
 	}
 	return c, nil
 }
 
 func (c *conn) Close() { _ = c.client.Close() }
-
-// redisAddr describes where client points: the address of a single server
-// or the seed nodes of a cluster. It never shows a password.
-func redisAddr(client redis.UniversalClient) string {
-	switch c := client.(type) {
-	case *redis.Client:
-		return c.Options().Addr
-	case *redis.ClusterClient:
-		return "cluster " + strings.Join(c.Options().Addrs, ",")
-	}
-	return fmt.Sprintf("%T", client)
-}
 
 // plural returns "1 record", "2 records".
 func plural(n int, what string) string {
