@@ -91,8 +91,8 @@ const (
 	// time); in the second case the handler did not run.
 	ReasonMaxDeliveries Reason = "max_deliveries"
 	// ReasonBadMessage (DeadLetter): the key function or the fingerprint
-	// function failed, or returned a key or fingerprint the coordinator
-	// refuses.
+	// function failed or panicked, or returned a key or fingerprint the
+	// coordinator refuses.
 	ReasonBadMessage Reason = "bad_message"
 	// ReasonKeyReuse (DeadLetter): the key was used before for a message with
 	// another fingerprint (see WithFingerprint).

@@ -44,6 +44,7 @@
 //	delivered more than max times, not completed  DeadLetter  max_deliveries (handler not run)
 //	the same, but the store cannot say            Retry       storage_error (handler not run)
 //	no key, or a key or fingerprint refused       DeadLetter  bad_message
+//	(or the key or fingerprint function panicked)
 //	key used for a message with another content   DeadLetter  key_reuse
 //
 // A handler error releases the key (the coordinator stores no failure), so

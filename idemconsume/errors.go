@@ -42,7 +42,9 @@ func (e permanentError) Is(target error) bool { return target == ErrPermanent }
 // PanicError is the error of a Decision whose handler panicked: Process
 // recovers the panic, the coordinator releases the key, and the message is
 // treated as one whose handler returned an error (retried, then
-// dead-lettered on its MaxDeliveries'th delivery).
+// dead-lettered on its MaxDeliveries'th delivery). A key or fingerprint
+// function that panics is recovered too, and dead-letters the message
+// (ReasonBadMessage).
 type PanicError struct {
 	// Value is what the handler panicked with.
 	Value any

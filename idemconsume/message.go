@@ -41,9 +41,10 @@ type Handler func(ctx context.Context, msg Message) error
 
 // KeyFunc derives the idempotency key of a message: the string that is the
 // same on every delivery of the message and on every copy that a producer
-// published of it, and different for every other message. Its error
-// dead-letters the message (ReasonBadMessage): a message without a key can
-// never be processed safely.
+// published of it, and different for every other message. Its error, or its
+// panic (recovered as a *PanicError), dead-letters the message
+// (ReasonBadMessage): a message without a key can never be processed
+// safely.
 type KeyFunc func(msg Message) (string, error)
 
 // KeyFromID is the KeyFunc that keys a message by its broker ID: right for

@@ -37,9 +37,10 @@ func WithKey(f KeyFunc) Option { return optionFunc(func(c *config) { c.key = f }
 // WithFingerprint sets a function that fingerprints a message's content
 // (coordinator.Fingerprint of its fields, say), so that a key reused for a
 // message with other content is dead-lettered (ReasonKeyReuse) instead of
-// acknowledged as a duplicate of the first. Its error, or a fingerprint the
-// coordinator refuses (more than 512 bytes, or not visible ASCII),
-// dead-letters the message (ReasonBadMessage). Default nil: no fingerprint.
+// acknowledged as a duplicate of the first. Its error or panic, or a
+// fingerprint the coordinator refuses (more than 512 bytes, or not visible
+// ASCII: coordinator.ValidateFingerprint), dead-letters the message
+// (ReasonBadMessage). Default nil: no fingerprint.
 func WithFingerprint(f func(Message) (string, error)) Option {
 	return optionFunc(func(c *config) { c.fingerprint = f })
 }

@@ -96,7 +96,7 @@ func (p *Processor) Process(ctx context.Context, msg Message, handle Handler) De
 		return Decision{Action: Ack, Reason: ReasonUnprotected}
 	}
 
-	key, err := p.cfg.key(msg)
+	key, err := guard(p.cfg.key, msg)
 	if err == nil {
 		err = coordinator.ValidateKey(key)
 	}
@@ -105,7 +105,7 @@ func (p *Processor) Process(ctx context.Context, msg Message, handle Handler) De
 	}
 	call := coordinator.Call{Operation: p.op, Key: key, TTL: p.cfg.ttl}
 	if p.cfg.fingerprint != nil {
-		fp, err := p.cfg.fingerprint(msg)
+		fp, err := guard(p.cfg.fingerprint, msg)
 		if err == nil {
 			err = coordinator.ValidateFingerprint(fp)
 		}
@@ -203,6 +203,18 @@ func (p *Processor) failed(ctx context.Context, msg Message, key string, err err
 // MaxDeliveries times.
 func (p *Processor) overLimit(msg Message) error {
 	return fmt.Errorf("%w: message %q delivered %d times, at most %d allowed", ErrMaxDeliveries, msg.ID, msg.Deliveries, p.cfg.maxDeliveries)
+}
+
+// guard calls f, the key or the fingerprint function, turning a panic into
+// a *PanicError: a message that makes it panic would otherwise crash every
+// consumer it is delivered to, before the delivery limit could stop it.
+func guard(f func(Message) (string, error), msg Message) (s string, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			s, err = "", &PanicError{Value: v, Stack: debug.Stack()}
+		}
+	}()
+	return f(msg)
 }
 
 // run calls handle, turning a panic into a *PanicError.

@@ -388,3 +388,25 @@ func TestOverMaxDeliveriesWithTheStoreDown(t *testing.T) {
 	store.Reset()
 	check(t, p.Process(t.Context(), msg("1-0", 5), h.handle), idemconsume.DeadLetter, idemconsume.ReasonMaxDeliveries)
 }
+
+// A key or fingerprint function that panics on a message dead-letters that
+// message: a panic there would otherwise kill every consumer it reaches,
+// before its delivery count could stop it.
+func TestKeyOrFingerprintPanics(t *testing.T) {
+	boom := func(m idemconsume.Message) (string, error) { return m.Fields["parts"][:8], nil } // out of range
+	for name, opt := range map[string]idemconsume.Option{
+		"key":         idemconsume.WithKey(boom),
+		"fingerprint": idemconsume.WithFingerprint(boom),
+	} {
+		t.Run(name, func(t *testing.T) {
+			p := newProcessor(t, newCoordinator(t, nil), opt)
+			h := &counter{}
+			d := p.Process(t.Context(), msg("1-0", 1), h.handle)
+			check(t, d, idemconsume.DeadLetter, idemconsume.ReasonBadMessage)
+			var pe *idemconsume.PanicError
+			if !errors.As(d.Err, &pe) || len(pe.Stack) == 0 || h.runs.Load() != 0 {
+				t.Errorf("error %v, runs %d; want a *PanicError and no run", d.Err, h.runs.Load())
+			}
+		})
+	}
+}
