@@ -9,11 +9,14 @@ import (
 
 // UnaryClientInterceptor returns a unary client interceptor that gives each
 // call one idempotency key and keeps it across the call's retries. A call
-// whose outgoing context already carries the key metadata entry (set with
-// ContextWithKey, or metadata.AppendToOutgoingContext) keeps it; any other
-// call of a protected method (WithMethods; every method by default) gets a
-// fresh NewKey under DefaultKeyHeader (or WithKeyHeader). It reads those two
-// options and ignores the others. It panics when an option is invalid.
+// whose outgoing context already carries the key metadata entry
+// (DefaultKeyHeader, or WithKeyHeader; set with ContextWithKey or
+// metadata.AppendToOutgoingContext) keeps it; so does a call with a key
+// from ContextWithKey under another WithKeyHeader, which the interceptor
+// sends under its own header too. Any other call of a protected method
+// (WithMethods; every method by default) gets a fresh NewKey. It reads those
+// two options and ignores the others. It panics when an option is invalid,
+// as UnaryServerInterceptor does.
 //
 // The interceptor runs once per logical call, around all of its attempts:
 // grpc-go's retry policy (a service config "retryPolicy") and its
@@ -33,24 +36,41 @@ func UnaryClientInterceptor(opts ...Option) grpc.UnaryClientInterceptor {
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, callOpts ...grpc.CallOption) error {
 		if cfg.protects(method) {
 			if md, _ := metadata.FromOutgoingContext(ctx); len(md.Get(header)) == 0 {
-				ctx = metadata.AppendToOutgoingContext(ctx, header, NewKey())
+				ctx = metadata.AppendToOutgoingContext(ctx, header, callerKey(ctx, md, header))
 			}
 		}
 		return invoker(ctx, method, req, reply, cc, callOpts...)
 	}
 }
 
+// callerKey returns the key that ContextWithKey put into ctx when it is
+// still the outgoing metadata's DefaultKeyHeader entry and header is
+// another, else a fresh NewKey.
+func callerKey(ctx context.Context, md metadata.MD, header string) string {
+	if header != DefaultKeyHeader {
+		k, ok := ctx.Value(contextKey{}).(string)
+		if vs := md.Get(DefaultKeyHeader); ok && len(vs) == 1 && vs[0] == k {
+			return k
+		}
+	}
+	return NewKey()
+}
+
+// contextKey is the context key under which ContextWithKey records the key.
+type contextKey struct{}
+
 // ContextWithKey returns a copy of ctx whose outgoing metadata carries key as
 // the idempotency key, under DefaultKeyHeader, replacing any key there. Use
 // it for a key of your own (an order ID, a message ID, a key your caller
 // sent you) and for retries that your own code makes: create the key once
 // per logical request and pass the same context to every attempt. It does
-// not need the client interceptor, which keeps the key it finds. A server
-// with another WithKeyHeader needs metadata.AppendToOutgoingContext with that
-// name instead.
+// not need the client interceptor, which keeps the key it finds, and which,
+// under another WithKeyHeader, sends the key under that header too. A
+// server with another WithKeyHeader and a client without the interceptor
+// need metadata.AppendToOutgoingContext with that name instead.
 func ContextWithKey(ctx context.Context, key string) context.Context {
 	md, _ := metadata.FromOutgoingContext(ctx)
 	md = md.Copy()
 	md.Set(DefaultKeyHeader, key)
-	return metadata.NewOutgoingContext(ctx, md)
+	return metadata.NewOutgoingContext(context.WithValue(ctx, contextKey{}, key), md)
 }

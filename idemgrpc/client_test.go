@@ -208,3 +208,35 @@ func TestRetryPolicyWaitsOutInProgress(t *testing.T) {
 		t.Fatalf("the charge was made %d times, want 1", svc.n())
 	}
 }
+
+// TestCallerKeyWinsUnderAnotherHeader: with WithKeyHeader on both sides, a
+// key the caller set with ContextWithKey is the call's key, not a fresh one
+// the client interceptor adds beside it.
+func TestCallerKeyWinsUnderAnotherHeader(t *testing.T) {
+	c, _ := newCoordinator(t, nil)
+	const header = "x-request-key"
+	var mu sync.Mutex
+	var seen [][]string
+	record := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		md, _ := metadata.FromIncomingContext(ctx)
+		mu.Lock()
+		seen = append(seen, md.Get(header))
+		mu.Unlock()
+		return handler(ctx, req)
+	}
+	svc := &payments{}
+	client := serveWith(t, svc,
+		[]grpc.ServerOption{grpc.ChainUnaryInterceptor(record, idemgrpc.UnaryServerInterceptor(c, idemgrpc.WithKeyHeader(header)))},
+		grpc.WithChainUnaryInterceptor(idemgrpc.UnaryClientInterceptor(idemgrpc.WithKeyHeader(header))))
+
+	ctx := idemgrpc.ContextWithKey(t.Context(), "order-42")
+	wantOK(t, charge(ctx, client, chargeReq(1)), "ch_1", false)
+	wantOK(t, charge(ctx, client, chargeReq(1)), "ch_1", true) // the caller's retry
+	// A key under the interceptor's own header wins too.
+	mine := metadata.AppendToOutgoingContext(ctx, header, "mine")
+	wantOK(t, charge(mine, client, chargeReq(1)), "ch_2", false)
+	if len(seen) != 3 || len(seen[0]) != 1 || seen[0][0] != "order-42" || seen[1][0] != "order-42" ||
+		len(seen[2]) != 1 || seen[2][0] != "mine" {
+		t.Fatalf("keys seen = %q, want [order-42] twice, then [mine]", seen)
+	}
+}
