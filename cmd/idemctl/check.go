@@ -20,8 +20,9 @@ import (
 	"github.com/idemkit/idempotency"
 )
 
-// check prints the settings and checks Redis: PING, the server version and,
-// on a cluster, every master and its cluster_state.
+// check prints the settings and checks Redis: PING, the server version
+// (Redis 7.0 or newer, which the store needs) and, on a cluster, every
+// master and its cluster_state.
 func (a *app) check(ctx context.Context, args []string) int {
 	fs, o := a.newFlagSet("check", "check [flags]")
 	rest, err := parse(fs, o, args)
@@ -38,7 +39,7 @@ func (a *app) check(ctx context.Context, args []string) int {
 	a.printSettings(s, o)
 	fmt.Fprintln(a.stdout)
 
-	client, err := idempotency.NewRedisClient(s)
+	client, err := a.client(s)
 	if err != nil {
 		return a.fail("check", err)
 	}
@@ -125,7 +126,7 @@ func settingValue(name string, v reflect.Value, masked bool) string {
 }
 
 // checkServer pings a single server and reports its version. It reports
-// false when the server is unreachable.
+// false when the server is unreachable or older than Redis 7.0.
 func (a *app) checkServer(ctx context.Context, c *redis.Client, s idempotency.Settings) bool {
 	fmt.Fprintf(a.stdout, "Redis %s:\n", s.RedisAddr())
 	r := probe(ctx, c, s.StorageTimeout)
@@ -133,12 +134,12 @@ func (a *app) checkServer(ctx context.Context, c *redis.Client, s idempotency.Se
 	if r.err == nil && r.clusterEnabled {
 		fmt.Fprintf(a.stdout, "  WARNING: this server is a Redis Cluster node: set %s_REDIS_CLUSTER_ADDRS, or keys on other nodes fail with MOVED\n", idempotency.EnvPrefix)
 	}
-	return r.err == nil
+	return r.err == nil && !r.old
 }
 
-// checkCluster checks every master of the cluster: reachable, its version,
-// and cluster_state ok as it sees it. It reports false when the cluster's
-// slot map cannot be read or a master fails a check.
+// checkCluster checks every master of the cluster: reachable, Redis 7.0 or
+// newer, and cluster_state ok as it sees it. It reports false when the
+// cluster's slot map cannot be read or a master fails a check.
 func (a *app) checkCluster(ctx context.Context, c *redis.ClusterClient, s idempotency.Settings) bool {
 	fmt.Fprintf(a.stdout, "Redis %s:\n", s.RedisAddr())
 	// Loading the slot map tries the seeds one after the other; a few
@@ -162,7 +163,7 @@ func (a *app) checkCluster(ctx context.Context, c *redis.ClusterClient, s idempo
 	ok := err == nil && len(probes) > 0
 	for _, r := range probes {
 		a.printProbe(r, true)
-		if r.err == nil && r.clusterState != "ok" {
+		if r.err == nil && (r.clusterState != "ok" || r.old) {
 			ok = false
 		}
 	}
@@ -237,7 +238,7 @@ func (a *app) printProbe(r probeResult, cluster bool) {
 	}
 	fmt.Fprintln(a.stdout, line)
 	if r.old {
-		fmt.Fprintf(a.stdout, "  WARNING: %s runs Redis %s: the store needs Redis 7.0 or newer (SET with NX and GET); every call to it will fail with a storage error\n", r.addr, r.version)
+		fmt.Fprintf(a.stdout, "  FAILED: %s runs Redis %s: the store needs Redis 7.0 or newer (SET with NX and GET); every call to it would fail with a storage error\n", r.addr, r.version)
 	}
 }
 

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/internal/redistest"
 	"github.com/idemkit/idempotency/redisrepo"
@@ -476,4 +478,83 @@ func TestIsTerminal(t *testing.T) {
 	if isTerminal(f) || isTerminal(strings.NewReader("")) {
 		t.Error("a file or a reader is a terminal")
 	}
+}
+
+// A server older than Redis 7.0 fails check: every call of the store would
+// fail on it. The servers' INFO is rewritten to say 6.2.14.
+func TestCheckOldRedis(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b backend) {
+		setEnv(t, b.env)
+		var stdout, stderr bytes.Buffer
+		a := &app{stdin: strings.NewReader(""), stdout: &stdout, stderr: &stderr, newClient: withVersion("6.2.14")}
+		code := a.run(t.Context(), []string{"check"})
+		out := stdout.String() + stderr.String()
+		if code != exitFailure || !strings.Contains(stdout.String(), "\nFAILED\n") || !strings.Contains(stderr.String(), "Redis failed the check") {
+			t.Errorf("check of Redis 6.2.14: exit %d, want %d and FAILED:\n%s", code, exitFailure, out)
+		}
+		addrs := []string{redistest.ServerOptions(t).Addr}
+		if _, cluster := b.env["IDEMPOTENCY_REDIS_CLUSTER_ADDRS"]; cluster {
+			addrs = redistest.ClusterAddrs(t)
+		}
+		for _, addr := range addrs {
+			if want := "  FAILED: " + addr + " runs Redis 6.2.14: the store needs Redis 7.0 or newer"; !strings.Contains(out, want) {
+				t.Errorf("check does not say %q:\n%s", want, out)
+			}
+		}
+
+		// The same servers, as they are, pass.
+		stdout.Reset()
+		stderr.Reset()
+		a.newClient = withVersion("7.0.0")
+		if code := a.run(t.Context(), []string{"check"}); code != exitOK {
+			t.Errorf("check of Redis 7.0.0: exit %d:\n%s%s", code, stdout.String(), stderr.String())
+		}
+	})
+}
+
+// withVersion returns a newClient whose clients see version as the
+// redis_version of every server's INFO.
+func withVersion(version string) func(idempotency.Settings) (redis.UniversalClient, error) {
+	return func(s idempotency.Settings) (redis.UniversalClient, error) {
+		c, err := idempotency.NewRedisClient(s)
+		if err != nil {
+			return nil, err
+		}
+		h := versionHook(version)
+		switch c := c.(type) {
+		case *redis.ClusterClient:
+			c.OnNewNode(func(node *redis.Client) { node.AddHook(h) })
+		case *redis.Client:
+			c.AddHook(h)
+		}
+		return c, nil
+	}
+}
+
+// versionHook rewrites the redis_version of INFO replies (or adds one, for
+// miniredis, whose INFO has none).
+type versionHook string
+
+var redisVersion = regexp.MustCompile(`redis_version:[^\r\n]*`)
+
+func (versionHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h versionHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if c, ok := cmd.(*redis.StringCmd); ok && err == nil && cmd.Name() == "info" {
+			info := c.Val()
+			if redisVersion.MatchString(info) {
+				info = redisVersion.ReplaceAllString(info, "redis_version:"+string(h))
+			} else {
+				info = "redis_version:" + string(h) + "\r\n" + info
+			}
+			c.SetVal(info)
+		}
+		return err
+	}
+}
+
+func (versionHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }

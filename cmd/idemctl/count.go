@@ -35,7 +35,7 @@ func (a *app) count(ctx context.Context, args []string) int {
 			return a.usageError(fs, "%v", err)
 		}
 	}
-	c, err := o.connect(ctx)
+	c, err := a.connect(ctx, o)
 	if err != nil {
 		return a.fail("count", err)
 	}

@@ -41,7 +41,7 @@ func (a *app) forget(ctx context.Context, args []string) int {
 	if err != nil {
 		return a.usageError(fs, "%v", err)
 	}
-	c, err := o.connect(ctx)
+	c, err := a.connect(ctx, o)
 	if err != nil {
 		return a.fail("forget", err)
 	}

@@ -63,7 +63,7 @@ func (a *app) lookup(ctx context.Context, args []string) int {
 	if err != nil {
 		return a.usageError(fs, "%v", err)
 	}
-	c, err := o.connect(ctx)
+	c, err := a.connect(ctx, o)
 	if err != nil {
 		return a.fail("lookup", err)
 	}

@@ -56,6 +56,17 @@ type app struct {
 	// terminal reports whether stdin is a terminal, where an operator can
 	// confirm a forget -all.
 	terminal bool
+	// newClient builds the Redis client of the settings; nil means
+	// idempotency.NewRedisClient, as the module builds it. Tests wrap it.
+	newClient func(idempotency.Settings) (redis.UniversalClient, error)
+}
+
+// client returns the Redis client of s (newClient).
+func (a *app) client(s idempotency.Settings) (redis.UniversalClient, error) {
+	if a.newClient != nil {
+		return a.newClient(s)
+	}
+	return idempotency.NewRedisClient(s)
 }
 
 // run runs idemctl with args (without the program name) and returns its exit
@@ -221,12 +232,12 @@ type conn struct {
 // connect loads the settings, builds the client and the store as the module
 // does (idempotency.NewRedisClient, NewStore), and pings Redis within the
 // storage timeout, so that an unreachable Redis fails fast. Close the conn.
-func (o *overrides) connect(ctx context.Context) (*conn, error) {
+func (a *app) connect(ctx context.Context, o *overrides) (*conn, error) {
 	s, err := o.settings()
 	if err != nil {
 		return nil, err
 	}
-	client, err := idempotency.NewRedisClient(s)
+	client, err := a.client(s)
 	if err != nil {
 		return nil, err
 	}
