@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net"
 	"os"
 	"reflect"
 	"slices"
@@ -49,7 +50,11 @@ func (a *app) check(ctx context.Context, args []string) int {
 	case *redis.ClusterClient:
 		ok = a.checkCluster(ctx, c, s)
 	case *redis.Client:
-		ok = a.checkServer(ctx, c, s)
+		if s.RedisSentinelMaster != "" {
+			ok = a.checkSentinel(ctx, c, s)
+		} else {
+			ok = a.checkServer(ctx, c, s)
+		}
 	default:
 		return a.fail("check", fmt.Errorf("unexpected client %T", client))
 	}
@@ -130,7 +135,7 @@ func settingValue(name string, v reflect.Value, masked bool) string {
 func (a *app) checkServer(ctx context.Context, c *redis.Client, s idempotency.Settings) bool {
 	fmt.Fprintf(a.stdout, "Redis %s:\n", s.RedisAddr())
 	r := probe(ctx, c, s.StorageTimeout)
-	a.printProbe(r, false)
+	a.printProbe(r, "  server", "")
 	if r.err == nil && r.clusterEnabled {
 		fmt.Fprintf(a.stdout, "  WARNING: this server is a Redis Cluster node: set %s_REDIS_CLUSTER_ADDRS, or keys on other nodes fail with MOVED\n", idempotency.EnvPrefix)
 	}
@@ -162,7 +167,7 @@ func (a *app) checkCluster(ctx context.Context, c *redis.ClusterClient, s idempo
 	slices.SortFunc(probes, func(x, y probeResult) int { return strings.Compare(x.addr, y.addr) })
 	ok := err == nil && len(probes) > 0
 	for _, r := range probes {
-		a.printProbe(r, true)
+		a.printProbe(r, "  master "+r.addr, "cluster_state "+r.clusterState)
 		if r.err == nil && (r.clusterState != "ok" || r.old) {
 			ok = false
 		}
@@ -176,6 +181,103 @@ func (a *app) checkCluster(ctx context.Context, c *redis.ClusterClient, s idempo
 	return ok
 }
 
+// checkSentinel checks a failover client's setup: that every sentinel
+// answers and names a master, and the master itself, through c, as the
+// module reaches it: reachable, Redis 7.0 or newer, and a master (role
+// master in its INFO). It reports false when a sentinel fails (the client
+// tries the others, but the setup has lost one) or the master fails a
+// check. Sentinels that name different masters (a failover in progress) are
+// a warning.
+func (a *app) checkSentinel(ctx context.Context, c *redis.Client, s idempotency.Settings) bool {
+	fmt.Fprintf(a.stdout, "Redis %s:\n", s.RedisAddr())
+	ok := true
+	masters := map[string]bool{}
+	var master string // the first sentinel's answer
+	for _, addr := range s.RedisSentinelAddrs {
+		r := probeSentinel(ctx, addr, s)
+		if r.err != nil {
+			fmt.Fprintf(a.stdout, "  sentinel %s: FAILED: %v\n", addr, r.err)
+			ok = false
+			continue
+		}
+		fmt.Fprintf(a.stdout, "  sentinel %s: PONG in %v, master %s at %s\n", addr, r.rtt.Round(time.Microsecond), s.RedisSentinelMaster, r.master)
+		if master == "" {
+			master = r.master
+		}
+		masters[r.master] = true
+	}
+	if len(masters) > 1 {
+		fmt.Fprintf(a.stdout, "  WARNING: the sentinels name different masters (%s): a failover in progress, or sentinels that do not talk to each other\n",
+			strings.Join(slices.Sorted(maps.Keys(masters)), ", "))
+	}
+	r := probe(ctx, c, s.StorageTimeout)
+	r.addr = master
+	if master == "" {
+		r.addr = "(no sentinel named it)"
+	}
+	if r.err == nil && r.role != "master" {
+		r.err = fmt.Errorf("role %s, not master: writes would fail with READONLY", r.role)
+	}
+	a.printProbe(r, "  master "+r.addr, "role "+r.role)
+	if r.err != nil || r.old {
+		ok = false
+	}
+	if ok {
+		fmt.Fprintf(a.stdout, "  %s, every one answering; master %s at %s\n", plural(len(s.RedisSentinelAddrs), "sentinel"), s.RedisSentinelMaster, master)
+	}
+	return ok
+}
+
+// sentinelResult is what probeSentinel found out about one sentinel.
+type sentinelResult struct {
+	rtt    time.Duration
+	master string // host:port of the master it names
+	err    error
+}
+
+// probeSentinel pings the sentinel at addr and asks it for the master of s,
+// each call within the storage timeout. It connects as the failover client
+// of idempotency.NewRedisClient does: with s.RedisSentinelPassword, and
+// with TLS when the URL is rediss://, the sentinel verified under its own
+// name.
+func probeSentinel(ctx context.Context, addr string, s idempotency.Settings) sentinelResult {
+	var r sentinelResult
+	opts := &redis.Options{
+		Addr:                  addr,
+		Password:              s.RedisSentinelPassword,
+		DialTimeout:           s.StorageTimeout,
+		DialerRetries:         1,
+		MaxRetries:            -1,
+		ContextTimeoutEnabled: true,
+	}
+	if u, err := redis.ParseURL(s.RedisURL); err == nil && u.TLSConfig != nil {
+		opts.TLSConfig = u.TLSConfig.Clone()
+		opts.TLSConfig.ServerName = ""
+	}
+	sc := redis.NewSentinelClient(opts)
+	defer sc.Close()
+	pctx, cancel := context.WithTimeout(ctx, s.StorageTimeout)
+	defer cancel()
+	start := time.Now()
+	if err := sc.Ping(pctx).Err(); err != nil {
+		r.err = fmt.Errorf("ping: %w", err)
+		return r
+	}
+	r.rtt = time.Since(start)
+	hp, err := sc.GetMasterAddrByName(pctx, s.RedisSentinelMaster).Result()
+	switch {
+	case errors.Is(err, redis.Nil):
+		r.err = fmt.Errorf("it monitors no master named %s", strconv.Quote(s.RedisSentinelMaster))
+	case err != nil:
+		r.err = fmt.Errorf("sentinel get-master-addr-by-name: %w", err)
+	case len(hp) != 2:
+		r.err = fmt.Errorf("sentinel get-master-addr-by-name: want host and port, got %q", hp)
+	default:
+		r.master = net.JoinHostPort(hp[0], hp[1])
+	}
+	return r
+}
+
 // probeResult is what probe found out about one server.
 type probeResult struct {
 	addr           string
@@ -184,6 +286,7 @@ type probeResult struct {
 	old            bool   // version older than 7.0
 	clusterEnabled bool   // cluster_enabled:1
 	clusterState   string // cluster_state, "" outside a cluster
+	role           string // master or slave
 	err            error
 }
 
@@ -207,6 +310,7 @@ func probe(ctx context.Context, c *redis.Client, timeout time.Duration) probeRes
 	fields := infoFields(info)
 	r.version = fields["redis_version"]
 	r.old = oldRedis(r.version)
+	r.role = fields["role"]
 	r.clusterEnabled = fields["cluster_enabled"] == "1"
 	if r.clusterEnabled {
 		ci, err := c.ClusterInfo(pctx).Result()
@@ -222,19 +326,16 @@ func probe(ctx context.Context, c *redis.Client, timeout time.Duration) probeRes
 	return r
 }
 
-// printProbe prints r, a master's with cluster set.
-func (a *app) printProbe(r probeResult, cluster bool) {
-	what := "  server"
-	if cluster {
-		what = "  master " + r.addr
-	}
+// printProbe prints r, a server's, under what ("  server", "  master
+// host:port"), with extra after its version when there is extra.
+func (a *app) printProbe(r probeResult, what, extra string) {
 	if r.err != nil {
 		fmt.Fprintf(a.stdout, "%s: FAILED: %v\n", what, r.err)
 		return
 	}
 	line := fmt.Sprintf("%s: PONG in %v, redis_version %s", what, r.rtt.Round(time.Microsecond), r.version)
-	if cluster {
-		line += ", cluster_state " + r.clusterState
+	if extra != "" {
+		line += ", " + extra
 	}
 	fmt.Fprintln(a.stdout, line)
 	if r.old {

@@ -515,12 +515,18 @@ func TestCheckOldRedis(t *testing.T) {
 // withVersion returns a newClient whose clients see version as the
 // redis_version of every server's INFO.
 func withVersion(version string) func(idempotency.Settings) (redis.UniversalClient, error) {
+	return withInfo("redis_version", version)
+}
+
+// withInfo returns a newClient whose clients see value as the field of
+// every server's INFO.
+func withInfo(field, value string) func(idempotency.Settings) (redis.UniversalClient, error) {
 	return func(s idempotency.Settings) (redis.UniversalClient, error) {
 		c, err := idempotency.NewRedisClient(s)
 		if err != nil {
 			return nil, err
 		}
-		h := versionHook(version)
+		h := infoHook{field, value}
 		switch c := c.(type) {
 		case *redis.ClusterClient:
 			c.OnNewNode(func(node *redis.Client) { node.AddHook(h) })
@@ -531,23 +537,22 @@ func withVersion(version string) func(idempotency.Settings) (redis.UniversalClie
 	}
 }
 
-// versionHook rewrites the redis_version of INFO replies (or adds one, for
-// miniredis, whose INFO has none).
-type versionHook string
+// infoHook rewrites a field of INFO replies (or adds it: miniredis's INFO
+// has no redis_version).
+type infoHook struct{ field, value string }
 
-var redisVersion = regexp.MustCompile(`redis_version:[^\r\n]*`)
+func (infoHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 
-func (versionHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (h versionHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+func (h infoHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	re := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(h.field) + `:[^\r\n]*`)
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
 		if c, ok := cmd.(*redis.StringCmd); ok && err == nil && cmd.Name() == "info" {
 			info := c.Val()
-			if redisVersion.MatchString(info) {
-				info = redisVersion.ReplaceAllString(info, "redis_version:"+string(h))
+			if re.MatchString(info) {
+				info = re.ReplaceAllLiteralString(info, h.field+":"+h.value)
 			} else {
-				info = "redis_version:" + string(h) + "\r\n" + info
+				info = h.field + ":" + h.value + "\r\n" + info
 			}
 			c.SetVal(info)
 		}
@@ -555,6 +560,160 @@ func (h versionHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
-func (versionHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+func (infoHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
+}
+
+// Every command works on Redis Sentinel: check names the setup, checks
+// every sentinel and the master they name; the others reach the master
+// through the failover client, as the module does. "FailoverClient", the
+// address go-redis gives a failover client, never shows.
+func TestSentinel(t *testing.T) {
+	sn := redistest.StartSentinel(t)
+	master, err := sn.Master(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sentinel := sn.Addrs()[0]
+	prefix := redistest.Prefix(t)
+	env := map[string]string{
+		"IDEMPOTENCY_REDIS_SENTINEL_MASTER": redistest.SentinelMaster,
+		"IDEMPOTENCY_REDIS_SENTINEL_ADDRS":  strings.Join(sn.Addrs(), ","),
+		"IDEMPOTENCY_KEY_PREFIX":            prefix,
+	}
+	label := "Redis sentinel master " + redistest.SentinelMaster + " via " + sentinel + ":\n"
+	noFailoverClient := func(r result) {
+		t.Helper()
+		if strings.Contains(r.output(), "FailoverClient") {
+			t.Errorf("the output calls the Redis FailoverClient:\n%s", r.output())
+		}
+	}
+
+	r := idemctl(t, env, "", false, "check")
+	noFailoverClient(r)
+	for _, want := range []string{
+		"\n" + label,
+		"  sentinel " + sentinel + ": PONG in ",
+		", master " + redistest.SentinelMaster + " at " + master + "\n",
+		"  master " + master + ": PONG in ",
+		", redis_version 7.",
+		", role master\n",
+		"  1 sentinel, every one answering; master " + redistest.SentinelMaster + " at " + master + "\nOK\n",
+	} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("check's output lacks %q:\n%s", want, r.output())
+		}
+	}
+	if r.code != exitOK {
+		t.Errorf("check: exit %d", r.code)
+	}
+
+	// The records on the master, through the failover client.
+	b := backend{
+		client: redis.NewClient(&redis.Options{Addr: master}),
+		env:    env,
+		prefix: prefix,
+	}
+	t.Cleanup(func() { _ = b.client.Close() })
+	newRecords(t, b, redisrepo.Format2).completed("op", "k", "", []byte("r"))
+	r = idemctl(t, env, "", false, "lookup", "op", "k", "absent")
+	noFailoverClient(r)
+	if r.code != exitOK || !strings.Contains(r.stdout, "op k\n  redis key    "+prefix+"op:k\n  state        completed\n") {
+		t.Errorf("lookup: exit %d\n%s", r.code, r.output())
+	}
+	r = idemctl(t, env, "", false, "count")
+	noFailoverClient(r)
+	if r.code != exitOK || !strings.Contains(r.stdout, "op         1      0        1          0           0\n") {
+		t.Errorf("count: exit %d\n%s", r.code, r.output())
+	}
+	r = idemctl(t, env, "", false, "forget", "-operation", "op", "-all", "-yes")
+	noFailoverClient(r)
+	if want := fmt.Sprintf("forgot 1 record of op under prefix %q on sentinel master %s via %s\n", prefix, redistest.SentinelMaster, sentinel); r.code != exitOK || r.stdout != want {
+		t.Errorf("forget -all: exit %d, want %q:\n%s", r.code, want, r.output())
+	}
+	r = idemctl(t, env, "", false, "count")
+	if want := fmt.Sprintf("no records under prefix %q on sentinel master %s via %s\n", prefix, redistest.SentinelMaster, sentinel); r.code != exitOK || r.stdout != want {
+		t.Errorf("count after forget: exit %d, want %q:\n%s", r.code, want, r.output())
+	}
+
+	// A listed sentinel that does not answer fails the check, though the
+	// client works through the other.
+	r = idemctl(t, with(env, "IDEMPOTENCY_REDIS_SENTINEL_ADDRS", sentinel+",127.0.0.1:1", "IDEMPOTENCY_STORAGE_TIMEOUT", "300ms"), "", false, "check")
+	noFailoverClient(r)
+	if r.code != exitFailure || !strings.Contains(r.stdout, "  sentinel 127.0.0.1:1: FAILED: ping: dial tcp 127.0.0.1:1: connect: connection refused\n") ||
+		!strings.Contains(r.stdout, "  master "+master+": PONG in ") || !strings.Contains(r.stdout, "\nFAILED\n") {
+		t.Errorf("check with a sentinel down: exit %d, want %d:\n%s", r.code, exitFailure, r.output())
+	}
+
+	// A master name the sentinels do not know: nothing works.
+	unknown := with(env, "IDEMPOTENCY_REDIS_SENTINEL_MASTER", "nope")
+	r = idemctl(t, unknown, "", false, "check")
+	noFailoverClient(r)
+	if r.code != exitFailure || !strings.Contains(r.stdout, "  sentinel "+sentinel+`: FAILED: it monitors no master named "nope"`) ||
+		!strings.Contains(r.stdout, "  master (no sentinel named it): FAILED: ping: ") {
+		t.Errorf("check of an unknown master: exit %d, want %d:\n%s", r.code, exitFailure, r.output())
+	}
+	r = idemctl(t, unknown, "", false, "count")
+	noFailoverClient(r)
+	if r.code != exitFailure || !strings.Contains(r.stderr, "redis at sentinel master nope via "+sentinel+" is unreachable: ") {
+		t.Errorf("count of an unknown master: exit %d, want %d:\n%s", r.code, exitFailure, r.output())
+	}
+
+	// A master that is no master (here, says it is a replica) fails.
+	setEnv(t, env)
+	var stdout, stderr bytes.Buffer
+	a := &app{stdin: strings.NewReader(""), stdout: &stdout, stderr: &stderr, newClient: withInfo("role", "slave")}
+	if code := a.run(t.Context(), []string{"check"}); code != exitFailure ||
+		!strings.Contains(stdout.String(), "  master "+master+": FAILED: role slave, not master: writes would fail with READONLY\n") {
+		t.Errorf("check of a master with role slave: exit %d, want %d:\n%s%s", code, exitFailure, stdout.String(), stderr.String())
+	}
+}
+
+// The sentinels' password never shows either: not in the settings, not in
+// the errors of sentinels that refuse a wrong one.
+func TestSentinelPasswordNeverShown(t *testing.T) {
+	const password = "Zq8Wm3vKp2Xr7Jd"
+	sn := redistest.StartSentinel(t)
+	sc := redis.NewSentinelClient(&redis.Options{Addr: sn.Addrs()[0]})
+	err := sc.Process(t.Context(), redis.NewStatusCmd(t.Context(), "acl", "setuser", "default", "on", ">"+password))
+	_ = sc.Close()
+	if err != nil {
+		t.Fatalf("set the sentinel's password: %v", err)
+	}
+	env := map[string]string{
+		"IDEMPOTENCY_REDIS_SENTINEL_MASTER":   redistest.SentinelMaster,
+		"IDEMPOTENCY_REDIS_SENTINEL_ADDRS":    strings.Join(sn.Addrs(), ","),
+		"IDEMPOTENCY_REDIS_SENTINEL_PASSWORD": password,
+		"IDEMPOTENCY_KEY_PREFIX":              redistest.Prefix(t),
+	}
+	wrong := with(env, "IDEMPOTENCY_REDIS_SENTINEL_PASSWORD", password+"-wrong")
+	for _, tc := range []struct {
+		env  map[string]string
+		args []string
+		code int
+	}{
+		{env, []string{"check"}, exitOK},
+		{env, []string{"count"}, exitOK},
+		{env, []string{"lookup", "op", "k"}, exitOK},
+		{wrong, []string{"check"}, exitFailure},
+		{wrong, []string{"count"}, exitFailure},
+		{wrong, []string{"forget", "op", "k"}, exitFailure},
+	} {
+		r := idemctl(t, tc.env, "", false, tc.args...)
+		if r.code != tc.code {
+			t.Errorf("%v: exit %d, want %d:\n%s", tc.args, r.code, tc.code, r.output())
+		}
+		for i := 0; i+5 <= len(password); i++ {
+			if part := password[i : i+5]; strings.Contains(r.output(), part) {
+				t.Errorf("%v: the output shows %q of the password:\n%s", tc.args, part, r.output())
+				break
+			}
+		}
+		if tc.args[0] == "check" && !regexp.MustCompile(`IDEMPOTENCY_REDIS_SENTINEL_PASSWORD +xxxxx +\(environment\)`).MatchString(r.stdout) {
+			t.Errorf("check does not show the sentinels' password masked:\n%s", r.stdout)
+		}
+		if tc.args[0] == "check" && tc.code == exitFailure && !strings.Contains(r.stdout, "WRONGPASS") {
+			t.Errorf("check does not say the sentinel refused the password:\n%s", r.stdout)
+		}
+	}
 }

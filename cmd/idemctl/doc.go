@@ -5,7 +5,7 @@
 // It reads the same IDEMPOTENCY_* environment variables as the module
 // (idempotency.LoadSettings); a few flags override them. Usage:
 //
-//	idemctl check                              settings (password masked), Redis or Cluster health, version
+//	idemctl check                              settings (secrets masked), Redis, Cluster or Sentinel health
 //	idemctl lookup [-json] [-result] <operation> <key>...
 //	idemctl forget <operation> <key>...        forget keys: a retry runs the action again
 //	idemctl forget -operation <op> -all [-yes] forget every record of an operation

@@ -29,7 +29,7 @@ const (
 const usageText = `idemctl: the operator tool of idemkit's idempotency records in Redis.
 
 Usage:
-  idemctl check [flags]                                  print the settings, check Redis or the Cluster
+  idemctl check [flags]                                  print the settings, check Redis (Cluster, Sentinel)
   idemctl lookup [flags] <operation> <key>...            describe keys (-json, -result)
   idemctl forget [flags] <operation> <key>...            forget keys
   idemctl forget [flags] -operation <op> -all [-yes]     forget every record of an operation
