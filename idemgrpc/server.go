@@ -167,13 +167,9 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	}
 	key := values[0]
 	if err := coordinator.ValidateKey(key); err != nil {
-		detail := err.Error()
-		if ir := (*coordinator.InvalidRequestError)(nil); errors.As(err, &ir) {
-			detail = ir.Reason
-		}
 		return nil, refusal(codes.InvalidArgument, ReasonKeyInvalid, 0,
-			fmt.Sprintf("the %q metadata entry is invalid: %s; send 1 to %d visible ASCII characters",
-				s.cfg.header, detail, coordinator.MaxKeyLen))
+			fmt.Sprintf("the %q metadata entry must be 1 to %d visible ASCII characters (0x21-0x7E); %s",
+				s.cfg.header, coordinator.MaxKeyLen, keyProblem(key, err)))
 	}
 	if s.cfg.scope != nil {
 		scope, err := s.cfg.scope(ctx)
@@ -226,6 +222,27 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	default:
 		return nil, s.refuse(ctx, err)
 	}
+}
+
+// keyProblem says how key, which coordinator.ValidateKey refused with err,
+// breaks the rule that the refusal's message states.
+func keyProblem(key string, err error) string {
+	switch {
+	case key == "":
+		return "it is empty"
+	case len(key) > coordinator.MaxKeyLen:
+		return fmt.Sprintf("it is %d bytes long", len(key))
+	}
+	for i := range len(key) {
+		if c := key[i]; c < 0x21 || c > 0x7e {
+			return fmt.Sprintf("it has byte 0x%02x at offset %d", c, i)
+		}
+	}
+	var ir *coordinator.InvalidRequestError
+	if errors.As(err, &ir) {
+		return ir.Reason
+	}
+	return err.Error()
 }
 
 // refuse maps an error of the coordinator, returned before the handler ran,

@@ -531,3 +531,27 @@ func TestUnreadableRecordHeals(t *testing.T) {
 		})
 	}
 }
+
+// TestInvalidKeyMessages: a refused key's message says what the rule is
+// and how this key breaks it, once.
+func TestInvalidKeyMessages(t *testing.T) {
+	c, _ := newCoordinator(t, nil)
+	client := serve(t, c, &payments{}, nil)
+	const rule = `the "idempotency-key" metadata entry must be 1 to 255 visible ASCII characters (0x21-0x7E); `
+	for _, tt := range []struct{ key, want string }{
+		{"", rule + "it is empty"},
+		{"order 42", rule + "it has byte 0x20 at offset 5"},
+		{strings.Repeat("k", 300), rule + "it is 300 bytes long"},
+	} {
+		ctx := metadata.AppendToOutgoingContext(t.Context(), idemgrpc.DefaultKeyHeader, tt.key)
+		st := wantRefusal(t, charge(ctx, client, chargeReq(1)).err, codes.InvalidArgument, idemgrpc.ReasonKeyInvalid)
+		if st.Message() != tt.want {
+			t.Errorf("key %.10q: message %q, want %q", tt.key, st.Message(), tt.want)
+		}
+	}
+	ctx := metadata.AppendToOutgoingContext(t.Context(), idemgrpc.DefaultKeyHeader, "a", idemgrpc.DefaultKeyHeader, "b")
+	st := wantRefusal(t, charge(ctx, client, chargeReq(1)).err, codes.InvalidArgument, idemgrpc.ReasonKeyInvalid)
+	if want := `the call has 2 "idempotency-key" metadata entries; send one`; st.Message() != want {
+		t.Errorf("two keys: message %q, want %q", st.Message(), want)
+	}
+}
