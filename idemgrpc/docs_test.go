@@ -240,3 +240,56 @@ func TestDocOptionsTable(t *testing.T) {
 func hasRetryInfo(st *status.Status) bool {
 	return slices.ContainsFunc(st.Details(), func(d any) bool { _, ok := d.(*errdetails.RetryInfo); return ok })
 }
+
+// TestEveryExportedNameHasAnExample checks that example_test.go has an
+// Example for every exported name of the package, which godoc shows beside
+// it, and that each has an Output comment, so that go test runs it.
+func TestEveryExportedNameHasAnExample(t *testing.T) {
+	fset := token.NewFileSet()
+	files, err := os.ReadDir(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	exported := map[string]bool{}
+	for _, f := range files {
+		if !strings.HasSuffix(f.Name(), ".go") || strings.HasSuffix(f.Name(), "_test.go") {
+			continue
+		}
+		file, err := parser.ParseFile(fset, f.Name(), nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for name, obj := range file.Scope.Objects {
+			if ast.IsExported(name) && obj.Kind != ast.Bad {
+				exported[name] = true
+			}
+		}
+	}
+	file, err := parser.ParseFile(fset, "example_test.go", nil, parser.ParseComments)
+	if err != nil {
+		t.Fatal(err)
+	}
+	examples := map[string]bool{}
+	for _, d := range file.Decls {
+		fn, ok := d.(*ast.FuncDecl)
+		if !ok || !strings.HasPrefix(fn.Name.Name, "Example") {
+			continue
+		}
+		name, _, _ := strings.Cut(strings.TrimPrefix(fn.Name.Name, "Example"), "_")
+		examples[name] = true
+		hasOutput := false
+		for _, c := range file.Comments {
+			if fn.Body.Pos() <= c.Pos() && c.End() <= fn.Body.End() && strings.HasPrefix(c.List[0].Text, "// Output:") {
+				hasOutput = true
+			}
+		}
+		if !hasOutput {
+			t.Errorf("%s has no Output comment: go test compiles it but does not run it", fn.Name.Name)
+		}
+	}
+	for name := range exported {
+		if !examples[name] {
+			t.Errorf("no Example%s", name)
+		}
+	}
+}

@@ -14,11 +14,11 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/coordinator/faultstore"
 	"github.com/idemkit/idempotency/coordinator/memstore"
 	"github.com/idemkit/idempotency/idemgrpc"
 	"github.com/idemkit/idempotency/idemgrpc/internal/paymentspb"
@@ -39,17 +39,42 @@ func (s *chargeService) Charge(_ context.Context, req *paymentspb.ChargeRequest)
 	return &paymentspb.Charge{Id: fmt.Sprintf("ch_%d", n), AmountCents: req.GetAmountCents()}, nil
 }
 
+func (s *chargeService) GetCharge(_ context.Context, req *paymentspb.GetChargeRequest) (*paymentspb.Charge, error) {
+	return &paymentspb.Charge{Id: req.GetId()}, nil
+}
+
 // runExample serves svc behind the server interceptor over an in-memory
 // listener and passes a client to use; it stops everything when use returns.
 func runExample(svc paymentspb.PaymentsServer, serverOpts []idemgrpc.Option, use func(paymentspb.PaymentsClient), dial ...grpc.DialOption) {
-	c, err := coordinator.New(memstore.New()) // the Redis store in production
+	runExampleWith(exampleServer{svc: svc, opts: serverOpts}, use, dial...)
+}
+
+// exampleServer is what runExampleWith serves.
+type exampleServer struct {
+	svc  paymentspb.PaymentsServer
+	opts []idemgrpc.Option
+	// store is the coordinator's store; nil: a memstore (the Redis store
+	// in production).
+	store coordinator.Store
+	// coordinator holds the coordinator's options.
+	coordinator []coordinator.Option
+	// auth are interceptors before the idempotency one.
+	auth []grpc.UnaryServerInterceptor
+}
+
+// runExampleWith is runExample with more of the server to choose.
+func runExampleWith(s exampleServer, use func(paymentspb.PaymentsClient), dial ...grpc.DialOption) {
+	if s.store == nil {
+		s.store = memstore.New()
+	}
+	c, err := coordinator.New(s.store, s.coordinator...)
 	if err != nil {
 		panic(err)
 	}
 	defer c.Close()
 	lis := bufconn.Listen(1 << 20)
-	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(idemgrpc.UnaryServerInterceptor(c, serverOpts...)))
-	paymentspb.RegisterPaymentsServer(srv, svc)
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(append(s.auth, idemgrpc.UnaryServerInterceptor(c, s.opts...))...))
+	paymentspb.RegisterPaymentsServer(srv, s.svc)
 	go func() { _ = srv.Serve(lis) }()
 	defer srv.Stop()
 
@@ -86,19 +111,122 @@ func Example() {
 	// charges: 1
 }
 
-// Refusals of the interceptor carry an ErrorInfo with ErrorDomain and a
-// reason, which tells them from the handler's own errors of the same code.
-func Example_refusals() {
+// Refusals of the interceptor carry an ErrorInfo with ErrorDomain and one
+// of the Reason constants, which tells them from the handler's own errors
+// of the same code.
+func ExampleErrorDomain() {
 	runExample(&chargeService{}, []idemgrpc.Option{idemgrpc.WithKeyRequired(true)}, func(client paymentspb.PaymentsClient) {
-		_, err := client.Charge(context.Background(), &paymentspb.ChargeRequest{AmountCents: 1})
-		st := status.Convert(err)
-		for _, d := range st.Details() {
-			if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == idemgrpc.ErrorDomain {
-				fmt.Println(st.Code(), info.GetReason(), info.GetReason() == idemgrpc.ReasonKeyMissing)
-			}
+		call := func(ctx context.Context, amount int64) {
+			_, err := client.Charge(ctx, &paymentspb.ChargeRequest{AmountCents: amount})
+			fmt.Println(status.Code(err), reason(err))
+		}
+		call(context.Background(), 100)                                      // no key
+		call(idemgrpc.ContextWithKey(context.Background(), "order 42"), 100) // a space
+		call(idemgrpc.ContextWithKey(context.Background(), "order-42"), 0)   // the handler refuses, and it is stored
+		call(idemgrpc.ContextWithKey(context.Background(), "order-42"), 100) // the same key, another request
+	})
+	// Output:
+	// InvalidArgument IDEMPOTENCY_KEY_MISSING
+	// InvalidArgument IDEMPOTENCY_KEY_INVALID
+	// InvalidArgument the handler's own
+	// FailedPrecondition IDEMPOTENCY_KEY_REUSE
+}
+
+// reason returns the reason of the interceptor's ErrorInfo in err's status,
+// or says that the error is the handler's own.
+func reason(err error) string {
+	for _, d := range status.Convert(err).Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == idemgrpc.ErrorDomain {
+			return info.GetReason()
+		}
+	}
+	return "the handler's own"
+}
+
+func ExampleReasonKeyMissing() {
+	runExample(&chargeService{}, []idemgrpc.Option{idemgrpc.WithKeyRequired(true)}, func(client paymentspb.PaymentsClient) {
+		_, err := client.Charge(context.Background(), &paymentspb.ChargeRequest{AmountCents: 100})
+		fmt.Println(status.Code(err), reason(err) == idemgrpc.ReasonKeyMissing)
+	})
+	// Output: InvalidArgument true
+}
+
+func ExampleReasonKeyInvalid() {
+	runExample(&chargeService{}, nil, func(client paymentspb.PaymentsClient) {
+		_, err := client.Charge(idemgrpc.ContextWithKey(context.Background(), "order 42"), &paymentspb.ChargeRequest{AmountCents: 100})
+		fmt.Println(status.Code(err), reason(err) == idemgrpc.ReasonKeyInvalid)
+		fmt.Println(status.Convert(err).Message())
+	})
+	// Output:
+	// InvalidArgument true
+	// the "idempotency-key" metadata entry must be 1 to 255 visible ASCII characters (0x21-0x7E); it has byte 0x20 at offset 5
+}
+
+func ExampleReasonCallerUnknown() {
+	noCaller := idemgrpc.WithKeyScope(func(context.Context) (string, error) { return "", errors.New("no token") })
+	runExample(&chargeService{}, []idemgrpc.Option{noCaller}, func(client paymentspb.PaymentsClient) {
+		_, err := client.Charge(idemgrpc.ContextWithKey(context.Background(), "order-42"), &paymentspb.ChargeRequest{AmountCents: 100})
+		fmt.Println(status.Code(err), reason(err) == idemgrpc.ReasonCallerUnknown)
+	})
+	// Output: Unauthenticated true
+}
+
+// slowService is a charge service whose first charge waits for release.
+type slowService struct {
+	chargeService
+	started, release chan struct{}
+}
+
+func (s *slowService) Charge(ctx context.Context, req *paymentspb.ChargeRequest) (*paymentspb.Charge, error) {
+	close(s.started)
+	<-s.release
+	return s.chargeService.Charge(ctx, req)
+}
+
+func ExampleReasonInProgress() {
+	svc := &slowService{started: make(chan struct{}), release: make(chan struct{})}
+	server := exampleServer{svc: svc, coordinator: []coordinator.Option{coordinator.WithInFlight(coordinator.InFlightRaise)}}
+	runExampleWith(server, func(client paymentspb.PaymentsClient) {
+		ctx := idemgrpc.ContextWithKey(context.Background(), "order-42")
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_, _ = client.Charge(ctx, &paymentspb.ChargeRequest{AmountCents: 100})
+		}()
+		<-svc.started
+		_, err := client.Charge(ctx, &paymentspb.ChargeRequest{AmountCents: 100})
+		fmt.Println(status.Code(err), reason(err) == idemgrpc.ReasonInProgress, retryDelay(err))
+		close(svc.release)
+		<-done
+	})
+	// Output: Aborted true 1s
+}
+
+func ExampleReasonStoreUnavailable() {
+	server := exampleServer{
+		svc:         &chargeService{},
+		store:       storeDown(),
+		coordinator: []coordinator.Option{coordinator.WithOnStorageError(coordinator.OnStorageErrorRaise)},
+	}
+	runExampleWith(server, func(client paymentspb.PaymentsClient) {
+		_, err := client.Charge(idemgrpc.ContextWithKey(context.Background(), "order-42"), &paymentspb.ChargeRequest{AmountCents: 100})
+		fmt.Println(status.Code(err), reason(err) == idemgrpc.ReasonStoreUnavailable)
+	})
+	// Output: Unavailable true
+}
+
+// A client tells the interceptor's refusal of a reused key from a
+// FailedPrecondition of the handler's own by its reason.
+func ExampleReasonKeyReuse() {
+	runExample(&chargeService{}, nil, func(client paymentspb.PaymentsClient) {
+		ctx := idemgrpc.ContextWithKey(context.Background(), "order-42")
+		_, _ = client.Charge(ctx, &paymentspb.ChargeRequest{AmountCents: 100})
+		_, err := client.Charge(ctx, &paymentspb.ChargeRequest{AmountCents: 200})
+		if reason(err) == idemgrpc.ReasonKeyReuse {
+			fmt.Println(status.Code(err), "a bug in the client: a new request needs a new key")
 		}
 	})
-	// Output: InvalidArgument IDEMPOTENCY_KEY_MISSING true
+	// Output: FailedPrecondition a bug in the client: a new request needs a new key
 }
 
 func ExampleUnaryServerInterceptor() {
@@ -106,6 +234,7 @@ func ExampleUnaryServerInterceptor() {
 	if err != nil {
 		panic(err)
 	}
+	defer c.Close()
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
 		// Authentication first, so that the scope hook can read the caller.
 		idemgrpc.UnaryServerInterceptor(c,
@@ -178,34 +307,220 @@ func ExampleDefaultStorePolicy() {
 }
 
 func ExampleWithStorePolicy() {
+	// Store successful responses only: an error status, even one that
+	// describes the request, is not stored, and a retry runs the handler.
+	okOnly := idemgrpc.WithStorePolicy(func(code codes.Code) bool { return code == codes.OK })
+	runExample(&chargeService{}, []idemgrpc.Option{okOnly}, func(client paymentspb.PaymentsClient) {
+		ctx := idemgrpc.ContextWithKey(context.Background(), "order-42")
+		for range 2 {
+			var header metadata.MD
+			_, err := client.Charge(ctx, &paymentspb.ChargeRequest{AmountCents: 0}, grpc.Header(&header))
+			fmt.Println(status.Code(err), "replayed:", len(header.Get(idemgrpc.ReplayedHeader)) > 0)
+		}
+	})
 	// Also replay ResourceExhausted, e.g. for a handler whose quota error
 	// means "this charge is refused for good", not "try again".
 	_ = idemgrpc.WithStorePolicy(func(code codes.Code) bool {
 		return code == codes.ResourceExhausted || idemgrpc.DefaultStorePolicy(code)
 	})
-	// Store successful responses only: every error status is released.
-	_ = idemgrpc.WithStorePolicy(func(code codes.Code) bool { return code == codes.OK })
+	// Output:
+	// InvalidArgument replayed: false
+	// InvalidArgument replayed: false
+}
+
+// tenantKey is the context key under which authenticate puts the caller.
+type tenantKey struct{}
+
+// authenticate stands in for an authentication interceptor: it puts the
+// tenant of the call's (here unverified) token into the context.
+func authenticate(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	if tok := md.Get("authorization"); len(tok) == 1 {
+		ctx = context.WithValue(ctx, tenantKey{}, strings.TrimPrefix(tok[0], "Bearer "))
+	}
+	return handler(ctx, req)
 }
 
 func ExampleWithKeyScope() {
-	// In a real service the scope is the authenticated caller that an
-	// authentication interceptor put into the context; the peer's address
-	// stands in for it here.
-	_ = idemgrpc.WithKeyScope(func(ctx context.Context) (string, error) {
-		p, ok := peer.FromContext(ctx)
-		if !ok || p.AuthInfo == nil {
+	// The scope is the caller that authentication established, never a
+	// metadata entry that the client merely asserts.
+	scope := idemgrpc.WithKeyScope(func(ctx context.Context) (string, error) {
+		tenant, ok := ctx.Value(tenantKey{}).(string)
+		if !ok {
 			return "", errors.New("unauthenticated")
 		}
-		return "peer:" + p.AuthInfo.AuthType(), nil
+		return "tenant:" + tenant, nil
 	})
+	server := exampleServer{svc: &chargeService{}, opts: []idemgrpc.Option{scope}, auth: []grpc.UnaryServerInterceptor{authenticate}}
+	runExampleWith(server, func(client paymentspb.PaymentsClient) {
+		as := func(tenant string) {
+			ctx := metadata.AppendToOutgoingContext(idemgrpc.ContextWithKey(context.Background(), "order-42"),
+				"authorization", "Bearer "+tenant)
+			ch, err := client.Charge(ctx, &paymentspb.ChargeRequest{AmountCents: 100})
+			fmt.Println(tenant, ch.GetId(), status.Code(err))
+		}
+		as("alice")
+		as("bob") // the same key, another caller: not alice's charge
+		as("alice")
+		_, err := client.Charge(idemgrpc.ContextWithKey(context.Background(), "order-42"), &paymentspb.ChargeRequest{AmountCents: 100})
+		fmt.Println("nobody", status.Code(err))
+	})
+	// Output:
+	// alice ch_1 OK
+	// bob ch_2 OK
+	// alice ch_1 OK
+	// nobody Unauthenticated
 }
 
 func ExampleWithMethods() {
 	// Protect the methods that change something; reads need no key.
-	_ = idemgrpc.WithMethods(
+	only := idemgrpc.WithMethods(
 		paymentspb.Payments_Charge_FullMethodName,
 		"/payments.v1.Refunds/Refund",
 	)
+	runExample(&chargeService{}, []idemgrpc.Option{only, idemgrpc.WithKeyRequired(true)}, func(client paymentspb.PaymentsClient) {
+		_, err := client.Charge(context.Background(), &paymentspb.ChargeRequest{AmountCents: 100})
+		fmt.Println("Charge without a key:", status.Code(err))
+		ch, err := client.GetCharge(context.Background(), &paymentspb.GetChargeRequest{Id: "ch_1"})
+		fmt.Println("GetCharge without a key:", ch.GetId(), status.Code(err))
+	})
+	// Output:
+	// Charge without a key: InvalidArgument
+	// GetCharge without a key: ch_1 OK
+}
+
+func ExampleWithKeyHeader() {
+	// Server and client must agree on the name.
+	header := idemgrpc.WithKeyHeader("x-idempotency-key")
+	runExample(&chargeService{}, []idemgrpc.Option{header}, func(client paymentspb.PaymentsClient) {
+		// A key of the caller's own goes under the client interceptor's
+		// header.
+		ctx := idemgrpc.ContextWithKey(context.Background(), "order-42")
+		first, _ := client.Charge(ctx, &paymentspb.ChargeRequest{AmountCents: 100})
+		retry, _ := client.Charge(ctx, &paymentspb.ChargeRequest{AmountCents: 100})
+		// Without the client interceptor, set the entry yourself.
+		raw := metadata.AppendToOutgoingContext(context.Background(), "x-idempotency-key", "order-42")
+		again, _ := client.Charge(raw, &paymentspb.ChargeRequest{AmountCents: 100})
+		fmt.Println(first.GetId(), retry.GetId(), again.GetId())
+	}, grpc.WithChainUnaryInterceptor(idemgrpc.UnaryClientInterceptor(header)))
+	// Output: ch_1 ch_1 ch_1
+}
+
+func ExampleWithOperation() {
+	// Name operations after the method alone, so that a service can move
+	// to another package without changing its keys.
+	name := func(fullMethod string) string {
+		return "payments." + fullMethod[strings.LastIndex(fullMethod, "/")+1:]
+	}
+	_ = idemgrpc.WithOperation(name)
+	op := name(paymentspb.Payments_Charge_FullMethodName)
+	fmt.Println(op, coordinator.ValidateOperation(op))
+	// Output: payments.Charge <nil>
+}
+
+func ExampleWithTTL() {
+	// Keep outcomes for a day, unless IDEMPOTENCY_OPERATION_TTLS says
+	// otherwise for the operation.
+	runExample(&chargeService{}, []idemgrpc.Option{idemgrpc.WithTTL(24 * time.Hour)}, func(client paymentspb.PaymentsClient) {
+		_, err := client.Charge(idemgrpc.ContextWithKey(context.Background(), "order-42"), &paymentspb.ChargeRequest{AmountCents: 100})
+		fmt.Println("24h:", status.Code(err))
+	})
+	// A TTL past the coordinator's bounds is a misconfiguration.
+	runExample(&chargeService{}, []idemgrpc.Option{idemgrpc.WithTTL(10 * 365 * 24 * time.Hour)}, func(client paymentspb.PaymentsClient) {
+		_, err := client.Charge(idemgrpc.ContextWithKey(context.Background(), "order-42"), &paymentspb.ChargeRequest{AmountCents: 100})
+		fmt.Println("10 years:", status.Code(err))
+	})
+	// Output:
+	// 24h: OK
+	// 10 years: Internal
+}
+
+// storeDown returns a store that fails every call, as Redis does when it
+// is unreachable.
+func storeDown() coordinator.Store {
+	fs := faultstore.Wrap(memstore.New())
+	fs.Fail(coordinator.MethodReserve, nil)
+	return fs
+}
+
+// retryDelay returns the delay advised by the RetryInfo of err's status.
+func retryDelay(err error) time.Duration {
+	for _, d := range status.Convert(err).Details() {
+		if ri, ok := d.(*errdetails.RetryInfo); ok {
+			return ri.GetRetryDelay().AsDuration()
+		}
+	}
+	return 0
+}
+
+func ExampleWithRetryAfter() {
+	// Ask clients to come back after 200ms at most when the first call is
+	// still running or the store is down.
+	runExampleWith(exampleServer{
+		svc:         &chargeService{},
+		opts:        []idemgrpc.Option{idemgrpc.WithRetryAfter(200 * time.Millisecond)},
+		store:       storeDown(),
+		coordinator: []coordinator.Option{coordinator.WithOnStorageError(coordinator.OnStorageErrorRaise)},
+	}, func(client paymentspb.PaymentsClient) {
+		_, err := client.Charge(idemgrpc.ContextWithKey(context.Background(), "order-42"), &paymentspb.ChargeRequest{AmountCents: 100})
+		fmt.Println(status.Code(err), retryDelay(err))
+	})
+	// Output: Unavailable 200ms
+}
+
+func ExampleDefaultRetryAfter() {
+	runExampleWith(exampleServer{
+		svc:         &chargeService{},
+		store:       storeDown(),
+		coordinator: []coordinator.Option{coordinator.WithOnStorageError(coordinator.OnStorageErrorRaise)},
+	}, func(client paymentspb.PaymentsClient) {
+		var trailer metadata.MD
+		_, err := client.Charge(idemgrpc.ContextWithKey(context.Background(), "order-42"), &paymentspb.ChargeRequest{AmountCents: 100},
+			grpc.Trailer(&trailer))
+		fmt.Println(status.Code(err), retryDelay(err) == idemgrpc.DefaultRetryAfter, trailer.Get("grpc-retry-pushback-ms"))
+	})
+	// Output: Unavailable true [1000]
+}
+
+func ExampleDefaultKeyHeader() {
+	runExample(&chargeService{}, nil, func(client paymentspb.PaymentsClient) {
+		// ContextWithKey sets this entry; so can any client, in any
+		// language.
+		ctx := metadata.AppendToOutgoingContext(context.Background(), idemgrpc.DefaultKeyHeader, "order-42")
+		first, _ := client.Charge(ctx, &paymentspb.ChargeRequest{AmountCents: 100})
+		retry, _ := client.Charge(ctx, &paymentspb.ChargeRequest{AmountCents: 100})
+		fmt.Println(idemgrpc.DefaultKeyHeader, first.GetId(), retry.GetId())
+	})
+	// Output: idempotency-key ch_1 ch_1
+}
+
+func ExampleReplayedHeader() {
+	runExample(&chargeService{}, nil, func(client paymentspb.PaymentsClient) {
+		ctx := idemgrpc.ContextWithKey(context.Background(), "order-42")
+		for range 2 {
+			var header metadata.MD
+			ch, _ := client.Charge(ctx, &paymentspb.ChargeRequest{AmountCents: 100}, grpc.Header(&header))
+			fmt.Println(ch.GetId(), idemgrpc.ReplayedHeader, header.Get(idemgrpc.ReplayedHeader))
+		}
+	})
+	// Output:
+	// ch_1 idempotent-replayed []
+	// ch_1 idempotent-replayed [true]
+}
+
+func ExampleOption() {
+	// Options can be shared: the client interceptor reads WithKeyHeader and
+	// WithMethods, and ignores the rest.
+	opts := []idemgrpc.Option{
+		idemgrpc.WithKeyHeader("x-idempotency-key"),
+		idemgrpc.WithMethods(paymentspb.Payments_Charge_FullMethodName),
+	}
+	runExample(&chargeService{}, append(opts, idemgrpc.WithKeyRequired(true)), func(client paymentspb.PaymentsClient) {
+		// The client interceptor attaches the key the server requires.
+		ch, err := client.Charge(context.Background(), &paymentspb.ChargeRequest{AmountCents: 100})
+		fmt.Println(ch.GetId(), status.Code(err))
+	}, grpc.WithChainUnaryInterceptor(idemgrpc.UnaryClientInterceptor(opts...)))
+	// Output: ch_1 OK
 }
 
 func ExampleWithKeyRequired() {
@@ -216,47 +531,12 @@ func ExampleWithKeyRequired() {
 	}, func(client paymentspb.PaymentsClient) {
 		_, err := client.Charge(context.Background(), &paymentspb.ChargeRequest{AmountCents: 100})
 		fmt.Println(status.Code(err))
+		_, err = client.Charge(idemgrpc.ContextWithKey(context.Background(), "order-42"), &paymentspb.ChargeRequest{AmountCents: 100})
+		fmt.Println(status.Code(err))
 	})
-	// Output: InvalidArgument
-}
-
-func ExampleWithKeyHeader() {
-	// Server and client must agree on the name.
-	server := idemgrpc.WithKeyHeader("x-idempotency-key")
-	client := idemgrpc.UnaryClientInterceptor(idemgrpc.WithKeyHeader("x-idempotency-key"))
-	// Without the client interceptor, set the entry yourself.
-	ctx := metadata.AppendToOutgoingContext(context.Background(), "x-idempotency-key", idemgrpc.NewKey())
-	_, _, _ = server, client, ctx
-}
-
-func ExampleWithOperation() {
-	// Name operations after the method alone, so that a service can move
-	// to another package without changing its keys.
-	_ = idemgrpc.WithOperation(func(fullMethod string) string {
-		return "payments." + fullMethod[strings.LastIndex(fullMethod, "/")+1:]
-	})
-}
-
-func ExampleWithTTL() {
-	// Keep outcomes for a day, unless IDEMPOTENCY_OPERATION_TTLS says
-	// otherwise for the operation.
-	_ = idemgrpc.WithTTL(24 * time.Hour)
-}
-
-func ExampleWithRetryAfter() {
-	// Ask clients to come back after 200ms at most when the first call is
-	// still running or the store is down.
-	_ = idemgrpc.WithRetryAfter(200 * time.Millisecond)
-}
-
-func ExampleOption() {
-	// Options can be shared: the client interceptor reads WithKeyHeader and
-	// WithMethods, and ignores the rest.
-	opts := []idemgrpc.Option{
-		idemgrpc.WithKeyHeader("x-idempotency-key"),
-		idemgrpc.WithMethods(paymentspb.Payments_Charge_FullMethodName),
-	}
-	c, _ := coordinator.New(memstore.New())
-	_ = idemgrpc.UnaryServerInterceptor(c, append(opts, idemgrpc.WithKeyRequired(true))...)
-	_ = idemgrpc.UnaryClientInterceptor(opts...)
+	fmt.Println("charges:", svc.charges.Load())
+	// Output:
+	// InvalidArgument
+	// OK
+	// charges: 1
 }
