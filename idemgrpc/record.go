@@ -89,6 +89,11 @@ func (codec) Encode(o *outcome) ([]byte, error) {
 		err  error
 	)
 	if o.st != nil {
+		if o.st.Code() == codes.OK {
+			// An error whose GRPCStatus says OK: a record of it would read
+			// as a response without a type.
+			return nil, fmt.Errorf("idemgrpc: the handler's error %q has status code OK and cannot be stored", o.err)
+		}
 		e.Code = uint32(o.st.Code())
 		body, err = marshal.Marshal(o.st.Proto())
 	} else {

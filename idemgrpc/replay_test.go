@@ -2,12 +2,16 @@ package idemgrpc_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/idemkit/idempotency/coordinator"
@@ -137,5 +141,60 @@ func TestCorruptRecordsNeverCrashNorReplay(t *testing.T) {
 				t.Fatalf("retry = %T %v, %v after %d runs; want the stored charge", resp, resp, err, ran)
 			}
 		})
+	}
+}
+
+// okStatusError is an error whose gRPC status has code OK, which no
+// outcome can be replayed as.
+type okStatusError struct{}
+
+func (okStatusError) Error() string              { return "ok?" }
+func (okStatusError) GRPCStatus() *status.Status { return status.New(codes.OK, "") }
+
+// TestErrorWithStatusOKIsNotStored: a handler error whose status says OK
+// is not stored (record_validation_error, the key is released), instead of
+// being stored as a record that no retry can read.
+func TestErrorWithStatusOKIsNotStored(t *testing.T) {
+	c, ev := newCoordinator(t, nil)
+	intercept := idemgrpc.UnaryServerInterceptor(c)
+	info := &grpc.UnaryServerInfo{FullMethod: chargeMethod}
+	ctx := metadata.NewIncomingContext(t.Context(), metadata.Pairs(idemgrpc.DefaultKeyHeader, "k"))
+	ran := 0
+	handler := func(context.Context, any) (any, error) {
+		ran++
+		return nil, okStatusError{}
+	}
+	for range 2 {
+		if _, err := intercept(ctx, chargeReq(1), info, handler); !errors.Is(err, okStatusError{}) {
+			t.Fatalf("interceptor: %v, want the handler's own error", err)
+		}
+	}
+	if ran != 2 {
+		t.Fatalf("handler ran %d times, want 2", ran)
+	}
+	ev.mu.Lock()
+	defer ev.mu.Unlock()
+	for _, e := range ev.all {
+		if e.Kind == coordinator.EventError && e.ErrorType == coordinator.ErrorDecode {
+			t.Fatalf("a retry met an unreadable record: %v", e.Err)
+		}
+	}
+}
+
+// TestReplayKeepsFieldsThisVersionDoesNotKnow: a response that a newer
+// version of the service stored, with a field this binary's Charge does not
+// have, replays with that field: the client that knows it gets it.
+func TestReplayKeepsFieldsThisVersionDoesNotKnow(t *testing.T) {
+	c, _ := newCoordinator(t, nil)
+	newer := protowire.AppendTag(nil, 99, protowire.BytesType)
+	newer = protowire.AppendString(newer, "settled")
+	ch := &paymentspb.Charge{Id: "ch_newer"}
+	ch.ProtoReflect().SetUnknown(newer)
+	store(t, c, "k", record(t, `{"v":1,"code":0,"type":"payments.v1.Charge","added":"later"}`, ch))
+	svc := &payments{}
+	r := charge(withKey(t, "k"), serve(t, c, svc, nil), chargeReq(1))
+	wantOK(t, r, "ch_newer", true)
+	if got := r.charge.ProtoReflect().GetUnknown(); string(got) != string(newer) || svc.n() != 0 {
+		t.Fatalf("replayed unknown fields %x after %d runs, want %x and no run", got, svc.n(), newer)
 	}
 }
