@@ -143,15 +143,22 @@ func (c *Consumer) DeadLetterStream() string { return c.cfg.deadStream }
 // Per decision: Ack acknowledges the entry (XACK); Retry leaves it pending,
 // to be claimed once it has been idle for WithMinIdle; DeadLetter adds it,
 // with the FieldDead* fields, to the dead-letter stream (XADD), then
-// acknowledges it. A stream command that fails is reported to WithOnError
-// and retried after a back-off; it never stops Run.
+// acknowledges it. Decision.RetryAfter is not used: a Retry is claimed
+// again once it has been idle for WithMinIdle. A read or a claim that
+// fails is reported to WithOnError and retried after a back-off (100ms,
+// doubling up to 5s); it never stops Run. When the stream or the group is
+// gone (NOGROUP: a DEL of the stream, an XGROUP DESTROY, a Redis that lost
+// its data) the group is created again from WithStartID: with the default
+// "0" the group reads the stream from its start again, and the entries
+// whose records have expired (idemconsume.WithTTL) run again.
 //
 // When ctx ends, the handlers running get its cancellation, the entries not
 // reached stay pending, and Run returns nil once every worker has stopped:
 // within WithBlock, plus the time the handlers take to return, plus
 // WithAckTimeout. It returns an error, at once, only when the group cannot be
 // created (Redis is down, or the key holds something other than a stream).
-// Run may be called again once it has returned.
+// Run may be called again once it has returned, but not twice at once:
+// both would read under the same consumer names.
 func (c *Consumer) Run(ctx context.Context) error {
 	if err := c.createGroup(ctx); err != nil {
 		if ctx.Err() != nil {

@@ -21,8 +21,11 @@ const (
 	DefaultBlock = 2 * time.Second
 	// DefaultMinIdle is how long an entry stays pending, unacknowledged,
 	// before another consumer claims it (WithMinIdle): the coordinator's
-	// default lease, so that a consumer that crashed mid-handler has lost its
-	// reservation by the time its entries are claimed.
+	// default lease. Idle time counts from the entry's last delivery and a
+	// reservation lasts a lease from its last renewal, so the reservation of
+	// a consumer that crashed early in its handler has expired by the time
+	// the entry is claimed; one that crashed later is found in progress, and
+	// waited for or retried.
 	DefaultMinIdle = 30 * time.Second
 	// DefaultClaimInterval is how often a worker looks for entries to claim
 	// (WithClaimInterval).
@@ -119,7 +122,8 @@ func WithAckTimeout(d time.Duration) Option { return optionFunc(func(c *config) 
 
 // WithStartID sets the ID from which a group that Run creates reads: "0"
 // for every entry in the stream, "$" for entries added from now on. A
-// group that exists keeps its position. Default DefaultStartID ("0").
+// group that exists keeps its position; one that Run creates again after it
+// was deleted (NOGROUP) starts from here too. Default DefaultStartID ("0").
 func WithStartID(id string) Option { return optionFunc(func(c *config) { c.startID = id }) }
 
 // WithDeadLetterStream names the stream that dead-lettered entries are
