@@ -36,7 +36,10 @@
 //
 // The handler's response is stored as its protobuf encoding and its full
 // message name, by which a replay, in any process that links the generated
-// code, finds its type in protoregistry.GlobalTypes. An error status is
+// code, finds its type in protoregistry.GlobalTypes; a replay returns only
+// the method's own response type. A record that cannot be read (corrupt,
+// another format, another type) is not replayed: the coordinator runs the
+// handler again and replaces it. An error status is
 // stored, details included, when the store policy allows
 // (DefaultStorePolicy: the codes that describe the request, such as
 // InvalidArgument and NotFound, not those that say "try again", such as

@@ -26,7 +26,8 @@ const DefaultRetryAfter = time.Second
 
 // An Option configures the interceptors; pass options to
 // UnaryServerInterceptor or UnaryClientInterceptor. The client interceptor
-// reads WithKeyHeader and WithMethods and ignores the others.
+// reads WithKeyHeader and WithMethods and ignores the others, but, like the
+// server interceptor, panics when any of them is invalid.
 type Option interface{ apply(*config) }
 
 type optionFunc func(*config)
@@ -138,8 +139,8 @@ func WithStorePolicy(store func(code codes.Code) bool) Option {
 // unless the operator set a TTL for the operation (coordinator
 // WithOperationTTLs, IDEMPOTENCY_OPERATION_TTLS), which wins. Default 0: the
 // coordinator's default TTL. A TTL outside the coordinator's bounds fails
-// every protected call with Internal. The server interceptor panics when d
-// is negative.
+// every protected call with Internal. The interceptors panic when d is
+// negative.
 func WithTTL(d time.Duration) Option {
 	return optionFunc(func(c *config) { c.ttl = d })
 }
@@ -151,7 +152,7 @@ func WithTTL(d time.Duration) Option {
 // holder's remaining lease when that is shorter. Default DefaultRetryAfter
 // (1s): most handlers take milliseconds, while a crashed holder keeps its
 // key for a whole lease (30s by default), which would keep clients away far
-// too long. The server interceptor panics when d is not positive.
+// too long. The interceptors panic when d is not positive.
 func WithRetryAfter(d time.Duration) Option {
 	return optionFunc(func(c *config) { c.retryAfter = d })
 }

@@ -13,6 +13,10 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protodesc"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/types/descriptorpb"
+	"google.golang.org/protobuf/types/dynamicpb"
 
 	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/idemgrpc"
@@ -196,5 +200,63 @@ func TestReplayKeepsFieldsThisVersionDoesNotKnow(t *testing.T) {
 	wantOK(t, r, "ch_newer", true)
 	if got := r.charge.ProtoReflect().GetUnknown(); string(got) != string(newer) || svc.n() != 0 {
 		t.Fatalf("replayed unknown fields %x after %d runs, want %x and no run", got, svc.n(), newer)
+	}
+}
+
+// TestResponseTypeNotInTheRegistry: a response whose type no generated code
+// registered (a dynamicpb message built from a descriptor at run time)
+// cannot be replayed, so it is sent but not stored, with a
+// record_validation_error that names the type; a dynamicpb message of a
+// registered type is stored and replays as the generated type.
+func TestResponseTypeNotInTheRegistry(t *testing.T) {
+	fd, err := protodesc.NewFile(&descriptorpb.FileDescriptorProto{
+		Name:        proto.String("dyn/thing.proto"),
+		Package:     proto.String("dyn.v1"),
+		Syntax:      proto.String("proto3"),
+		MessageType: []*descriptorpb.DescriptorProto{{Name: proto.String("Thing")}},
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, ev := newCoordinator(t, nil)
+	intercept := idemgrpc.UnaryServerInterceptor(c)
+	info := &grpc.UnaryServerInfo{FullMethod: chargeMethod}
+	call := func(key string, resp proto.Message) (any, int) {
+		ctx := metadata.NewIncomingContext(t.Context(), metadata.Pairs(idemgrpc.DefaultKeyHeader, key))
+		ran := 0
+		for range 2 {
+			got, err := intercept(ctx, chargeReq(1), info, func(context.Context, any) (any, error) {
+				ran++
+				return resp, nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp = got.(proto.Message)
+		}
+		return resp, ran
+	}
+
+	thing := dynamicpb.NewMessage(fd.Messages().Get(0))
+	if got, ran := call("unregistered", thing); got != thing || ran != 2 {
+		t.Fatalf("unregistered type: %T after %d runs, want the handler's message, 2 runs (not stored)", got, ran)
+	}
+	if n, _ := ev.count(coordinator.EventError); n != 2 {
+		t.Fatalf("%d error events, want 2 record_validation_errors", n)
+	}
+	ev.mu.Lock()
+	for _, e := range ev.all {
+		if e.Kind == coordinator.EventError && (e.ErrorType != coordinator.ErrorRecordValidation ||
+			!strings.Contains(e.Err.Error(), "dyn.v1.Thing is not in protoregistry.GlobalTypes")) {
+			t.Errorf("error event %v %v, want a record_validation_error naming dyn.v1.Thing", e.ErrorType, e.Err)
+		}
+	}
+	ev.mu.Unlock()
+
+	dyn := dynamicpb.NewMessage((&paymentspb.Charge{}).ProtoReflect().Descriptor())
+	dyn.Set(dyn.Descriptor().Fields().ByName("id"), protoreflect.ValueOfString("ch_dyn"))
+	got, ran := call("registered", dyn)
+	if ch, ok := got.(*paymentspb.Charge); !ok || ch.GetId() != "ch_dyn" || ran != 1 {
+		t.Fatalf("registered type: replay %T %v after %d runs, want the *paymentspb.Charge after 1", got, got, ran)
 	}
 }
