@@ -74,24 +74,24 @@ func codeByName() map[string]codes.Code {
 // handler did not run.
 func TestDocStatusTable(t *testing.T) {
 	byName := codeByName()
-	provoke := map[string]func(t *testing.T) (error, *payments){
-		idemgrpc.ReasonKeyMissing: func(t *testing.T) (error, *payments) {
+	provoke := map[string]func(t *testing.T) (*payments, error){
+		idemgrpc.ReasonKeyMissing: func(t *testing.T) (*payments, error) {
 			c, _ := newCoordinator(t, nil)
 			svc := &payments{}
-			return charge(t.Context(), serve(t, c, svc, []idemgrpc.Option{idemgrpc.WithKeyRequired(true)}), chargeReq(1)).err, svc
+			return svc, charge(t.Context(), serve(t, c, svc, []idemgrpc.Option{idemgrpc.WithKeyRequired(true)}), chargeReq(1)).err
 		},
-		idemgrpc.ReasonKeyInvalid: func(t *testing.T) (error, *payments) {
+		idemgrpc.ReasonKeyInvalid: func(t *testing.T) (*payments, error) {
 			c, _ := newCoordinator(t, nil)
 			svc := &payments{}
-			return charge(withKey(t, "a b"), serve(t, c, svc, nil), chargeReq(1)).err, svc
+			return svc, charge(withKey(t, "a b"), serve(t, c, svc, nil), chargeReq(1)).err
 		},
-		idemgrpc.ReasonCallerUnknown: func(t *testing.T) (error, *payments) {
+		idemgrpc.ReasonCallerUnknown: func(t *testing.T) (*payments, error) {
 			c, _ := newCoordinator(t, nil)
 			svc := &payments{}
 			scope := idemgrpc.WithKeyScope(func(context.Context) (string, error) { return "", errors.New("who?") })
-			return charge(withKey(t, "k"), serve(t, c, svc, []idemgrpc.Option{scope}), chargeReq(1)).err, svc
+			return svc, charge(withKey(t, "k"), serve(t, c, svc, []idemgrpc.Option{scope}), chargeReq(1)).err
 		},
-		idemgrpc.ReasonInProgress: func(t *testing.T) (error, *payments) {
+		idemgrpc.ReasonInProgress: func(t *testing.T) (*payments, error) {
 			c, _ := newCoordinator(t, nil, coordinator.WithInFlight(coordinator.InFlightRaise))
 			started, release := make(chan struct{}), make(chan struct{})
 			svc := &payments{fail: func(context.Context, int64) error {
@@ -107,21 +107,21 @@ func TestDocStatusTable(t *testing.T) {
 			close(release)
 			<-done
 			svc.runs.Add(-1) // the first call's run
-			return err, svc
+			return svc, err
 		},
-		idemgrpc.ReasonKeyReuse: func(t *testing.T) (error, *payments) {
+		idemgrpc.ReasonKeyReuse: func(t *testing.T) (*payments, error) {
 			c, _ := newCoordinator(t, nil)
 			svc := &payments{}
 			client := serve(t, c, svc, nil)
 			charge(withKey(t, "k"), client, chargeReq(1))
 			err := charge(withKey(t, "k"), client, chargeReq(2)).err
 			svc.runs.Add(-1)
-			return err, svc
+			return svc, err
 		},
-		idemgrpc.ReasonStoreUnavailable: func(t *testing.T) (error, *payments) {
+		idemgrpc.ReasonStoreUnavailable: func(t *testing.T) (*payments, error) {
 			c, _ := newCoordinator(t, faultyStore(), coordinator.WithOnStorageError(coordinator.OnStorageErrorRaise))
 			svc := &payments{}
-			return charge(withKey(t, "k"), serve(t, c, svc, nil), chargeReq(1)).err, svc
+			return svc, charge(withKey(t, "k"), serve(t, c, svc, nil), chargeReq(1)).err
 		},
 	}
 	seen := map[string]bool{}
@@ -145,7 +145,7 @@ func TestDocStatusTable(t *testing.T) {
 			if !ok {
 				t.Fatalf("docs/grpc.md names reason %s, which idemgrpc does not have", reason)
 			}
-			err, svc := p(t)
+			svc, err := p(t)
 			st := wantRefusal(t, err, code, reason)
 			if strings.Contains(row[2], "RetryInfo") {
 				retryInfo(t, st)
