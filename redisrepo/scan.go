@@ -2,7 +2,9 @@ package redisrepo
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 
@@ -26,16 +28,24 @@ const scanCount = 1000
 // and is skipped.
 //
 // SCAN gives no snapshot: a record written during the walk may be missed,
-// and one may be reported twice (while Redis rehashes or a cluster
-// reshards), never a record that was there all along left out. Deleting the
-// keys of a batch in fn (Forget) is safe. The walk stops at the first error
-// fn returns, which ScanKeys returns as it is.
+// and one may be reported twice (while Redis rehashes), never a record that
+// was there all along left out. On Redis Cluster a record that moves from a
+// master not yet walked to one already walked would be left out, so the
+// walk fails instead when the cluster's slots move: a slot migrating or
+// importing on a master as its walk begins or ends, a slot map that differs
+// after the walk from before it (a resharding, a failover), a slot without
+// a master. A master that cannot be reached fails the walk too; no master's
+// share is ever left out without an error. fn may have been called before
+// such an error. Deleting the keys of a batch in fn (Forget) is safe. The
+// walk stops at the first error fn returns, which ScanKeys returns as it
+// is.
 //
 // It returns an error wrapping a *coordinator.InvalidRequestError when
 // operation is not valid (coordinator.ValidateOperation), an error when a
-// call to Redis fails, and an error when the Store's client is none of
-// *redis.Client, *redis.ClusterClient and *redis.Ring: a wrapper cannot be
-// told to walk every node.
+// call to Redis fails or a cluster's slots move (run it again), and an
+// error when the Store's client is none of *redis.Client,
+// *redis.ClusterClient and *redis.Ring: a wrapper cannot be told to walk
+// every node.
 func (s *Store) ScanKeys(ctx context.Context, operation string, fn func(keys []coordinator.Key) error) error {
 	if err := coordinator.ValidateOperation(operation); err != nil {
 		return fmt.Errorf("redisrepo: scan: %w", err)
@@ -106,8 +116,10 @@ func (c Counts) Total() int { return c.Pending + c.Completed + c.Unreadable }
 // The counts are not a snapshot: see ScanKeys.
 //
 // It returns an error wrapping a *coordinator.InvalidRequestError when an
-// operation is not valid, an error when a call to Redis fails, and an error
-// when the Store's client cannot be walked (see ScanKeys).
+// operation is not valid, an error when a call to Redis fails or a
+// cluster's slots move during the walk (see ScanKeys: the counts could
+// leave records out), and an error when the Store's client cannot be
+// walked (see ScanKeys).
 func (s *Store) Count(ctx context.Context, operations ...string) (map[string]Counts, error) {
 	counts := make(map[string]Counts)
 	wanted := make(map[string]bool, len(operations)) // read on several goroutines: never written after this
@@ -310,8 +322,9 @@ func (s *Store) scan(ctx context.Context, match string, fn func(names []string) 
 	defer cancel()
 	var mu sync.Mutex
 	var first error // the cause: the walks that it cancels fail with context.Canceled
+	_, single := s.client.(*redis.Client)
 	walk := func(ctx context.Context, node *redis.Client) error {
-		err := scanNode(ctx, node, match, fn)
+		err := scanNode(ctx, node, match, !single, fn)
 		if err != nil {
 			mu.Lock()
 			if first == nil {
@@ -327,7 +340,7 @@ func (s *Store) scan(ctx context.Context, match string, fn func(names []string) 
 	case *redis.Client:
 		err = walk(ctx, c)
 	case *redis.ClusterClient:
-		err = c.ForEachMaster(ctx, walk)
+		err = scanCluster(ctx, c, walk)
 	case *redis.Ring:
 		err = c.ForEachShard(ctx, walk)
 	default:
@@ -341,13 +354,129 @@ func (s *Store) scan(ctx context.Context, match string, fn func(names []string) 
 	return replyError(err)
 }
 
-// scanNode walks the keys of one server that match match, with SCAN.
-func scanNode(ctx context.Context, node *redis.Client, match string, fn func(names []string) error) error {
+// scanCluster walks every master of c with walk, and returns an error when
+// the walk may have missed keys because the cluster's slots moved: when a
+// slot is migrating or importing on a master as its walk begins or ends,
+// when the slot map (which master serves which slots, CLUSTER SLOTS)
+// differs after the walk from before it, when a slot has no master, or when
+// the masters walked are not those that serve the slots. A key that moves
+// from a master not yet walked to one already walked would otherwise be
+// left out without a word. A master that cannot be reached fails its walk.
+func scanCluster(ctx context.Context, c *redis.ClusterClient, walk func(context.Context, *redis.Client) error) error {
+	before, err := slotMap(ctx, c)
+	if err != nil {
+		return err
+	}
+	var mu sync.Mutex
+	walked := map[string]bool{}
+	err = c.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+		id, err := stableMaster(ctx, node)
+		if err != nil {
+			return err
+		}
+		mu.Lock()
+		walked[id] = true
+		mu.Unlock()
+		if err := walk(ctx, node); err != nil {
+			return err
+		}
+		_, err = stableMaster(ctx, node)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	after, err := slotMap(ctx, c)
+	if err != nil {
+		return err
+	}
+	if after.layout != before.layout {
+		return errors.New("the cluster's slots moved during the walk (resharding or failover), so keys may have been missed: run it again")
+	}
+	for id := range before.masters {
+		if !walked[id] {
+			return fmt.Errorf("master %s serves slots but was not walked (the client's view of the cluster is stale): run it again", id)
+		}
+	}
+	return nil
+}
+
+// clusterSlots is a cluster's slot map, as CLUSTER SLOTS gives it.
+type clusterSlots struct {
+	layout  string          // "start-end:master-id ..." in slot order
+	masters map[string]bool // the ids of the masters that serve slots
+}
+
+// clusterSlotCount is the number of hash slots of a Redis Cluster.
+const clusterSlotCount = 16384
+
+// slotMap reads the slot map of c, and returns an error when a slot has no
+// master.
+func slotMap(ctx context.Context, c *redis.ClusterClient) (clusterSlots, error) {
+	slots, err := c.ClusterSlots(ctx).Result()
+	if err != nil {
+		return clusterSlots{}, fmt.Errorf("cluster slots: %w", err)
+	}
+	slices.SortFunc(slots, func(a, b redis.ClusterSlot) int { return a.Start - b.Start })
+	out := clusterSlots{masters: map[string]bool{}}
+	var b strings.Builder
+	served := 0
+	for _, sl := range slots {
+		if len(sl.Nodes) == 0 || sl.Nodes[0].ID == "" {
+			return clusterSlots{}, fmt.Errorf("cluster slots: slots %d-%d have no master id", sl.Start, sl.End)
+		}
+		fmt.Fprintf(&b, "%d-%d:%s ", sl.Start, sl.End, sl.Nodes[0].ID)
+		out.masters[sl.Nodes[0].ID] = true
+		served += sl.End - sl.Start + 1
+	}
+	if served != clusterSlotCount {
+		return clusterSlots{}, fmt.Errorf("cluster slots: %d of %d slots have a master, so keys could be missed", served, clusterSlotCount)
+	}
+	out.layout = b.String()
+	return out, nil
+}
+
+// stableMaster returns the id of the cluster node of c, from its own line
+// of CLUSTER NODES, and an error when it is not a master or has a slot
+// migrating to or importing from another node (a resharding in progress:
+// its keys are moving).
+func stableMaster(ctx context.Context, c *redis.Client) (string, error) {
+	nodes, err := c.ClusterNodes(ctx).Result()
+	if err != nil {
+		return "", fmt.Errorf("%s: cluster nodes: %w", c.Options().Addr, replyError(err))
+	}
+	for line := range strings.SplitSeq(nodes, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 8 || !slices.Contains(strings.Split(f[2], ","), "myself") {
+			continue
+		}
+		if !slices.Contains(strings.Split(f[2], ","), "master") {
+			return "", fmt.Errorf("%s is no longer a master (a failover): run it again", c.Options().Addr)
+		}
+		for _, slot := range f[8:] {
+			if strings.HasPrefix(slot, "[") {
+				return "", fmt.Errorf("%s has slot %s moving (a resharding in progress): keys could be missed while they move; run it again when it is over",
+					c.Options().Addr, strings.Trim(slot, "[]"))
+			}
+		}
+		return f[0], nil
+	}
+	return "", fmt.Errorf("%s: cluster nodes: no line for the node itself", c.Options().Addr)
+}
+
+// scanNode walks the keys of one server that match match, with SCAN. Its
+// errors name the node's address when named is set: one node of several.
+// (A single client's caller knows where it points, and a failover client's
+// address is go-redis's "FailoverClient".)
+func scanNode(ctx context.Context, node *redis.Client, match string, named bool, fn func(names []string) error) error {
 	var cursor uint64
 	for {
 		names, next, err := node.Scan(ctx, cursor, match, scanCount).Result()
-		if err != nil {
+		if err != nil && named {
 			return fmt.Errorf("%s: %w", node.Options().Addr, replyError(err))
+		}
+		if err != nil {
+			return replyError(err)
 		}
 		if len(names) > 0 {
 			if err := fn(names); err != nil {

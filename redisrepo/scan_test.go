@@ -163,6 +163,15 @@ func TestScanKeysRedisDown(t *testing.T) {
 	if _, err := s.Count(t.Context()); err == nil {
 		t.Error("Count against a dead server: no error")
 	}
+
+	// A failover client's address is go-redis's "FailoverClient": not one
+	// to quote.
+	f := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: "m", SentinelAddrs: []string{"127.0.0.1:1"}, MaxRetries: -1, DialerRetries: 1})
+	defer f.Close()
+	err = redisrepo.New(f).ScanKeys(t.Context(), "op", func([]coordinator.Key) error { return nil })
+	if err == nil || strings.Contains(err.Error(), "FailoverClient") {
+		t.Errorf("ScanKeys through a failover client to a dead sentinel = %v, want an error that does not say FailoverClient", err)
+	}
 }
 
 func TestCount(t *testing.T) {
@@ -324,4 +333,161 @@ func ExampleCounts_Total() {
 	c := redisrepo.Counts{Pending: 2, Completed: 40, Unreadable: 1, Format1: 5}
 	fmt.Println(c.Total())
 	// Output: 43
+}
+
+// ownCluster is a two-master Redis Cluster of one test's own, which the
+// test may reshard and break: node 0 serves slots 0-8191, node 1 the rest.
+type ownCluster struct {
+	procs [2]*redistest.Process
+	ids   [2]string
+	nodes [2]*redis.Client
+}
+
+// startOwnCluster starts an ownCluster, stopped when t ends, or skips t
+// without redis-server.
+func startOwnCluster(t *testing.T) *ownCluster {
+	t.Helper()
+	ctx := t.Context()
+	oc := &ownCluster{}
+	for i := range oc.procs {
+		p, err := redistest.StartProcess(t.TempDir(), "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "5000")
+		if err != nil {
+			t.Skipf("cannot start a cluster node of this test's own: %v", err)
+		}
+		t.Cleanup(p.Kill)
+		oc.procs[i] = p
+		oc.nodes[i] = redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: -1, DialerRetries: 1})
+		t.Cleanup(func() { _ = oc.nodes[i].Close() })
+		id, err := oc.nodes[i].ClusterMyID(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		oc.ids[i] = id
+	}
+	if err := oc.nodes[0].ClusterAddSlotsRange(ctx, 0, 8191).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := oc.nodes[1].ClusterAddSlotsRange(ctx, 8192, 16383).Err(); err != nil {
+		t.Fatal(err)
+	}
+	host, port, _ := strings.Cut(oc.procs[1].Addr(), ":")
+	if err := oc.nodes[0].ClusterMeet(ctx, host, port).Err(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for _, n := range oc.nodes {
+		for {
+			info, err := n.ClusterInfo(ctx).Result()
+			if err == nil && strings.Contains(info, "cluster_state:ok") && strings.Contains(info, "cluster_known_nodes:2") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the cluster is not ok: %q, %v", info, err)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	return oc
+}
+
+// client returns a cluster client of oc, closed when t ends.
+func (oc *ownCluster) client(t *testing.T) *redis.ClusterClient {
+	c := redis.NewClusterClient(&redis.ClusterOptions{
+		Addrs: []string{oc.procs[0].Addr(), oc.procs[1].Addr()}, MaxRetries: -1, DialerRetries: 1, DialTimeout: time.Second,
+	})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// setSlot sends CLUSTER SETSLOT slot args... to node i.
+func (oc *ownCluster) setSlot(t *testing.T, i, slot int, args ...any) {
+	t.Helper()
+	if err := oc.nodes[i].Do(t.Context(), append([]any{"cluster", "setslot", slot}, args...)...).Err(); err != nil {
+		t.Fatalf("node %d: CLUSTER SETSLOT %d %v: %v", i, slot, args, err)
+	}
+}
+
+// emptySlot returns a slot of node i's, from, that holds no key.
+func (oc *ownCluster) emptySlot(t *testing.T, i, from int) int {
+	t.Helper()
+	for slot := from; ; slot++ {
+		n, err := oc.nodes[i].ClusterCountKeysInSlot(t.Context(), slot).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			return slot
+		}
+	}
+}
+
+// On a cluster whose slots move, ScanKeys and Count fail rather than leave
+// out the keys that move: a slot migrating, or moved to another master
+// during the walk. A master that is down fails them too.
+func TestScanClusterChanges(t *testing.T) {
+	oc := startOwnCluster(t)
+	c := oc.client(t)
+	ctx := t.Context()
+	s := redisrepo.New(c, redisrepo.WithKeyPrefix("p:"))
+	for i := range 200 {
+		mustReserve(t, s, coordinator.Key{Operation: "op", Key: fmt.Sprint("k", i)}, completedWrite(token(), "", []byte("r"), time.Minute))
+	}
+	walk := func(fn func([]coordinator.Key) error) (int, error) {
+		n := 0
+		err := s.ScanKeys(ctx, "op", func(keys []coordinator.Key) error {
+			n += len(keys)
+			if fn != nil {
+				return fn(keys)
+			}
+			return nil
+		})
+		return n, err
+	}
+	if n, err := walk(nil); err != nil || n != 200 {
+		t.Fatalf("ScanKeys of a stable cluster: %d keys, %v; want 200", n, err)
+	}
+
+	// A slot migrating from node 0 to node 1: its keys could move while
+	// the walk runs.
+	slot := oc.emptySlot(t, 0, 100)
+	oc.setSlot(t, 1, slot, "importing", oc.ids[0])
+	oc.setSlot(t, 0, slot, "migrating", oc.ids[1])
+	if _, err := walk(nil); err == nil || !strings.Contains(err.Error(), "moving (a resharding in progress)") {
+		t.Errorf("ScanKeys while a slot migrates = %v, want a resharding error", err)
+	}
+	if got, err := s.Count(ctx, "op"); err == nil {
+		t.Errorf("Count while a slot migrates = %v, want an error", got)
+	}
+	// Over: the slot moved to node 1, before the walk.
+	oc.setSlot(t, 1, slot, "node", oc.ids[1])
+	oc.setSlot(t, 0, slot, "node", oc.ids[1])
+	if n, err := walk(nil); err != nil || n != 200 {
+		t.Errorf("ScanKeys after the resharding: %d keys, %v; want 200", n, err)
+	}
+
+	// A slot that moves during the walk (here, once the walk has begun).
+	slot = oc.emptySlot(t, 0, slot+1)
+	moved := false
+	_, err := walk(func([]coordinator.Key) error {
+		if !moved {
+			moved = true
+			oc.setSlot(t, 1, slot, "importing", oc.ids[0])
+			oc.setSlot(t, 0, slot, "migrating", oc.ids[1])
+			oc.setSlot(t, 1, slot, "node", oc.ids[1])
+			oc.setSlot(t, 0, slot, "node", oc.ids[1])
+		}
+		return nil
+	})
+	if err == nil {
+		t.Error("ScanKeys while a slot moved: no error")
+	}
+
+	// A master down: an error, not node 0's share alone.
+	oc.procs[1].Kill()
+	if got, err := s.Count(ctx, "op"); err == nil {
+		t.Errorf("Count with a master down = %v, want an error", got)
+	}
+	if n, err := walk(nil); err == nil {
+		t.Errorf("ScanKeys with a master down: %d keys, no error", n)
+	}
 }
