@@ -106,6 +106,7 @@ func TestUnreachable(t *testing.T) {
 	for _, env := range []map[string]string{
 		{"IDEMPOTENCY_REDIS_URL": "redis://127.0.0.1:1/0", "IDEMPOTENCY_STORAGE_TIMEOUT": "300ms"},
 		{"IDEMPOTENCY_REDIS_CLUSTER_ADDRS": "127.0.0.1:1,127.0.0.1:2", "IDEMPOTENCY_STORAGE_TIMEOUT": "300ms"},
+		{"IDEMPOTENCY_REDIS_SENTINEL_MASTER": "m", "IDEMPOTENCY_REDIS_SENTINEL_ADDRS": "127.0.0.1:1,127.0.0.1:2", "IDEMPOTENCY_STORAGE_TIMEOUT": "300ms"},
 	} {
 		for _, cmd := range [][]string{{"check"}, {"lookup", "op", "k"}, {"forget", "op", "k"}, {"forget", "-operation", "op", "-all", "-yes"}, {"count"}} {
 			start := time.Now()
@@ -113,7 +114,7 @@ func TestUnreachable(t *testing.T) {
 			if took := time.Since(start); took > 3*time.Second {
 				t.Errorf("%v against %v took %v", cmd, env, took)
 			}
-			if r.code != exitFailure || !strings.Contains(r.output(), "127.0.0.1:1") {
+			if r.code != exitFailure || !strings.Contains(r.output(), "127.0.0.1:1") || strings.Contains(r.output(), "FailoverClient") {
 				t.Errorf("%v against %v: exit %d, want %d and the address:\n%s", cmd, env, r.code, exitFailure, r.output())
 			}
 		}
@@ -716,4 +717,38 @@ func TestSentinelPasswordNeverShown(t *testing.T) {
 			t.Errorf("check does not say the sentinel refused the password:\n%s", r.stdout)
 		}
 	}
+}
+
+// lookup reads format 1 records (the HASH of releases before format 2) as
+// it reads format 2 ones, with their creation time.
+func TestLookupFormat1(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b backend) {
+		old := newRecords(t, b, redisrepo.Format1)
+		const op = "payment.charge"
+		before := time.Now().Add(-time.Second).UTC()
+		old.completed(op, "order-17", fp, []byte(`{"id":"ch_old"}`))
+		old.pending(op, "order-18")
+
+		r := idemctl(t, b.env, "", false, "lookup", "-result", op, "order-17", "order-18")
+		if r.code != exitOK {
+			t.Fatalf("lookup: exit %d\n%s", r.code, r.output())
+		}
+		for _, re := range []string{
+			`payment\.charge order-17\n  redis key    .*:order-17\n  state        completed\n  ttl          59m5\d(\.\d+)?s\n  created      20\d\d-\d\d-\d\dT[0-9:.]+Z\n  fingerprint  ` + fp + `\n  owner token  present\n  result size  15 bytes\n  result       text: \{"id":"ch_old"\}\n`,
+			`payment\.charge order-18\n  redis key    .*:order-18\n  state        pending\n  ttl          [0-9.]+s\n  created      20\d\d-\d\d-\d\dT[0-9:.]+Z\n  fingerprint  none\n  owner token  present\n`,
+		} {
+			if !regexp.MustCompile(re).MatchString(r.stdout) {
+				t.Errorf("lookup's output does not match %s:\n%s", re, r.stdout)
+			}
+		}
+
+		r = idemctl(t, b.env, "", false, "lookup", "-json", op, "order-17")
+		var got []lookupEntry
+		if err := json.Unmarshal([]byte(r.stdout), &got); err != nil || len(got) != 1 {
+			t.Fatalf("lookup -json: %v\n%s", err, r.output())
+		}
+		if c := got[0].CreatedAt; c == nil || c.Before(before) || c.After(time.Now().Add(time.Second)) || got[0].State != "completed" {
+			t.Errorf("lookup -json of a format 1 record: %+v, want completed, created_at about now", got[0])
+		}
+	})
 }
