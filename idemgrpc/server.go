@@ -238,11 +238,7 @@ func keyProblem(key string, err error) string {
 			return fmt.Sprintf("it has byte 0x%02x at offset %d", c, i)
 		}
 	}
-	var ir *coordinator.InvalidRequestError
-	if errors.As(err, &ir) {
-		return ir.Reason
-	}
-	return err.Error()
+	return invalidReason(err)
 }
 
 // refuse maps an error of the coordinator, returned before the handler ran,
@@ -270,10 +266,21 @@ func (s *server) refuse(ctx context.Context, err error) error {
 	case errors.Is(err, coordinator.ErrInvalidRequest):
 		// The key was checked above, so this is the server's configuration
 		// (a TTL outside the coordinator's bounds), not the client's fault.
-		return status.Error(codes.Internal, "idemgrpc: the idempotency layer is misconfigured")
+		// Nothing else reports it, so the message says what it is.
+		return status.Errorf(codes.Internal, "idemgrpc: the idempotency layer is misconfigured: %s", invalidReason(err))
 	default:
 		return status.Error(codes.Internal, "idemgrpc: the idempotency layer failed")
 	}
+}
+
+// invalidReason returns what an error matching coordinator.ErrInvalidRequest
+// says is invalid.
+func invalidReason(err error) string {
+	var ir *coordinator.InvalidRequestError
+	if errors.As(err, &ir) {
+		return ir.Reason
+	}
+	return err.Error()
 }
 
 // refusal returns the status error of a refusal: code, msg, an ErrorInfo

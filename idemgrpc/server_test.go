@@ -425,8 +425,13 @@ func TestTTLOutsideBoundsIsInternal(t *testing.T) {
 	c, _ := newCoordinator(t, nil)
 	svc := &payments{}
 	client := serve(t, c, svc, []idemgrpc.Option{idemgrpc.WithTTL(365 * 24 * time.Hour)})
-	if r := charge(withKey(t, "k"), client, chargeReq(1)); status.Code(r.err) != codes.Internal || svc.n() != 0 {
+	r := charge(withKey(t, "k"), client, chargeReq(1))
+	if status.Code(r.err) != codes.Internal || svc.n() != 0 {
 		t.Fatalf("Charge: %v after %d runs, want Internal and no run", r.err, svc.n())
+	}
+	// Nothing else reports it: the message must say what is misconfigured.
+	if msg := status.Convert(r.err).Message(); !strings.Contains(msg, "TTL 8760h0m0s is outside") {
+		t.Fatalf("message %q does not say that the TTL is out of bounds", msg)
 	}
 }
 
