@@ -454,10 +454,19 @@ func stableMaster(ctx context.Context, c *redis.Client) (string, error) {
 			return "", fmt.Errorf("%s is no longer a master (a failover): run it again", c.Options().Addr)
 		}
 		for _, slot := range f[8:] {
-			if strings.HasPrefix(slot, "[") {
-				return "", fmt.Errorf("%s has slot %s moving (a resharding in progress): keys could be missed while they move; run it again when it is over",
-					c.Options().Addr, strings.Trim(slot, "[]"))
+			// [slot->-id]: migrating to id; [slot-<-id]: importing from id.
+			m, ok := strings.CutPrefix(slot, "[")
+			if !ok {
+				continue
 			}
+			m = strings.TrimSuffix(m, "]")
+			if n, id, ok := strings.Cut(m, "->-"); ok {
+				m = n + " migrating to node " + id
+			} else if n, id, ok := strings.Cut(m, "-<-"); ok {
+				m = n + " importing from node " + id
+			}
+			return "", fmt.Errorf("%s has slot %s (a resharding in progress): keys could be missed while they move; run it again when it is over",
+				c.Options().Addr, m)
 		}
 		return f[0], nil
 	}
