@@ -357,7 +357,7 @@ func (s *Store) scan(ctx context.Context, match string, fn func(names []string) 
 // scanCluster walks every master of c with walk, and returns an error when
 // the walk may have missed keys because the cluster's slots moved: when a
 // slot is migrating or importing on a master as its walk begins or ends,
-// when the slot map (which master serves which slots, CLUSTER SLOTS)
+// when the slot map (which master serves which slots, CLUSTER SHARDS)
 // differs after the walk from before it, when a slot has no master, or when
 // the masters walked are not those that serve the slots. A key that moves
 // from a master not yet walked to one already walked would otherwise be
@@ -401,7 +401,7 @@ func scanCluster(ctx context.Context, c *redis.ClusterClient, walk func(context.
 	return nil
 }
 
-// clusterSlots is a cluster's slot map, as CLUSTER SLOTS gives it.
+// clusterSlots is a cluster's slot map, as CLUSTER SHARDS gives it.
 type clusterSlots struct {
 	layout  string          // "start-end:master-id ..." in slot order
 	masters map[string]bool // the ids of the masters that serve slots
@@ -410,27 +410,47 @@ type clusterSlots struct {
 // clusterSlotCount is the number of hash slots of a Redis Cluster.
 const clusterSlotCount = 16384
 
-// slotMap reads the slot map of c, and returns an error when a slot has no
-// master.
+// slotMap reads the slot map of c (CLUSTER SHARDS, Redis 7.0, which the
+// Store needs anyway), and returns an error when a slot has no master.
 func slotMap(ctx context.Context, c *redis.ClusterClient) (clusterSlots, error) {
-	slots, err := c.ClusterSlots(ctx).Result()
+	shards, err := c.ClusterShards(ctx).Result()
 	if err != nil {
-		return clusterSlots{}, fmt.Errorf("cluster slots: %w", err)
+		return clusterSlots{}, fmt.Errorf("cluster shards: %w", replyError(err))
 	}
-	slices.SortFunc(slots, func(a, b redis.ClusterSlot) int { return a.Start - b.Start })
+	type slotRange struct {
+		start, end int64
+		master     string
+	}
+	var ranges []slotRange
 	out := clusterSlots{masters: map[string]bool{}}
-	var b strings.Builder
-	served := 0
-	for _, sl := range slots {
-		if len(sl.Nodes) == 0 || sl.Nodes[0].ID == "" {
-			return clusterSlots{}, fmt.Errorf("cluster slots: slots %d-%d have no master id", sl.Start, sl.End)
+	var served int64
+	for _, sh := range shards {
+		if len(sh.Slots) == 0 {
+			continue // a master without slots (or its replicas): no keys of its own
 		}
-		fmt.Fprintf(&b, "%d-%d:%s ", sl.Start, sl.End, sl.Nodes[0].ID)
-		out.masters[sl.Nodes[0].ID] = true
-		served += sl.End - sl.Start + 1
+		master := ""
+		for _, n := range sh.Nodes {
+			if n.Role == "master" && n.ID != "" {
+				master = n.ID
+				break
+			}
+		}
+		if master == "" {
+			return clusterSlots{}, fmt.Errorf("cluster shards: slots %d-%d have no master", sh.Slots[0].Start, sh.Slots[0].End)
+		}
+		out.masters[master] = true
+		for _, sr := range sh.Slots {
+			ranges = append(ranges, slotRange{sr.Start, sr.End, master})
+			served += sr.End - sr.Start + 1
+		}
 	}
 	if served != clusterSlotCount {
-		return clusterSlots{}, fmt.Errorf("cluster slots: %d of %d slots have a master, so keys could be missed", served, clusterSlotCount)
+		return clusterSlots{}, fmt.Errorf("cluster shards: %d of %d slots have a master, so keys could be missed", served, clusterSlotCount)
+	}
+	slices.SortFunc(ranges, func(a, b slotRange) int { return int(a.start - b.start) })
+	var b strings.Builder
+	for _, r := range ranges {
+		fmt.Fprintf(&b, "%d-%d:%s ", r.start, r.end, r.master)
 	}
 	out.layout = b.String()
 	return out, nil
