@@ -348,7 +348,7 @@ func runStorm(t *testing.T, lv level, sc scenario, b backend, env *faultEnv) *ou
 		o.recovery = time.Duration(lastFail - fr.end)
 	}
 	// A server that a fault restarted has its own waiter goroutine.
-	goleak.VerifyNone(t, leaks, ignoreProbe, goleak.IgnoreAnyFunction("github.com/idemkit/idempotency/internal/redistest.spawn.func1"))
+	goleak.VerifyNone(t, leaks, ignoreProbe, goleak.IgnoreAnyFunction("github.com/idemkit/idempotency/internal/redistest.startProc.func1"))
 	o.r = h.check()
 	if fails := o.r.failures(); len(fails) > 0 {
 		keys := maps.Clone(o.r.badKeys)

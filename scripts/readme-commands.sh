@@ -43,13 +43,17 @@ printf '%s\n' "$version" >"$proxy/list"
 printf '{"Version":"%s","Time":"%s"}\n' "$version" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" >"$proxy/$version.info"
 cp "$proxy/$version.info" "$proxy/$commit.info"
 cp go.mod "$proxy/$version.mod"
-# Tracked and untracked (not ignored) files, as they are in the working tree.
+# Tracked and untracked (not ignored) files, as they are in the working tree,
+# but not those of a nested module (idemgrpc/, with a go.mod of its own),
+# which the go command leaves out of a module's zip too.
 git ls-files -z --cached --others --exclude-standard | python3 -c '
 import os, sys, zipfile
 prefix = "github.com/idemkit/idempotency@" + sys.argv[2] + "/"
+names = sorted(set(n for n in sys.stdin.buffer.read().decode().split("\0") if n and os.path.isfile(n)))
+nested = [os.path.dirname(n) + "/" for n in names if os.path.basename(n) == "go.mod" and os.path.dirname(n)]
 with zipfile.ZipFile(sys.argv[1], "w", zipfile.ZIP_DEFLATED) as z:
-    for name in sorted(set(sys.stdin.buffer.read().decode().split("\0"))):
-        if name and os.path.isfile(name):
+    for name in names:
+        if not any(name.startswith(d) for d in nested):
             z.write(name, prefix + name)
 ' "$proxy/$version.zip" "$version"
 proxy_env=(GOPROXY="file://$tmp/proxy,$($GO env GOPROXY)" GONOSUMDB=github.com/idemkit/idempotency GOFLAGS=-mod=mod)
