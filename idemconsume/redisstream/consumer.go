@@ -155,16 +155,29 @@ func (c *Consumer) DeadLetterStream() string { return c.cfg.deadStream }
 // When ctx ends, the handlers running get its cancellation, the entries not
 // reached stay pending, and Run returns nil once every worker has stopped:
 // within WithBlock, plus the time the handlers take to return, plus
-// WithAckTimeout. It returns an error, at once, only when the group cannot be
-// created (Redis is down, or the key holds something other than a stream).
+// WithAckTimeout. While Redis cannot be reached, creating the group is
+// retried, reported to WithOnError, after the same back-off, so a consumer
+// started during an outage consumes once it ends. Run returns an error, at
+// once, only when Redis refuses to create the group with an error that
+// retrying cannot cure: the key holds something other than a stream
+// (WRONGTYPE), the user may not run the command (NOPERM, NOAUTH).
 // Run may be called again once it has returned, but not twice at once:
 // both would read under the same consumer names.
 func (c *Consumer) Run(ctx context.Context) error {
-	if err := c.createGroup(ctx); err != nil {
+	for backoff := time.Duration(0); ; {
+		err := c.createGroup(ctx)
+		if err == nil {
+			break
+		}
 		if ctx.Err() != nil {
 			return nil
 		}
-		return err
+		if !transient(err) {
+			return err
+		}
+		c.reportError(ctx, err)
+		backoff = min(max(2*backoff, minBackoff), maxBackoff)
+		sleep(ctx, backoff)
 	}
 	var wg sync.WaitGroup
 	for i := range c.cfg.workers {
@@ -412,6 +425,19 @@ func message(m redis.XMessage, n int64) idemconsume.Message {
 		}
 	}
 	return msg
+}
+
+// transient reports whether err may go away if the command is sent again:
+// anything but an error reply of Redis (a refused connection, a timeout),
+// or a reply that says Redis is not ready yet or not here (LOADING,
+// READONLY, MASTERDOWN, CLUSTERDOWN, TRYAGAIN, OOM, max clients).
+func transient(err error) bool {
+	var re redis.Error
+	if !errors.As(err, &re) {
+		return true
+	}
+	return redis.IsLoadingError(err) || redis.IsReadOnlyError(err) || redis.IsMasterDownError(err) ||
+		redis.IsClusterDownError(err) || redis.IsTryAgainError(err) || redis.IsOOMError(err) || redis.IsMaxClientsError(err)
 }
 
 // isNoGroup reports whether err is Redis's NOGROUP: the stream or the

@@ -3,6 +3,7 @@ package redisstream_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -269,5 +270,68 @@ func TestRunReturnsWhenCancelled(t *testing.T) {
 	}
 	if g := e.groupInfo(); g.Pending != 1 {
 		t.Errorf("%d entries pending, want the interrupted one", g.Pending)
+	}
+}
+
+// A consumer started while Redis is down does not give up: it retries
+// creating the group, with the back-off, and consumes once Redis is back.
+func TestRunStartedWhileRedisIsDown(t *testing.T) {
+	in := redistest.Start(t)
+	opts := in.Options()
+	opts.MaxRetries, opts.DialerRetries = -1, 1
+	rdb := redis.NewClient(opts)
+	t.Cleanup(func() { _ = rdb.Close() })
+	e := newEnv(t)
+	e.rdb = rdb
+	in.Stop(t)
+
+	c, err := coordinator.New(memstore.New())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	fx := newEffects()
+	var failures atomic.Int64
+	sc, err := redisstream.New(rdb, e.processor(c), e.stream, e.group, func(_ context.Context, m idemconsume.Message) error {
+		fx.add(m.Fields["idempotency-key"])
+		return nil
+	}, fast(redisstream.WithOnError(func(context.Context, error) { failures.Add(1) }))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- sc.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	eventually(t, 10*time.Second, "no second failure to create the group", func() bool {
+		select {
+		case err := <-done:
+			done <- err // for the cleanup
+			t.Fatalf("Run returned %v while Redis was down", err)
+		default:
+		}
+		return failures.Load() >= 2
+	})
+	in.Restart(t)
+	e.publish("order-1")
+	eventually(t, 20*time.Second, "the stream is not drained after Redis came back", e.drained)
+	fx.check(t, []string{"order-1"})
+}
+
+// A key that holds something other than a stream is a mistake that no
+// retry cures: Run returns at once.
+func TestRunRefusesAKeyThatIsNotAStream(t *testing.T) {
+	e := newEnv(t)
+	if err := e.rdb.Set(t.Context(), e.stream, "not a stream", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	sc, err := redisstream.New(e.rdb, e.processor(e.coordinator(e.store)), e.stream, e.group,
+		func(context.Context, idemconsume.Message) error { return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sc.Run(t.Context()); err == nil || !strings.Contains(err.Error(), "WRONGTYPE") {
+		t.Fatalf("Run: %v, want WRONGTYPE", err)
 	}
 }
