@@ -143,9 +143,11 @@ func WithOnDecision(f func(ctx context.Context, msg idemconsume.Message, d idemc
 }
 
 // WithOnError sets a function called with each failed stream command
-// (reading, claiming, acknowledging, dead-lettering): the Consumer retries
-// after a back-off (reads, claims) or leaves the entry pending to be claimed
-// again (acks, dead-letters), and tells no one else. Default nil.
+// (creating the group, reading, claiming, reading delivery counts,
+// acknowledging, dead-lettering): the Consumer retries after a back-off
+// (group creation, reads, claims), processes the entry with an unknown
+// delivery count (XPENDING), or leaves the entry pending to be claimed again
+// (acks, dead-letters), and tells no one else. Default nil.
 func WithOnError(f func(ctx context.Context, err error)) Option {
 	return optionFunc(func(c *config) { c.onError = f })
 }
