@@ -98,25 +98,25 @@ func NewRedisClient(s Settings) (redis.UniversalClient, error) {
 	return redis.NewClient(opts), nil
 }
 
-// failoverOptions returns the options of a failover client for the master
-// that s.RedisSentinelMaster names, through the sentinels of
-// s.RedisSentinelAddrs, that carry every field of o that redis.ParseURL sets
-// but the server's address (parseRedisURL refuses the query options it would
-// drop).
-func failoverOptions(o *redis.Options, s Settings) *redis.FailoverOptions {
-	c := clusterOptions(o, nil)
-	return &redis.FailoverOptions{
-		MasterName:       s.RedisSentinelMaster,
-		SentinelAddrs:    s.RedisSentinelAddrs,
-		SentinelPassword: s.RedisSentinelPassword,
-
-		Username: o.Username,
-		Password: o.Password,
-		DB:       o.DB,
-		// redis.ParseURL names the URL's host as the TLS server; the master
-		// is whichever server the sentinels name, verified under its own
-		// name (clusterOptions clears it).
-		TLSConfig: c.TLSConfig,
+// universalOptions returns go-redis's options for a cluster or a failover
+// client that carry every field of o that redis.ParseURL sets, but the
+// server's address (parseRedisURL refuses a query option these clients
+// would drop, and a database other than 0 for a cluster). appliesToCluster
+// lists the query options whose fields these are.
+func universalOptions(o *redis.Options) *redis.UniversalOptions {
+	tlsConfig := o.TLSConfig
+	if tlsConfig != nil {
+		// redis.ParseURL names the URL's host as the TLS server; a cluster's
+		// nodes and the master the sentinels name are each verified under
+		// their own name instead. skip_verify (InsecureSkipVerify) is kept.
+		tlsConfig = tlsConfig.Clone()
+		tlsConfig.ServerName = ""
+	}
+	return &redis.UniversalOptions{
+		Username:  o.Username,
+		Password:  o.Password,
+		DB:        o.DB,
+		TLSConfig: tlsConfig,
 
 		Protocol:   o.Protocol,
 		ClientName: o.ClientName,
@@ -149,60 +149,30 @@ func failoverOptions(o *redis.Options, s Settings) *redis.FailoverOptions {
 }
 
 // clusterOptions returns the options of a cluster client over addrs that
-// carry every field of o that redis.ParseURL sets, but the node's address
-// and database (parseRedisURL refuses a database other than 0 in cluster
-// mode). appliesToCluster lists the query options whose fields these are.
+// carry o's fields (universalOptions).
 func clusterOptions(o *redis.Options, addrs []string) *redis.ClusterOptions {
-	tlsConfig := o.TLSConfig
-	if tlsConfig != nil {
-		// redis.ParseURL names the URL's host as the TLS server; on a cluster
-		// each node is verified under its own name instead. skip_verify
-		// (InsecureSkipVerify) is kept.
-		tlsConfig = tlsConfig.Clone()
-		tlsConfig.ServerName = ""
-	}
-	return &redis.ClusterOptions{
-		Addrs:     addrs,
-		Username:  o.Username,
-		Password:  o.Password,
-		TLSConfig: tlsConfig,
+	u := universalOptions(o)
+	u.Addrs = addrs
+	c := u.Cluster()
+	// go-redis reloads the slot map on MOVED and ASK replies, but not on
+	// connection errors: after a master dies and its replica is promoted,
+	// calls on its slots would keep failing until the next periodic
+	// reload, 60s by default (measured by the reliability suite). A
+	// reload is one CLUSTER SLOTS, in the background, at most once per
+	// interval while calls are made.
+	c.ClusterStateReloadInterval = clusterStateReloadInterval
+	return c
+}
 
-		Protocol:   o.Protocol,
-		ClientName: o.ClientName,
-
-		MaxRetries:      o.MaxRetries,
-		MinRetryBackoff: o.MinRetryBackoff,
-		MaxRetryBackoff: o.MaxRetryBackoff,
-
-		DialTimeout:           o.DialTimeout,
-		DialerRetries:         o.DialerRetries,
-		ReadTimeout:           o.ReadTimeout,
-		WriteTimeout:          o.WriteTimeout,
-		ContextTimeoutEnabled: o.ContextTimeoutEnabled,
-
-		PoolFIFO:              o.PoolFIFO,
-		PoolSize:              o.PoolSize,
-		PoolTimeout:           o.PoolTimeout,
-		MaxConcurrentDials:    o.MaxConcurrentDials,
-		MinIdleConns:          o.MinIdleConns,
-		MaxIdleConns:          o.MaxIdleConns,
-		MaxActiveConns:        o.MaxActiveConns,
-		ConnMaxIdleTime:       o.ConnMaxIdleTime,
-		ConnMaxLifetime:       o.ConnMaxLifetime,
-		ConnMaxLifetimeJitter: o.ConnMaxLifetimeJitter,
-
-		PipelinePoolSize:        o.PipelinePoolSize,
-		PipelineReadBufferSize:  o.PipelineReadBufferSize,
-		PipelineWriteBufferSize: o.PipelineWriteBufferSize,
-
-		// go-redis reloads the slot map on MOVED and ASK replies, but not on
-		// connection errors: after a master dies and its replica is promoted,
-		// calls on its slots would keep failing until the next periodic
-		// reload, 60s by default (measured by the reliability suite). A
-		// reload is one CLUSTER SLOTS, in the background, at most once per
-		// interval while calls are made.
-		ClusterStateReloadInterval: clusterStateReloadInterval,
-	}
+// failoverOptions returns the options of a failover client for the master
+// that s.RedisSentinelMaster names, through the sentinels of
+// s.RedisSentinelAddrs, that carry o's fields (universalOptions).
+func failoverOptions(o *redis.Options, s Settings) *redis.FailoverOptions {
+	u := universalOptions(o)
+	u.Addrs = s.RedisSentinelAddrs
+	u.MasterName = s.RedisSentinelMaster
+	u.SentinelPassword = s.RedisSentinelPassword
+	return u.Failover()
 }
 
 // clusterStateReloadInterval bounds how long a cluster client built by
