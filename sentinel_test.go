@@ -126,10 +126,11 @@ func TestModuleOnSentinel(t *testing.T) {
 	if n, err := direct.Wait(t.Context(), 1, 5000).Result(); err != nil || n != 1 {
 		t.Fatalf("WAIT 1: %d replicas, %v", n, err)
 	}
-	promoted, err := sentinel.Failover(t.Context())
+	failover, err := sentinel.Failover(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
+	promoted := failover.Master
 	// The client learns of the switch from the sentinel's +switch-master;
 	// until then a call may meet the former master, now a read-only
 	// replica, and fail (raise): retried here until it answers.

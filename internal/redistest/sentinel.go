@@ -106,46 +106,66 @@ func (s *Sentinel) Master(ctx context.Context) (string, error) {
 	return net.JoinHostPort(hp[0], hp[1]), nil
 }
 
+// FailoverResult is what Failover did.
+type FailoverResult struct {
+	// Master is the promoted replica's address: the new master.
+	Master string
+	// Announced is when the sentinel announced the failover (the
+	// +switch-master message of its Pub/Sub, which go-redis's failover
+	// clients wait for to switch), as this process received it.
+	Announced time.Time
+}
+
 // Failover makes the sentinel fail the master over to the replica
 // (SENTINEL FAILOVER) and returns once the replica is the master, answers
 // writes, and the sentinel names it, and the former master has become the
-// new master's replica in sync: it returns the new master's address. The
-// sentinel reconfigures a former master that is still up only some seconds
-// after the promotion (about 20s with Redis 7.0: it waits 8s after the
-// former master last reported its role, which it reads every 10s), and
-// until then that server takes the writes of clients that have not
-// switched, which its resynchronisation then drops; Failover waits for it so
-// that a caller knows when that window ended, and so that another Failover
-// can follow.
-func (s *Sentinel) Failover(ctx context.Context) (string, error) {
+// new master's replica in sync. The sentinel reconfigures a former master
+// that is still up only some seconds after the promotion (about 20s with
+// Redis 7.0: it waits 8s after the former master last reported its role,
+// which it reads every 10s); until then that server takes the writes of
+// clients that have not switched, which its resynchronisation then drops.
+// Failover waits for it so that another Failover can follow, and reports
+// when the sentinel announced the switch.
+func (s *Sentinel) Failover(ctx context.Context) (FailoverResult, error) {
 	before, err := s.Master(ctx)
 	if err != nil {
-		return "", err
+		return FailoverResult{}, err
 	}
 	c := s.client()
 	defer c.Close()
-	if err := c.Failover(ctx, SentinelMaster).Err(); err != nil {
-		return "", fmt.Errorf("SENTINEL FAILOVER: %w", err)
+	sub := c.Subscribe(ctx, "+switch-master")
+	defer sub.Close()
+	if _, err := sub.Receive(ctx); err != nil { // the subscription's confirmation
+		return FailoverResult{}, fmt.Errorf("SUBSCRIBE +switch-master: %w", err)
 	}
-	var after string
+	if err := c.Failover(ctx, SentinelMaster).Err(); err != nil {
+		return FailoverResult{}, fmt.Errorf("SENTINEL FAILOVER: %w", err)
+	}
+	var res FailoverResult
+	select {
+	case <-sub.Channel():
+		res.Announced = time.Now()
+	case <-ctx.Done():
+		return FailoverResult{}, fmt.Errorf("no +switch-master from the sentinel: %w", ctx.Err())
+	}
 	for {
-		if after, err = s.Master(ctx); err == nil && after != before {
+		if res.Master, err = s.Master(ctx); err == nil && res.Master != before {
 			break
 		}
 		if err := sleep(ctx, 10*time.Millisecond); err != nil {
-			return "", fmt.Errorf("the sentinel still names %s as the master: %w", before, err)
+			return FailoverResult{}, fmt.Errorf("the sentinel still names %s as the master: %w", before, err)
 		}
 	}
-	if err := waitRole(ctx, after, "master"); err != nil {
-		return "", err
+	if err := waitRole(ctx, res.Master, "master"); err != nil {
+		return FailoverResult{}, err
 	}
 	if err := waitReplicaInSync(ctx, before); err != nil {
-		return "", fmt.Errorf("the former master %s: %w", before, err)
+		return FailoverResult{}, fmt.Errorf("the former master %s: %w", before, err)
 	}
 	if err := s.waitReplicaKnown(ctx); err != nil {
-		return "", err
+		return FailoverResult{}, err
 	}
-	return after, nil
+	return res, nil
 }
 
 func (s *Sentinel) client() *redis.SentinelClient {

@@ -27,11 +27,15 @@ func TestSentinel(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	second, err := s.Failover(ctx)
+	res, err := s.Failover(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("failover from %s to %s took %v", first, second, time.Since(start))
+	second := res.Master
+	t.Logf("failover from %s to %s announced after %v, done after %v", first, second, res.Announced.Sub(start), time.Since(start))
+	if res.Announced.Before(start) || res.Announced.After(time.Now()) {
+		t.Errorf("announced at %v, outside the failover (%v to now)", res.Announced, start)
+	}
 	if second == first {
 		t.Fatalf("the master is still %s", first)
 	}
