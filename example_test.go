@@ -141,8 +141,33 @@ func ExampleSettings_Redacted() {
 	s := idempotency.DefaultSettings() // an app: idempotency.LoadSettings()
 	s.RedisURL = "rediss://app:s3cret@cache.internal:6380/2"
 	fmt.Println(s.Redacted().RedisURL)
+	// Output: rediss://app:xxxxx@cache.internal:6380/2
+}
+
+// Where the settings point, for a log line or an error: a server, a
+// cluster's seeds, or a Sentinel master; never a password.
+func ExampleSettings_RedisAddr() {
+	s := idempotency.DefaultSettings()
+	s.RedisURL = "redis://:s3cret@cache.internal:6380/0"
+	fmt.Println(s.RedisAddr())
+	s.RedisSentinelMaster, s.RedisSentinelAddrs = "payments", []string{"sentinel-a:26379", "sentinel-b:26379"}
 	fmt.Println(s.RedisAddr())
 	// Output:
-	// rediss://app:xxxxx@cache.internal:6380/2
 	// cache.internal:6380
+	// sentinel master payments via sentinel-a:26379,sentinel-b:26379
+}
+
+// IDEMPOTENCY_REDIS_LOGS is read with UnmarshalText, which names the
+// accepted values when it refuses one.
+func ExampleRedisLogsMode() {
+	var m idempotency.RedisLogsMode
+	fmt.Println(m) // the zero value means zap
+	if err := m.UnmarshalText([]byte("off")); err == nil {
+		fmt.Println(m)
+	}
+	fmt.Println(m.UnmarshalText([]byte("stderr")))
+	// Output:
+	// zap
+	// off
+	// unknown go-redis log mode "stderr": accepted values are zap, off, keep
 }
