@@ -9,7 +9,7 @@ GO ?= go
 STATICCHECK_VERSION ?= v0.8.2
 STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
-.PHONY: all build test test-reliability test-reliability-short lint fmt-check vet staticcheck bench bench-table tidy-check readme-commands ci ci-targets demo
+.PHONY: all build test test-reliability test-reliability-short lint fmt-check vet staticcheck bench bench-table tidy-check readme-commands rules-check ci ci-targets demo
 
 all: build
 
@@ -86,6 +86,14 @@ tidy-check:
 # -replace, go run ./examples/fxapp, make demo); the test command is `test`.
 readme-commands:
 	GO=$(GO) bash scripts/readme-commands.sh
+
+# The Prometheus rules of observability/mixin (docs/observability.md#alerts):
+# they parse, and promtool's unit tests show every alert firing on the
+# condition it names and silent on a healthy series. Needs promtool (Debian
+# package prometheus; .ci/run installs it).
+rules-check:
+	promtool check rules observability/mixin/rules.yml
+	cd observability/mixin && promtool test rules rules_test.yml
 
 # The CI checks, in the order .ci/run runs them. `make ci` stops at the first
 # failure (`make -k ci` runs them all); .ci/run always runs them all.
