@@ -7,6 +7,8 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -610,5 +612,53 @@ func TestModuleLoadsScriptsAtStart(t *testing.T) {
 	defer app.RequireStop()
 	if n := cached(); n != "6" {
 		t.Errorf("after start-up %s scripts are cached, want 6 (legacy, reserve, inspect, forget, and the format 1 writer's reserve1 and owner1)", n)
+	}
+}
+
+// The table for users of the Python idempotency-kit (docs/observability.md)
+// names only Python's two metrics and ours, and every one of ours, so that
+// a metric added later is mapped too; and it maps every Python status of
+// the coordinator's error types.
+func TestPythonMetricsMapping(t *testing.T) {
+	doc, err := os.ReadFile("docs/observability.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(doc), pythonSection)
+	if !ok {
+		t.Fatalf("docs/observability.md has no section %q", strings.TrimSpace(pythonSection))
+	}
+	section, _, _ = strings.Cut(section, "\n## ")
+	python := map[string]bool{
+		"idempotency_operations_total": true, "idempotency_operation_duration_seconds": true,
+		"idempotency_operation_duration_seconds_bucket": true,
+	}
+	named := map[string]bool{}
+	for _, m := range regexp.MustCompile(`(idempotency_[a-z_]+)(:?)`).FindAllStringSubmatch(section, -1) {
+		if m[2] == ":" {
+			continue // a recorded series: level:metric:operations
+		}
+		named[strings.TrimSuffix(strings.TrimSuffix(m[1], "_count"), "_bucket")] = true
+	}
+	documented := documentedMetrics(t)
+	for name := range named {
+		if !python[name] && !python[name+"_bucket"] && !slices.Contains(documented, name) {
+			t.Errorf("the Python table names %s, neither Python's nor ours", name)
+		}
+	}
+	for _, name := range documented {
+		if !named[name] {
+			t.Errorf("the Python table does not map our %s", name)
+		}
+	}
+	for _, et := range []string{"storage_get_error", "storage_reserve_error", "storage_save_error", "storage_release_error", "record_validation_error", "key_reuse"} {
+		if !strings.Contains(section, et) {
+			t.Errorf("the Python table does not map the error type %s", et)
+		}
+	}
+	for _, status := range []string{`status="hit"`, `status="miss"`, `status="collision"`} {
+		if !strings.Contains(section, status) {
+			t.Errorf("the Python table does not map %s", status)
+		}
 	}
 }
