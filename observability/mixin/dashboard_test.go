@@ -1,0 +1,236 @@
+package mixin_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/observability"
+	"github.com/idemkit/idempotency/observability/mixin"
+)
+
+var (
+	schemaOnce sync.Once
+	schema     *mixin.Schema
+	schemaErr  error
+)
+
+// librarySchema returns the schema of a running coordinator's registry,
+// built once for all tests.
+func librarySchema(t *testing.T) *mixin.Schema {
+	t.Helper()
+	schemaOnce.Do(func() { schema, schemaErr = mixin.LibrarySchema("") })
+	if schemaErr != nil {
+		t.Fatal(schemaErr)
+	}
+	return schema
+}
+
+func readFile(t *testing.T, name string) []byte {
+	t.Helper()
+	data, err := os.ReadFile(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
+func TestDashboardIsGenerated(t *testing.T) {
+	want, err := mixin.Dashboard("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := readFile(t, "dashboard.json"); !bytes.Equal(got, want) {
+		t.Fatal("dashboard.json differs from what the generator writes; run go generate ./... in observability/mixin and commit the result")
+	}
+}
+
+func TestDashboardQueriesMatchTheRegistry(t *testing.T) {
+	c := mixin.NewChecker(librarySchema(t))
+	for _, err := range c.CheckDashboard(readFile(t, "dashboard.json")) {
+		t.Error(err)
+	}
+}
+
+// With a namespace, the generated dashboard matches a registry with that
+// namespace, and the plain one does not: the caveat the README states.
+func TestNamespacedDashboard(t *testing.T) {
+	s, err := mixin.LibrarySchema("shop")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := mixin.NewChecker(s)
+	data, err := mixin.Dashboard("shop")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, err := range c.CheckDashboard(data) {
+		t.Error(err)
+	}
+	if errs := c.CheckDashboard(readFile(t, "dashboard.json")); len(errs) == 0 {
+		t.Error("the dashboard without namespace passed against a shop_ registry")
+	}
+	if _, err := mixin.Dashboard("9shop"); err == nil {
+		t.Error("Dashboard accepted namespace 9shop")
+	}
+}
+
+// TestDashboardContents checks what an operator looks for: the panels the
+// issue asks for, the variables, and the datasource of every panel.
+func TestDashboardContents(t *testing.T) {
+	var d struct {
+		Title, UID    string
+		SchemaVersion int
+		Templating    struct {
+			List []struct{ Name, Type, Query string }
+		}
+		Panels []struct {
+			Title, Type string
+			Datasource  struct{ Type, UID string }
+			Targets     []struct{ Expr string }
+		}
+	}
+	if err := json.Unmarshal(readFile(t, "dashboard.json"), &d); err != nil {
+		t.Fatal(err)
+	}
+	if d.UID != mixin.DashboardUID || d.SchemaVersion != 39 {
+		t.Errorf("uid %q, schemaVersion %d", d.UID, d.SchemaVersion)
+	}
+	vars := map[string]string{}
+	for _, v := range d.Templating.List {
+		vars[v.Name] = v.Type + " " + v.Query
+	}
+	for name, want := range map[string]string{
+		"datasource": "datasource prometheus",
+		"operation":  "query label_values(idempotency_requests_total, operation)",
+		"method":     "query label_values(idempotency_storage_duration_seconds_count, method)",
+	} {
+		if vars[name] != want {
+			t.Errorf("variable %s = %q, want %q", name, vars[name], want)
+		}
+	}
+
+	exprs := map[string]string{}
+	for _, p := range d.Panels {
+		if p.Type == "row" {
+			continue
+		}
+		if p.Title == "" || len(p.Targets) == 0 || p.Datasource.Type != "prometheus" || p.Datasource.UID != "${datasource}" {
+			t.Errorf("panel %q: title, targets or datasource missing: %+v", p.Title, p)
+		}
+		for _, tg := range p.Targets {
+			exprs[p.Title] += tg.Expr + "\n"
+		}
+	}
+	// Each panel the issue asks for, by title, and a part of its query.
+	for title, want := range map[string]string{
+		"Request outcomes by operation":            "sum by (operation, outcome) (rate(idempotency_requests_total",
+		"Hit ratio by operation":                   `outcome=~"hit|miss"`,
+		"Stored results by operation":              "idempotency_stored_total",
+		"Unprotected runs by operation and method": "sum by (operation, method) (rate(idempotency_unprotected_total",
+		"Storage latency (successful calls)":       "histogram_quantile(0.99, sum by (le, method) (rate(idempotency_storage_duration_seconds_bucket",
+		"Storage errors by method and result":      "sum by (method, result) (rate(idempotency_storage_duration_seconds_count",
+		"Storage error ratio by method":            `result=~"error|timeout"`,
+		"Wait outcomes":                            "idempotency_wait_duration_seconds_count",
+		"Wait duration":                            "idempotency_wait_duration_seconds_bucket",
+		"Lease lost by operation":                  `error_type="lease_lost"`,
+		"Errors by type":                           "sum by (error_type) (rate(idempotency_errors_total",
+		"Unprotected runs":                         "idempotency_unprotected_total",
+	} {
+		if !strings.Contains(exprs[title], want) {
+			t.Errorf("panel %q: query %q does not contain %q", title, exprs[title], want)
+		}
+	}
+	if !strings.Contains(exprs["Storage latency (successful calls)"], "histogram_quantile(0.5,") {
+		t.Error("storage latency panel has no p50")
+	}
+}
+
+// TestSchemaIsTheDocumentedOne checks the checker's ground truth: the
+// registry of a running coordinator has the six metrics of
+// docs/observability.md, with exactly the label values the coordinator's
+// lists give.
+func TestSchemaIsTheDocumentedOne(t *testing.T) {
+	s := librarySchema(t)
+	str := func(vs ...[]string) []string {
+		var out []string
+		for _, v := range vs {
+			out = append(out, v...)
+		}
+		sort.Strings(out)
+		return out
+	}
+	methods := func(extra ...coordinator.Method) []string {
+		var out []string
+		for _, m := range append(coordinator.Methods(), extra...) {
+			out = append(out, string(m))
+		}
+		return out
+	}
+	var errorTypes, waitOutcomes []string
+	for _, e := range coordinator.ErrorTypes() {
+		errorTypes = append(errorTypes, string(e))
+	}
+	for _, o := range coordinator.WaitOutcomes() {
+		waitOutcomes = append(waitOutcomes, string(o))
+	}
+	ops := str(mixin.Operations, []string{observability.OtherOperation})
+	want := map[string]map[string][]string{
+		"idempotency_requests_total":                 {"operation": ops, "outcome": str(mixin.RequestOutcomes())},
+		"idempotency_errors_total":                   {"operation": ops, "error_type": str(errorTypes)},
+		"idempotency_stored_total":                   {"operation": ops},
+		"idempotency_unprotected_total":              {"operation": ops, "method": str(methods(coordinator.MethodNone))},
+		"idempotency_wait_duration_seconds_count":    {"operation": ops, "outcome": str(waitOutcomes)},
+		"idempotency_storage_duration_seconds_count": {"method": str(methods()), "result": str(mixin.StorageResults)},
+	}
+	for name, labels := range want {
+		se, ok := s.Series[name]
+		if !ok {
+			t.Errorf("registry has no %s; it has %v", name, s.Names())
+			continue
+		}
+		for _, l := range mixin.TargetLabels {
+			labels[l] = nil
+		}
+		if len(se.Labels) != len(labels) {
+			t.Errorf("%s has labels %v, want %v", name, se.Labels, labels)
+		}
+		for l, values := range labels {
+			var got []string
+			for v := range se.Labels[l] {
+				got = append(got, v)
+			}
+			sort.Strings(got)
+			if strings.Join(got, ",") != strings.Join(values, ",") {
+				t.Errorf("%s{%s}: values %v, want %v", name, l, got, values)
+			}
+		}
+	}
+	for _, name := range []string{"idempotency_wait_duration_seconds", "idempotency_storage_duration_seconds"} {
+		for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+			if se, ok := s.Series[name+suffix]; !ok || !se.Counter || se.Bucket != (suffix == "_bucket") {
+				t.Errorf("%s%s: missing or of the wrong kind", name, suffix)
+			}
+		}
+	}
+	if n := len(s.Series); n != 10 {
+		t.Errorf("%d series names, want 4 counters and 2 histograms of 3: %v", n, s.Names())
+	}
+}
+
+// TestRulesFile checks every expression of rules.yml against the registry.
+func TestRulesFile(t *testing.T) {
+	if _, err := os.Stat("rules.yml"); errors.Is(err, os.ErrNotExist) {
+		t.Skip("rules.yml does not exist (yet): no rules to check")
+	}
+	c := mixin.NewChecker(librarySchema(t))
+	for _, err := range c.CheckRulesFile("rules.yml") {
+		t.Error(err)
+	}
+}
