@@ -53,7 +53,6 @@ type (
 	}
 	variable struct {
 		AllValue    string      `json:"allValue,omitempty"`
-		Current     struct{}    `json:"current"`
 		Datasource  *datasource `json:"datasource,omitempty"`
 		Definition  string      `json:"definition,omitempty"`
 		Description string      `json:"description"`
@@ -81,7 +80,7 @@ type (
 		GridPos     gridPos      `json:"gridPos"`
 		ID          int          `json:"id"`
 		Options     any          `json:"options,omitempty"`
-		Panels      []panel      `json:"panels,omitempty"`
+		Panels      *[]panel     `json:"panels,omitempty"` // a row's; [] when it is not collapsed
 		Targets     []target     `json:"targets,omitempty"`
 		Title       string       `json:"title"`
 		Type        string       `json:"type"`
@@ -286,7 +285,7 @@ func Dashboard(namespace string) ([]byte, error) {
 				y += rowH
 			}
 			collapsed := false
-			d.Panels = append(d.Panels, panel{Collapsed: &collapsed, Datasource: promDS, GridPos: gridPos{H: 1, W: 24, X: 0, Y: y}, ID: id, Panels: []panel{}, Title: s.title, Type: "row"})
+			d.Panels = append(d.Panels, panel{Collapsed: &collapsed, Datasource: promDS, GridPos: gridPos{H: 1, W: 24, X: 0, Y: y}, ID: id, Panels: &[]panel{}, Title: s.title, Type: "row"})
 			x, y, rowH = 0, y+1, 0
 			continue
 		}
@@ -346,13 +345,17 @@ func panelStyle(kind string, s spec) (*fieldConfig, any) {
 			fc.Defaults.Thresholds = &thresholds{Mode: "absolute", Steps: []step{{Color: "text"}}}
 		}
 		return fc, map[string]any{
-			"colorMode":   "background",
-			"graphMode":   "none",
-			"justifyMode": "auto",
+			"colorMode":              "background",
+			"graphMode":              "none",
+			"justifyMode":            "auto",
+			"orientation":            "auto",
+			"percentChangeColorMode": "standard",
 			"reduceOptions": map[string]any{
 				"calcs": []string{"lastNotNull"}, "fields": "", "values": false,
 			},
-			"textMode": "auto",
+			"showPercentChange": false,
+			"textMode":          "auto",
+			"wideLayout":        true,
 		}
 	}
 	fc.Defaults.Custom = map[string]any{

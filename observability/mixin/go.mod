@@ -9,6 +9,8 @@ require (
 	github.com/prometheus/common v0.72.0
 )
 
+require github.com/grafana/grafana-foundation-sdk/go v0.0.22
+
 require (
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
