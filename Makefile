@@ -16,11 +16,12 @@ all: build
 build:
 	$(GO) build ./...
 
-# The modules of the repository: the core, and the gRPC adapter, a module of
-# its own so that the core's users do not get gRPC in their module graph
-# (docs/grpc.md). Every check below runs in each. A nested module is outside
+# The modules of the repository: the core; the gRPC adapter, a module of its
+# own so that the core's users do not get gRPC in their module graph
+# (docs/grpc.md); and the dashboard's and rules' checks, which need the
+# Prometheus server module for its PromQL parser (docs/observability.md). Every check below runs in each. A nested module is outside
 # the root's ./..., hence the loops.
-MODULES := . idemgrpc
+MODULES := . idemgrpc observability/mixin
 each = set -e; for m in $(MODULES); do echo ">>> $$m: $(1)"; (cd $$m && $(1)); done
 
 # The README's test command.
@@ -97,7 +98,7 @@ rules-check:
 
 # The CI checks, in the order .ci/run runs them. `make ci` stops at the first
 # failure (`make -k ci` runs them all); .ci/run always runs them all.
-CI_TARGETS := fmt-check vet tidy-check staticcheck test test-reliability-short readme-commands
+CI_TARGETS := fmt-check vet tidy-check staticcheck rules-check test test-reliability-short readme-commands
 
 ci: $(CI_TARGETS)
 
