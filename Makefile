@@ -9,7 +9,7 @@ GO ?= go
 STATICCHECK_VERSION ?= v0.8.2
 STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
-.PHONY: all build test test-reliability test-reliability-short lint fmt-check vet staticcheck bench bench-table tidy-check readme-commands rules-check ci ci-targets demo
+.PHONY: all build test test-reliability test-reliability-short lint fmt-check vet staticcheck bench bench-table tidy-check readme-commands rules-check prometheus-e2e ci ci-targets demo
 
 all: build
 
@@ -95,6 +95,16 @@ readme-commands:
 rules-check:
 	promtool check rules observability/mixin/rules.yml
 	cd observability/mixin && promtool test rules rules_test.yml
+
+# The metrics and the rules against a real Prometheus: starts redis-server,
+# examples/fxapp on it in on-storage-error mode raise, and a Prometheus that
+# scrapes it every second with observability/mixin/rules.yml loaded; sends
+# misses and hits, kills redis-server, and checks through Prometheus's HTTP
+# API the series, a recording rule, and that the storage-error alerts go
+# pending. About 15s after the build. Needs redis-server, prometheus, curl
+# and jq.
+prometheus-e2e:
+	GO=$(GO) bash scripts/prometheus-e2e.sh
 
 # The CI checks, in the order .ci/run runs them. `make ci` stops at the first
 # failure (`make -k ci` runs them all); .ci/run always runs them all.
