@@ -220,7 +220,7 @@ env ${unset_env[@]+"${unset_env[@]}"} \
 app_pid=$!
 app_url() {
 	alive "$app_pid" || fail "fxapp exited"
-	app=$(grep -o 'serving on http://[0-9.:]*' "$tmp/fxapp.log" | head -n 1 | cut -d' ' -f3) || true
+	app=$(grep -o 'serving on http://[0-9.:]*' "$tmp/fxapp.log" 2>/dev/null | head -n 1 | cut -d' ' -f3) || true
 	[[ -n $app ]]
 }
 until_ok "fxapp to serve" 30 app_url
