@@ -108,7 +108,7 @@ prometheus-e2e:
 
 # The CI checks, in the order .ci/run runs them. `make ci` stops at the first
 # failure (`make -k ci` runs them all); .ci/run always runs them all.
-CI_TARGETS := fmt-check vet tidy-check staticcheck rules-check test test-reliability-short readme-commands
+CI_TARGETS := fmt-check vet tidy-check staticcheck rules-check test test-reliability-short prometheus-e2e readme-commands
 
 ci: $(CI_TARGETS)
 
