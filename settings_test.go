@@ -753,14 +753,14 @@ func (r *recordingStore) Get(context.Context, coordinator.Key) (coordinator.Reco
 	return coordinator.Record{}, nil
 }
 
-func (r *recordingStore) Complete(_ context.Context, key coordinator.Key, _ string, _ []byte, ttl time.Duration) (bool, error) {
+func (r *recordingStore) Complete(_ context.Context, key coordinator.Key, _ string, c coordinator.Completion) (bool, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.n++
 	if r.complete == nil {
 		r.complete = map[string]time.Duration{}
 	}
-	r.complete[key.Operation] = ttl
+	r.complete[key.Operation] = c.TTL
 	return true, nil
 }
 

@@ -31,6 +31,12 @@ var (
 	// HTTP 503.
 	ErrStorage = errors.New("idempotency: storage failure")
 
+	// ErrNotReplayable is returned when the key's action completed before
+	// but its result could not be kept (too large, not encodable, streamed):
+	// the action did not run again, and there is no result to return. Use
+	// errors.As with *NotReplayableError for the reason.
+	ErrNotReplayable = errors.New("idempotency: completed, result not replayable")
+
 	// ErrLeaseLost is the cause with which the action's context is cancelled
 	// when the coordinator learns that the reservation now belongs to another
 	// caller or is gone (see context.Cause).
@@ -58,6 +64,26 @@ func (e *KeyReuseError) Error() string {
 
 // Is reports whether target is ErrKeyReuse.
 func (e *KeyReuseError) Is(target error) bool { return target == ErrKeyReuse }
+
+// NotReplayableError is the error returned for a key whose action completed
+// with a result that could not be kept. It matches ErrNotReplayable.
+type NotReplayableError struct {
+	// Operation is the call's operation.
+	Operation string
+	// Key is the idempotency key.
+	Key string
+	// Reason says why the result was not kept, e.g. "the result is 2097152
+	// bytes, more than the limit of 1048576".
+	Reason string
+}
+
+// Error implements error.
+func (e *NotReplayableError) Error() string {
+	return fmt.Sprintf("idempotency: key %q of operation %q completed, but its result cannot be returned: %s", e.Key, e.Operation, e.Reason)
+}
+
+// Is reports whether target is ErrNotReplayable.
+func (e *NotReplayableError) Is(target error) bool { return target == ErrNotReplayable }
 
 // InProgressError is the error returned when another caller holds the key.
 // It matches ErrInProgress.

@@ -11,7 +11,7 @@ import (
 	"unsafe"
 )
 
-// This file is the flow of one call (DESIGN §3): validate, reserve or read,
+// This file is the flow of one call: validate, reserve or read,
 // wait, run, complete or release. exec holds what every step needs and does
 // not depend on the result type (the shared poll loop keeps one); flow[T]
 // adds the action, its codec and its results.
@@ -100,6 +100,7 @@ type exec struct {
 	ttl   time.Duration
 	token string   // the owner token: tok's bytes
 	tok   [16]byte // never changed after newToken
+	state State    // what the action's record becomes: completed, or not replayable
 }
 
 func (x *exec) observe(ctx context.Context, e Event) {
@@ -163,7 +164,15 @@ func (x *exec) releaseLater(ctx context.Context) {
 // completed: a refused completion is checked before it is called a lost lease.
 func (x *exec) completedByUs(ctx context.Context) bool {
 	rec, err := x.storeGet(context.WithoutCancel(ctx))
-	return err == nil && x.ours(rec, StateCompleted)
+	return err == nil && x.ours(rec, x.state)
+}
+
+// notReplayable returns the error for a key whose action completed with a
+// result that could not be kept, and reports it.
+func (x *exec) notReplayable(ctx context.Context, rec Record) error {
+	err := &NotReplayableError{Operation: x.key.Operation, Key: x.key.Key, Reason: string(rec.Result)}
+	x.observe(ctx, Event{Kind: EventNotReplayable, Err: err})
+	return err
 }
 
 // replyMayBeLost reports whether a failed store call may have been carried
@@ -181,7 +190,7 @@ type flow[T any] struct {
 	action func(context.Context) (T, error)
 
 	own     T      // the action's result
-	payload []byte // own, encoded
+	payload []byte // own, encoded; once kept, what the record holds (x.state)
 	encErr  error  // why own could not be encoded
 	stored  T      // a stored result, decoded
 }
@@ -237,21 +246,32 @@ func (f *flow[T]) readable(ctx context.Context, rec Record) bool {
 	return false
 }
 
-// storable reports whether the action's result may be stored, reporting why
-// not.
-func (f *flow[T]) storable(ctx context.Context) bool {
-	var err error
+// keep decides what the record of the action that ran holds: its encoded
+// result, or, when that cannot be kept (the codec failed or panicked, or the
+// result is over the size limit), a not-replayable record with the reason,
+// so that the action is never run again for the key (DESIGN §3.1, step 8).
+func (f *flow[T]) keep(ctx context.Context) {
+	var why string
 	switch {
 	case f.encErr != nil:
-		err = fmt.Errorf("idempotency: result of %s cannot be encoded: %w", f.key, f.encErr)
+		why = "the result cannot be encoded: " + f.encErr.Error()
 	case len(f.payload) > f.c.cfg.maxResultBytes:
-		err = fmt.Errorf("idempotency: result of %s is %d bytes, more than the limit of %d", f.key, len(f.payload), f.c.cfg.maxResultBytes)
+		why = fmt.Sprintf("the result is %d bytes, more than the limit of %d", len(f.payload), f.c.cfg.maxResultBytes)
 	default:
-		return true
+		f.state = StateCompleted
+		return
 	}
-	f.observe(ctx, Event{Kind: EventError, ErrorType: ErrorRecordValidation, Err: err})
-	return false
+	if len(why) > maxReasonLen {
+		why = why[:maxReasonLen]
+	}
+	f.state, f.payload = StateNotReplayable, []byte(why)
+	f.observe(ctx, Event{Kind: EventError, ErrorType: ErrorRecordValidation,
+		Err: fmt.Errorf("idempotency: %s of %s; the key is kept as completed and not replayable, so later calls get ErrNotReplayable", why, f.key)})
 }
+
+// maxReasonLen bounds the reason a not-replayable record keeps, so that an
+// encoder's long message cannot make the record large.
+const maxReasonLen = 256
 
 // reserved is the flow of in-flight modes "wait" and "raise": reserve the
 // key or read what holds it, and settle that record: run under our own
@@ -290,6 +310,9 @@ func (f *flow[T]) reserved(ctx context.Context) (Result[T], error) {
 			// Reserve that did not write raced expiry: reserve again.
 			w.Replace, w.ReplaceToken = false, ""
 			continue
+		}
+		if rec.State == StateNotReplayable {
+			return Result[T]{}, f.notReplayable(ctx, rec)
 		}
 		if f.readable(ctx, rec) {
 			return f.hit(ctx)
@@ -348,12 +371,11 @@ func (f *flow[T]) onStorageError(ctx context.Context, se *StorageError) (Result[
 	if err := f.run(ctx); err != nil {
 		return f.mine(), err
 	}
-	if f.storable(ctx) {
-		// In the background: the store just failed, and the caller should
-		// not wait for it a second time.
-		sctx := context.WithoutCancel(ctx)
-		f.c.background(func() { f.saveUnprotected(sctx) })
-	}
+	f.keep(ctx)
+	// In the background: the store just failed, and the caller should not
+	// wait for it a second time.
+	sctx := context.WithoutCancel(ctx)
+	f.c.background(func() { f.saveUnprotected(sctx) })
 	return f.mine(), nil
 }
 
@@ -361,17 +383,17 @@ func (f *flow[T]) onStorageError(ctx context.Context, se *StorageError) (Result[
 // only where nobody else wrote: the store just failed, and another caller may
 // have reserved in the meantime.
 func (f *flow[T]) saveUnprotected(ctx context.Context) {
-	w := Write{State: StateCompleted, Token: f.token, Fingerprint: f.fp, Result: f.payload, TTL: f.ttl}
+	w := Write{State: f.state, Token: f.token, Fingerprint: f.fp, Result: f.payload, TTL: f.ttl}
 	rec, written, err := f.storeReserve(context.WithoutCancel(ctx), w)
 	switch {
 	case err != nil:
 		f.storageFailed(ctx, ErrorStorageSave, MethodReserve, err)
-	case written, f.ours(rec, StateCompleted):
+	case written, f.ours(rec, f.state):
 		f.observe(ctx, Event{Kind: EventStored})
 	case f.ours(rec, StatePending):
 		// Our own reservation, made by the Reserve whose reply was lost:
 		// complete it.
-		if ok, err := f.storeComplete(context.WithoutCancel(ctx), f.payload); err != nil {
+		if ok, err := f.storeComplete(context.WithoutCancel(ctx), f.state, f.payload); err != nil {
 			f.storageFailed(ctx, ErrorStorageSave, MethodComplete, err)
 		} else if ok {
 			f.observe(ctx, Event{Kind: EventStored})
@@ -404,10 +426,7 @@ func (f *flow[T]) runReserved(ctx context.Context, sent time.Time) (Result[T], e
 		f.release(ctx)
 		return f.mine(), err
 	}
-	if !f.storable(ctx) {
-		f.release(ctx)
-		return f.mine(), nil
-	}
+	f.keep(ctx)
 	if lost {
 		return f.mine(), nil // reported by the renewer
 	}
@@ -424,7 +443,7 @@ func (f *flow[T]) runReserved(ctx context.Context, sent time.Time) (Result[T], e
 // settled: false when the store failed, and the completion may or may not
 // have been applied.
 func (f *flow[T]) complete(ctx context.Context) (settled bool) {
-	ok, err := f.storeComplete(context.WithoutCancel(ctx), f.payload)
+	ok, err := f.storeComplete(context.WithoutCancel(ctx), f.state, f.payload)
 	if err != nil {
 		f.storageFailed(ctx, ErrorStorageSave, MethodComplete, err)
 		return false
@@ -474,9 +493,16 @@ func (f *flow[T]) saveLater(ctx context.Context, expiry time.Time) {
 				break
 			}
 			at := time.Now()
-			// A call sent before the expiry may still be applied in time.
-			cctx, cancel := context.WithDeadline(ctx, expiry.Add(timeout))
-			ok, err := f.storeRenew(cctx)
+			// Off the request path, a round may take what is left of the
+			// reservation rather than one storage timeout, so that a starved
+			// store that answers slowly still stores the result; a call
+			// sent before the expiry may still be applied in time.
+			end := expiry
+			if d := at.Add(timeout); d.After(end) {
+				end = d
+			}
+			cctx, cancel := context.WithDeadline(ctx, end)
+			ok, err := f.storeRenewWithin(cctx)
 			if err != nil {
 				cancel()
 				f.storageFailed(ctx, ErrorStorageRenew, MethodRenew, err)
@@ -484,7 +510,7 @@ func (f *flow[T]) saveLater(ctx context.Context, expiry time.Time) {
 			}
 			if ok { // still ours, for another lease: complete
 				expiry = at.Add(lease)
-				if ok, err = f.storeComplete(cctx, f.payload); err != nil {
+				if ok, err = f.storeCompleteWithin(cctx, f.state, f.payload); err != nil {
 					cancel()
 					f.storageFailed(ctx, ErrorStorageSave, MethodComplete, err)
 					continue
@@ -518,6 +544,8 @@ func (f *flow[T]) unreserved(ctx context.Context) (Result[T], error) {
 	}
 	w := Write{State: StateCompleted, Token: f.token, Fingerprint: f.fp, TTL: f.ttl}
 	switch rec.State {
+	case StateNotReplayable:
+		return Result[T]{}, f.notReplayable(ctx, rec)
 	case StateCompleted, StateUnreadable:
 		if f.readable(ctx, rec) {
 			return f.hit(ctx)
@@ -530,16 +558,14 @@ func (f *flow[T]) unreserved(ctx context.Context) (Result[T], error) {
 	if err := f.run(ctx); err != nil {
 		return f.mine(), err
 	}
-	if !f.storable(ctx) {
-		return f.mine(), nil
-	}
-	w.Result = f.payload
+	f.keep(ctx)
+	w.State, w.Result = f.state, f.payload
 	winner, written, err := f.storeReserve(context.WithoutCancel(ctx), w)
 	switch {
 	case err != nil:
 		f.storageFailed(ctx, ErrorStorageSave, MethodReserve, err)
 		return f.mine(), nil
-	case written, f.ours(winner, StateCompleted):
+	case written, f.ours(winner, f.state):
 		f.observe(ctx, Event{Kind: EventStored})
 		return f.mine(), nil
 	}

@@ -313,36 +313,6 @@ func TestPanicReleasesAndPropagates(t *testing.T) {
 	}
 }
 
-func TestOversizedResultIsReturnedNotStored(t *testing.T) {
-	f, s := newMem(t, coordinator.WithMaxResultBytes(16))
-	big := strings.Repeat("x", 64)
-	runs := 0
-	action := func(context.Context) (string, error) { runs++; return big, nil }
-	for range 2 {
-		v, err := coordinator.Do(t.Context(), f.c, call("big"), action)
-		if err != nil || v != big {
-			t.Fatalf("Do = %q, %v", v, err)
-		}
-	}
-	if runs != 2 || s.Len() != 0 {
-		t.Fatalf("runs=%d stored=%d, want 2 runs and nothing stored", runs, s.Len())
-	}
-	if got := f.rec.errors(coordinator.ErrorRecordValidation); got != 2 {
-		t.Fatalf("record_validation_error = %d, want 2", got)
-	}
-}
-
-func TestUnencodableResultIsReturnedNotStored(t *testing.T) {
-	f, s := newMem(t)
-	v, err := coordinator.Do(t.Context(), f.c, call("chan"), func(context.Context) (func(), error) { return func() {}, nil })
-	if err != nil || v == nil {
-		t.Fatalf("Do = %v, want the function back", err)
-	}
-	if s.Len() != 0 || f.rec.errors(coordinator.ErrorRecordValidation) != 1 {
-		t.Fatalf("stored=%d record_validation_error=%d", s.Len(), f.rec.errors(coordinator.ErrorRecordValidation))
-	}
-}
-
 func TestUnreadableRecordHeals(t *testing.T) {
 	for _, mode := range []coordinator.InFlightMode{coordinator.InFlightWait, coordinator.InFlightRaise, coordinator.InFlightRun} {
 		for _, storageMode := range []coordinator.OnStorageErrorMode{coordinator.OnStorageErrorRun, coordinator.OnStorageErrorRaise} {

@@ -60,6 +60,10 @@ const (
 	// and Err its error), or because the caller had no key and ran it
 	// without calling Do (Method is MethodNone; see ReportUnprotected).
 	EventUnprotected
+	// EventNotReplayable: the key's action completed but its result could
+	// not be kept, so the call got a *NotReplayableError (Err) instead of a
+	// replay or a second run.
+	EventNotReplayable
 )
 
 // String returns the event's name, e.g. "hit".
@@ -81,6 +85,8 @@ func (k EventKind) String() string {
 		return "stored"
 	case EventUnprotected:
 		return "unprotected"
+	case EventNotReplayable:
+		return "not_replayable"
 	default:
 		return "unknown"
 	}
@@ -98,7 +104,7 @@ const (
 	ErrorStorageSave      ErrorType = "storage_save_error"
 	ErrorStorageRelease   ErrorType = "storage_release_error"
 	ErrorStorageRenew     ErrorType = "storage_renew_error"
-	ErrorRecordValidation ErrorType = "record_validation_error" // a result that cannot be stored: unencodable or too large
+	ErrorRecordValidation ErrorType = "record_validation_error" // a result that cannot be kept (unencodable or too large): stored as not replayable
 	ErrorDecode           ErrorType = "decode_error"            // a record that cannot be read: corrupt, or the codec cannot decode it
 	ErrorKeyReuse         ErrorType = "key_reuse"
 	ErrorLeaseLost        ErrorType = "lease_lost"

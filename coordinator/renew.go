@@ -72,9 +72,11 @@ func (r *renewer) run() {
 	for {
 		at := time.Now()
 		// A renewal ends by the watchdog's deadline, so that a hung store
-		// cannot hold the watchdog back.
+		// cannot hold the watchdog back; off the request path, it may take
+		// until then rather than one storage timeout, so that a starved
+		// store that answers slowly still keeps the lease.
 		cctx, ccancel := context.WithDeadline(rctx, r.deadline)
-		ok, err := x.storeRenew(cctx)
+		ok, err := x.storeRenewWithin(cctx)
 		ccancel()
 		switch {
 		case rctx.Err() != nil:

@@ -18,9 +18,9 @@ func (r retrying) Reserve(ctx context.Context, key coordinator.Key, w coordinato
 	return r.Store.Reserve(ctx, key, w)
 }
 
-func (r retrying) Complete(ctx context.Context, key coordinator.Key, token string, result []byte, ttl time.Duration) (bool, error) {
-	_, _ = r.Store.Complete(ctx, key, token, result, ttl)
-	return r.Store.Complete(ctx, key, token, result, ttl)
+func (r retrying) Complete(ctx context.Context, key coordinator.Key, token string, c coordinator.Completion) (bool, error) {
+	_, _ = r.Store.Complete(ctx, key, token, c)
+	return r.Store.Complete(ctx, key, token, c)
 }
 
 func TestRetriedStoreCallsAreRecognised(t *testing.T) {

@@ -36,9 +36,15 @@ const (
 	// it does not know). The coordinator treats it as "not an outage": it runs
 	// the action and replaces the record, so the key heals.
 	StateUnreadable
+	// StateNotReplayable means the action completed but its result could not
+	// be kept (too large, not encodable, streamed): Record.Result holds the
+	// reason as text, and every later call gets a *NotReplayableError instead
+	// of a second run.
+	StateNotReplayable
 )
 
-// String returns "absent", "pending", "completed" or "unreadable".
+// String returns "absent", "pending", "completed", "unreadable" or
+// "not_replayable".
 func (s State) String() string {
 	switch s {
 	case StateAbsent:
@@ -49,6 +55,8 @@ func (s State) String() string {
 		return "completed"
 	case StateUnreadable:
 		return "unreadable"
+	case StateNotReplayable:
+		return "not_replayable"
 	default:
 		return "unknown"
 	}
@@ -65,7 +73,8 @@ type Record struct {
 	// Fingerprint is the request fingerprint stored with the record; "" when
 	// the writer gave none.
 	Fingerprint string
-	// Result is the encoded result of a completed record; nil otherwise.
+	// Result is the encoded result of a completed record, the reason of a
+	// not-replayable one; nil otherwise.
 	Result []byte
 	// TTL is the remaining time to live the Store reports, or 0 when it does
 	// not know. The coordinator never uses it to decide whether a record is
@@ -75,16 +84,18 @@ type Record struct {
 
 // Write is the record a Store writes with Reserve.
 type Write struct {
-	// State is StatePending for a reservation (a lease) or StateCompleted for
-	// a result written without a reservation (in-flight mode "run", and the
-	// best-effort write after an unprotected run).
+	// State is StatePending for a reservation (a lease), or StateCompleted
+	// or StateNotReplayable for a result written without a reservation
+	// (in-flight mode "run", and the best-effort write after an unprotected
+	// run).
 	State State
 	// Token is the writer's owner token: 64 random bits, hex encoded (16
 	// lowercase hex digits), unique per call.
 	Token string
 	// Fingerprint is the request fingerprint; "" for none.
 	Fingerprint string
-	// Result is the encoded result when State is StateCompleted.
+	// Result is the encoded result when State is StateCompleted, the reason
+	// when it is StateNotReplayable.
 	Result []byte
 	// TTL is the lease (StatePending) or the record's time to live
 	// (StateCompleted). It is a positive whole number of milliseconds.
@@ -99,6 +110,19 @@ type Write struct {
 	ReplaceToken string
 }
 
+// Completion is what Store.Complete writes over a pending record.
+type Completion struct {
+	// State is StateCompleted, or StateNotReplayable for a result that
+	// could not be kept.
+	State State
+	// Result is the encoded result (StateCompleted) or the reason as text
+	// (StateNotReplayable).
+	Result []byte
+	// TTL is the record's time to live, a positive whole number of
+	// milliseconds.
+	TTL time.Duration
+}
+
 // Store keeps idempotency records. It is the smallest interface the
 // coordinator needs; each method is one atomic step, which a Redis
 // implementation does in one round trip (one Lua script). Implementations
@@ -106,8 +130,11 @@ type Write struct {
 // alone.
 //
 // The coordinator always passes a non-empty token, a positive whole number
-// of milliseconds as a TTL, and a Write whose State is pending or completed; a
-// Store may return an error for anything else. An empty completed result may
+// of milliseconds as a TTL, a Write whose State is pending, completed or not
+// replayable, and a Completion whose State is completed or not replayable; a
+// Store may return an error for anything else. A Store keeps each of these
+// states as it was written and reports it back unchanged: a Store that
+// reported a not-replayable record as absent would let the action run again. An empty completed result may
 // come back as nil or as an empty slice.
 //
 // Errors: a Store returns an error only when it could not do the step (the
@@ -130,10 +157,11 @@ type Store interface {
 	// StateAbsent} and a nil error.
 	Get(ctx context.Context, key Key) (Record, error)
 
-	// Complete stores result under key with time to live ttl, if and only if
-	// the key holds a pending record owned by token; the stored record keeps
-	// the pending record's fingerprint and token. It reports whether it did.
-	Complete(ctx context.Context, key Key, token string, result []byte, ttl time.Duration) (ok bool, err error)
+	// Complete replaces the pending record under key owned by token with c
+	// (state, result or reason, time to live), if and only if the key holds
+	// that record; the stored record keeps the pending record's fingerprint
+	// and token. It reports whether it did.
+	Complete(ctx context.Context, key Key, token string, c Completion) (ok bool, err error)
 
 	// Release deletes the key if and only if it holds a pending record owned
 	// by token. It reports whether it did.

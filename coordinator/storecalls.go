@@ -39,10 +39,29 @@ func (x *exec) storeGet(ctx context.Context) (Record, error) {
 	return rec, err
 }
 
-func (x *exec) storeComplete(ctx context.Context, payload []byte) (bool, error) {
+func (x *exec) storeComplete(ctx context.Context, st State, payload []byte) (bool, error) {
 	sctx, cancel, start := x.begin(ctx)
-	ok, err := x.c.store.Complete(sctx, x.key, x.token, payload, x.ttl)
+	ok, err := x.c.store.Complete(sctx, x.key, x.token, Completion{State: st, Result: payload, TTL: x.ttl})
 	x.end(ctx, cancel, start, MethodComplete, err)
+	return ok, err
+}
+
+// storeCompleteWithin is storeComplete bounded by ctx's own deadline rather
+// than the storage timeout: for the background save rounds, which may use
+// what is left of the reservation.
+func (x *exec) storeCompleteWithin(ctx context.Context, st State, payload []byte) (bool, error) {
+	start := time.Now()
+	ok, err := x.c.store.Complete(ctx, x.key, x.token, Completion{State: st, Result: payload, TTL: x.ttl})
+	x.end(ctx, nil, start, MethodComplete, err)
+	return ok, err
+}
+
+// storeRenewWithin is storeRenew bounded by ctx's own deadline; see
+// storeCompleteWithin.
+func (x *exec) storeRenewWithin(ctx context.Context) (bool, error) {
+	start := time.Now()
+	ok, err := x.c.store.Renew(ctx, x.key, x.token, x.c.cfg.lease)
+	x.end(ctx, nil, start, MethodRenew, err)
 	return ok, err
 }
 

@@ -121,7 +121,7 @@ func TestForgetPendingLosesLease(t *testing.T) {
 	if n, err := s.Forget(ctx, key); n != 1 || err != nil {
 		t.Fatalf("Forget = %d, %v", n, err)
 	}
-	if ok, err := s.Complete(ctx, key, tok, []byte("late"), time.Minute); ok || err != nil {
+	if ok, err := s.Complete(ctx, key, tok, coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("late"), TTL: time.Minute}); ok || err != nil {
 		t.Errorf("Complete after Forget = %v, %v; want false", ok, err)
 	}
 	if rec := mustGet(t, s, key); rec.State != coordinator.StateAbsent {

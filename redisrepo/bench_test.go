@@ -145,7 +145,7 @@ func BenchmarkComplete(b *testing.B) {
 			if _, ok, err := s.Reserve(ctx, ks[i], pendingWrite(tok, "fp", 30*time.Second)); err != nil || !ok {
 				b.Fatal(ok, err)
 			}
-			if ok, err := s.Complete(ctx, ks[i], tok, result, time.Minute); err != nil || !ok {
+			if ok, err := s.Complete(ctx, ks[i], tok, coordinator.Completion{State: coordinator.StateCompleted, Result: result, TTL: time.Minute}); err != nil || !ok {
 				b.Fatal(ok, err)
 			}
 		}

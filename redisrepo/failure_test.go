@@ -31,7 +31,7 @@ func calls(s *redisrepo.Store, key coordinator.Key) []struct {
 		}},
 		{coordinator.MethodGet, func(ctx context.Context) error { _, err := s.Get(ctx, key); return err }},
 		{coordinator.MethodComplete, func(ctx context.Context) error {
-			_, err := s.Complete(ctx, key, "t", []byte("r"), time.Minute)
+			_, err := s.Complete(ctx, key, "t", coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("r"), TTL: time.Minute})
 			return err
 		}},
 		{coordinator.MethodRelease, func(ctx context.Context) error { _, err := s.Release(ctx, key, "t"); return err }},
@@ -100,7 +100,7 @@ func TestServerKilledMidCall(t *testing.T) {
 
 	in.Stop(t)
 	start := time.Now()
-	_, err := s.Complete(ctx, key, tok, []byte("r"), time.Minute)
+	_, err := s.Complete(ctx, key, tok, coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("r"), TTL: time.Minute})
 	checkStorageError(t, "Complete on a killed server", err, coordinator.MethodComplete)
 	for _, m := range calls(s, key) {
 		checkStorageError(t, string(m.method)+" on a killed server", m.call(ctx), m.method)
@@ -117,7 +117,7 @@ func TestServerKilledMidCall(t *testing.T) {
 	if in.Kind() == redistest.KindRedisServer && rec.State != coordinator.StateAbsent {
 		t.Errorf("Get after the restart = %+v, want absent (redis-server kept nothing)", rec)
 	}
-	if ok, err := s.Complete(ctx, key, tok, []byte("r"), time.Minute); err != nil {
+	if ok, err := s.Complete(ctx, key, tok, coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("r"), TTL: time.Minute}); err != nil {
 		t.Errorf("Complete after the restart: %v", err)
 	} else if in.Kind() == redistest.KindRedisServer && ok {
 		t.Errorf("Complete after the restart = true: the reservation did not survive, want false (lease lost)")

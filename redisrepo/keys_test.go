@@ -65,7 +65,7 @@ func TestKeysAnyVisibleASCII(t *testing.T) {
 			if ok, err := s.Renew(ctx, key, tok, time.Minute); !ok || err != nil {
 				t.Fatalf("key %q: Renew = %v, %v", k, ok, err)
 			}
-			if ok, err := s.Complete(ctx, key, tok, []byte(k), time.Minute); !ok || err != nil {
+			if ok, err := s.Complete(ctx, key, tok, coordinator.Completion{State: coordinator.StateCompleted, Result: []byte(k), TTL: time.Minute}); !ok || err != nil {
 				t.Fatalf("key %q: Complete = %v, %v", k, ok, err)
 			}
 			rec := mustGet(t, s, key)

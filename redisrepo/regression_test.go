@@ -48,7 +48,7 @@ func TestHugeTTLDoesNotDeleteTheRecord(t *testing.T) {
 		key = newKey("overflow-complete")
 		tok = token()
 		mustReserve(t, s, key, pendingWrite(tok, "", time.Minute))
-		ok, err = s.Complete(ctx, key, tok, []byte("r"), maxWholeMillisTTL)
+		ok, err = s.Complete(ctx, key, tok, coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("r"), TTL: maxWholeMillisTTL})
 		if err == nil && ok {
 			if rec := mustGet(t, s, key); rec.State != coordinator.StateCompleted {
 				t.Errorf("Complete(ttl %v) = true, but Get = %s: the result was deleted", maxWholeMillisTTL, rec.State)
@@ -106,7 +106,7 @@ func TestOwnerScriptsReadAsGetDoes(t *testing.T) {
 		if ok, err := s.Renew(ctx, key, "T", time.Minute); ok || err != nil {
 			t.Errorf("Renew(T) on a record Get calls unreadable = %v, %v; want false", ok, err)
 		}
-		if ok, err := s.Complete(ctx, key, "T", []byte("r"), time.Minute); ok || err != nil {
+		if ok, err := s.Complete(ctx, key, "T", coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("r"), TTL: time.Minute}); ok || err != nil {
 			t.Errorf("Complete(T) on a record Get calls unreadable = %v, %v; want false", ok, err)
 			if rec := mustGet(t, s, key); rec.State != coordinator.StateCompleted {
 				t.Errorf("  and after that successful Complete, Get = %s: the result can never be replayed", rec.State)

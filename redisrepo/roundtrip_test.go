@@ -48,7 +48,10 @@ func testOneRoundTrip(t *testing.T, c redisrepo.Client, rt *roundTrips) {
 		{"Reserve absent", func() error { _, _, err := s.Reserve(ctx, key, pendingWrite(tok, "", time.Minute)); return err }},
 		{"Reserve existing", func() error { _, _, err := s.Reserve(ctx, key, pendingWrite(token(), "", time.Minute)); return err }},
 		{"Renew", func() error { _, err := s.Renew(ctx, key, tok, time.Minute); return err }},
-		{"Complete", func() error { _, err := s.Complete(ctx, key, tok, []byte("r"), time.Minute); return err }},
+		{"Complete", func() error {
+			_, err := s.Complete(ctx, key, tok, coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("r"), TTL: time.Minute})
+			return err
+		}},
 		{"Get completed", func() error { _, err := s.Get(ctx, key); return err }},
 		{"Release not owner", func() error { _, err := s.Release(ctx, key, tok); return err }},
 		{"Inspect", func() error { _, err := s.Inspect(ctx, key); return err }},
@@ -90,7 +93,10 @@ func TestEmptyScriptCache(t *testing.T) {
 		{"first run: Reserve", 1, func() error { _, _, err := s.Reserve(ctx, key, pendingWrite(tok, "fp", time.Minute)); return err }},
 		{"refused duplicate: Reserve", 1, func() error { _, _, err := s.Reserve(ctx, key, pendingWrite(token(), "fp", time.Minute)); return err }},
 		{"Renew", 1, func() error { _, err := s.Renew(ctx, key, tok, time.Minute); return err }},
-		{"first run: Complete", 1, func() error { _, err := s.Complete(ctx, key, tok, []byte("r"), time.Minute); return err }},
+		{"first run: Complete", 1, func() error {
+			_, err := s.Complete(ctx, key, tok, coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("r"), TTL: time.Minute})
+			return err
+		}},
 		{"replay: Reserve", 1, func() error { _, _, err := s.Reserve(ctx, key, pendingWrite(token(), "fp", time.Minute)); return err }},
 		{"Get", 1, func() error { _, err := s.Get(ctx, key); return err }},
 		{"Release", 1, func() error { _, err := s.Release(ctx, key, tok); return err }},

@@ -244,7 +244,8 @@ func decodeReply(v any) (coordinator.Record, error) {
 // keeping its token and fingerprint, and reports true. A caller that waits
 // on the key in any process is woken (see Watch). It returns a
 // *coordinator.StorageError when Redis fails or ttl is not positive.
-func (s *Store) Complete(ctx context.Context, key coordinator.Key, token string, result []byte, ttl time.Duration) (bool, error) {
+func (s *Store) Complete(ctx context.Context, key coordinator.Key, token string, c coordinator.Completion) (bool, error) {
+	result, ttl := c.Result, c.TTL
 	ms, err := millis(ttl)
 	if err != nil {
 		return false, storageError(coordinator.MethodComplete, err)

@@ -44,7 +44,7 @@ func TestRecordFormat(t *testing.T) {
 		wantValue(t, c, "pending record", name, "\x02\x01\x02\x10\x00\x04"+packedTok+"FP-1")
 		checkPTTL(t, c, name, 30*time.Second)
 
-		if ok, err := s.Complete(ctx, key, tok, []byte("result\x00bytes"), time.Hour); err != nil || !ok {
+		if ok, err := s.Complete(ctx, key, tok, coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("result\x00bytes"), TTL: time.Hour}); err != nil || !ok {
 			t.Fatalf("Complete = %v, %v; want true", ok, err)
 		}
 		wantValue(t, c, "completed record", name, "\x02\x02\x02\x10\x00\x04"+packedTok+"FP-1result\x00bytes")
@@ -112,7 +112,7 @@ func TestLegacyRecords(t *testing.T) {
 			}
 		}
 		// The owner scripts of format 2 never act on a format 1 record.
-		if ok, err := s.Complete(ctx, key, "tok-1", []byte("r"), time.Minute); ok || err != nil {
+		if ok, err := s.Complete(ctx, key, "tok-1", coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("r"), TTL: time.Minute}); ok || err != nil {
 			t.Errorf("Complete of a format 1 record = %v, %v; want false", ok, err)
 		}
 		if err := c.HSet(ctx, name, "state", "completed", "result", "r\x00").Err(); err != nil {
@@ -181,9 +181,11 @@ func TestUnreadable(t *testing.T) {
 					t.Errorf("Reserve replacing token \"other\" = %+v, %v, %v; want not written", rec, ok, err)
 				}
 				for name, call := range map[string]func() (bool, error){
-					"Complete": func() (bool, error) { return s.Complete(ctx, key, "", []byte("x"), time.Minute) },
-					"Release":  func() (bool, error) { return s.Release(ctx, key, "") },
-					"Renew":    func() (bool, error) { return s.Renew(ctx, key, "", time.Minute) },
+					"Complete": func() (bool, error) {
+						return s.Complete(ctx, key, "", coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("x"), TTL: time.Minute})
+					},
+					"Release": func() (bool, error) { return s.Release(ctx, key, "") },
+					"Renew":   func() (bool, error) { return s.Renew(ctx, key, "", time.Minute) },
 				} {
 					if ok, err := call(); ok || err != nil {
 						t.Errorf("%s with token \"\" = %v, %v; want false, nil", name, ok, err)
@@ -200,7 +202,7 @@ func TestUnreadable(t *testing.T) {
 				if rec := mustGet(t, s, key); rec.State != coordinator.StatePending || rec.Token != tok || rec.Fingerprint != "fp" {
 					t.Fatalf("Get after the heal = %+v, want our pending record", rec)
 				}
-				if ok, err := s.Complete(ctx, key, tok, []byte("healed"), time.Minute); err != nil || !ok {
+				if ok, err := s.Complete(ctx, key, tok, coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("healed"), TTL: time.Minute}); err != nil || !ok {
 					t.Fatalf("Complete after the heal = %v, %v", ok, err)
 				}
 				if rec := mustGet(t, s, key); rec.State != coordinator.StateCompleted || string(rec.Result) != "healed" {
@@ -234,7 +236,7 @@ func TestTTLMilliseconds(t *testing.T) {
 	for _, ttl := range []time.Duration{0, -time.Second} {
 		_, _, err := s.Reserve(ctx, key, pendingWrite(token(), "", ttl))
 		checkStorageError(t, "Reserve with TTL "+ttl.String(), err, coordinator.MethodReserve)
-		_, err = s.Complete(ctx, key, "t", nil, ttl)
+		_, err = s.Complete(ctx, key, "t", coordinator.Completion{State: coordinator.StateCompleted, Result: nil, TTL: ttl})
 		checkStorageError(t, "Complete with TTL "+ttl.String(), err, coordinator.MethodComplete)
 		_, err = s.Renew(ctx, key, "t", ttl)
 		checkStorageError(t, "Renew with TTL "+ttl.String(), err, coordinator.MethodRenew)
@@ -271,7 +273,7 @@ func TestRecordTTL(t *testing.T) {
 			t.Fatalf("Renew = %v, %v", ok, err)
 		}
 		checkPTTL(t, c, name, 2*time.Minute)
-		if ok, err := s.Complete(ctx, key, tok, []byte("r"), time.Hour); !ok || err != nil {
+		if ok, err := s.Complete(ctx, key, tok, coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("r"), TTL: time.Hour}); !ok || err != nil {
 			t.Fatalf("Complete = %v, %v", ok, err)
 		}
 		checkPTTL(t, c, name, time.Hour)

@@ -92,7 +92,7 @@ func TestWatch(t *testing.T) {
 			}
 			var ok bool
 			if end == "Complete" {
-				ok, err = holder.Complete(ctx, key, tok, []byte("r"), time.Minute)
+				ok, err = holder.Complete(ctx, key, tok, coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("r"), TTL: time.Minute})
 			} else {
 				ok, err = holder.Release(ctx, key, tok)
 			}
@@ -116,7 +116,7 @@ func TestWatch(t *testing.T) {
 		tok := token()
 		mustReserve(t, holder, key, pendingWrite(tok, "", time.Minute))
 		before := publishes(t, c)
-		if ok, err := holder.Complete(ctx, key, tok, []byte("r"), time.Minute); !ok || err != nil {
+		if ok, err := holder.Complete(ctx, key, tok, coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("r"), TTL: time.Minute}); !ok || err != nil {
 			t.Fatalf("Complete = %v, %v", ok, err)
 		}
 		if n := publishes(t, c) - before; before >= 0 && n != 0 {

@@ -227,14 +227,14 @@ type forgetful struct {
 	n      atomic.Int64
 }
 
-func (f *forgetful) Complete(ctx context.Context, key coordinator.Key, token string, result []byte, ttl time.Duration) (bool, error) {
+func (f *forgetful) Complete(ctx context.Context, key coordinator.Key, token string, c coordinator.Completion) (bool, error) {
 	if f.n.Add(1)%10 != 0 {
-		return f.Store.Complete(ctx, key, token, result, ttl)
+		return f.Store.Complete(ctx, key, token, c)
 	}
 	if !f.delete {
 		return true, nil
 	}
-	ok, err := f.Store.Complete(ctx, key, token, result, ttl)
+	ok, err := f.Store.Complete(ctx, key, token, c)
 	if ok && err == nil {
 		_, _ = f.inner.Forget(ctx, key)
 	}

@@ -47,7 +47,7 @@ func ExampleStore_Before() {
 		return nil
 	})
 	_, _, _ = store.Reserve(ctx, key, coordinator.Write{State: coordinator.StatePending, Token: "tok", TTL: time.Minute})
-	ok, err := store.Complete(ctx, key, "tok", []byte(`{"id":"ch_1"}`), time.Hour)
+	ok, err := store.Complete(ctx, key, "tok", coordinator.Completion{State: coordinator.StateCompleted, Result: []byte(`{"id":"ch_1"}`), TTL: time.Hour})
 	fmt.Println("completed:", ok, err)
 	fmt.Println("owner now:", inner.Snapshot(key).Token)
 

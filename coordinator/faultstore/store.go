@@ -188,12 +188,12 @@ func (s *Store) Get(ctx context.Context, key coordinator.Key) (coordinator.Recor
 
 // Complete calls the inner store's Complete unless the call fails before it;
 // see Store.
-func (s *Store) Complete(ctx context.Context, key coordinator.Key, token string, result []byte, ttl time.Duration) (bool, error) {
+func (s *Store) Complete(ctx context.Context, key coordinator.Key, token string, c coordinator.Completion) (bool, error) {
 	lost, err := s.enter(ctx, coordinator.MethodComplete, key)
 	if err != nil {
 		return false, err
 	}
-	ok, err := s.inner.Complete(ctx, key, token, result, ttl)
+	ok, err := s.inner.Complete(ctx, key, token, c)
 	if lost != nil {
 		return false, lost
 	}

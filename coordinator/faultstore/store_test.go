@@ -26,7 +26,7 @@ func call(ctx context.Context, s coordinator.Store, method coordinator.Method) e
 	case coordinator.MethodGet:
 		_, err = s.Get(ctx, key)
 	case coordinator.MethodComplete:
-		_, err = s.Complete(ctx, key, "tok", []byte("result"), time.Hour)
+		_, err = s.Complete(ctx, key, "tok", coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("result"), TTL: time.Hour})
 	case coordinator.MethodRelease:
 		_, err = s.Release(ctx, key, "tok")
 	case coordinator.MethodRenew:
@@ -178,7 +178,7 @@ func TestBeforeHook(t *testing.T) {
 	})
 	type ctxKey struct{}
 	ctx := context.WithValue(t.Context(), ctxKey{}, "marker")
-	ok, err := s.Complete(ctx, key, "tok", []byte("result"), time.Hour)
+	ok, err := s.Complete(ctx, key, "tok", coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("result"), TTL: time.Hour})
 	if err != nil || ok {
 		t.Fatalf("Complete after the hook took the key over = %v, %v; want false, nil", ok, err)
 	}
@@ -191,7 +191,7 @@ func TestBeforeHook(t *testing.T) {
 
 	s.Before(coordinator.MethodComplete, nil)
 	inner.Put(key, coordinator.Record{State: coordinator.StatePending, Token: "tok", TTL: time.Minute})
-	if ok, err := s.Complete(t.Context(), key, "tok", []byte("result"), time.Hour); err != nil || !ok {
+	if ok, err := s.Complete(t.Context(), key, "tok", coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("result"), TTL: time.Hour}); err != nil || !ok {
 		t.Fatalf("Complete after the hook was removed = %v, %v; want true, nil", ok, err)
 	}
 }
@@ -330,7 +330,7 @@ func TestLoseReplies(t *testing.T) {
 
 	// The result is stored; both replies are lost, the third passes.
 	for i := range 2 {
-		ok, err := s.Complete(ctx, key, "tok", []byte("result"), time.Hour)
+		ok, err := s.Complete(ctx, key, "tok", coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("result"), TTL: time.Hour})
 		if err != context.DeadlineExceeded || ok {
 			t.Fatalf("Complete %d with its reply lost = %v, %v; want false, %v", i+1, ok, err, context.DeadlineExceeded)
 		}
@@ -338,7 +338,7 @@ func TestLoseReplies(t *testing.T) {
 	if got := inner.Snapshot(key); got.State != coordinator.StateCompleted || string(got.Result) != "result" {
 		t.Fatalf("inner record after a lost Complete reply = %+v, want completed", got)
 	}
-	if ok, err := s.Complete(ctx, key, "tok", []byte("again"), time.Hour); err != nil || ok {
+	if ok, err := s.Complete(ctx, key, "tok", coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("again"), TTL: time.Hour}); err != nil || ok {
 		t.Fatalf("third Complete = %v, %v; want the inner store's answer false, nil", ok, err)
 	}
 	if got := s.Calls(coordinator.MethodComplete); got != 3 {

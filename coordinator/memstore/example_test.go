@@ -20,7 +20,7 @@ func Example() {
 	})
 	fmt.Println("reserved:", written)
 
-	ok, _ := store.Complete(ctx, key, "tok", []byte(`{"id":"ch_1"}`), time.Hour)
+	ok, _ := store.Complete(ctx, key, "tok", coordinator.Completion{State: coordinator.StateCompleted, Result: []byte(`{"id":"ch_1"}`), TTL: time.Hour})
 	fmt.Println("completed:", ok)
 
 	clock.Advance(59 * time.Minute)

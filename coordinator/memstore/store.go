@@ -21,9 +21,10 @@ import (
 // Methods that take a context return ctx.Err() without doing anything when
 // the context is already done, as a networked store would. Reserve,
 // Complete and Renew return an error for a time to live that is not
-// positive, and Reserve for a Write whose State is neither
-// coordinator.StatePending nor coordinator.StateCompleted: the coordinator
-// never sends those, so they point at a bug in the caller.
+// positive, Reserve for a Write whose State is not pending, completed or
+// not replayable, and Complete for a Completion whose State is not completed
+// or not replayable: the coordinator never sends those, so they point at a
+// bug in the caller.
 type Store struct {
 	now func() time.Time
 
@@ -70,8 +71,8 @@ func (s *Store) Reserve(ctx context.Context, key coordinator.Key, w coordinator.
 	if err := ctx.Err(); err != nil {
 		return coordinator.Record{}, false, err
 	}
-	if w.State != coordinator.StatePending && w.State != coordinator.StateCompleted {
-		return coordinator.Record{}, false, fmt.Errorf("memstore: reserve %s: write state is %s, want pending or completed", key, w.State)
+	if w.State != coordinator.StatePending && !final(w.State) {
+		return coordinator.Record{}, false, fmt.Errorf("memstore: reserve %s: write state is %s, want pending, completed or not_replayable", key, w.State)
 	}
 	if err := checkTTL("reserve", key, w.TTL); err != nil {
 		return coordinator.Record{}, false, err
@@ -87,7 +88,7 @@ func (s *Store) Reserve(ctx context.Context, key coordinator.Key, w coordinator.
 		}
 	}
 	rec := coordinator.Record{State: w.State, Token: w.Token, Fingerprint: w.Fingerprint}
-	if w.State == coordinator.StateCompleted {
+	if final(w.State) {
 		rec.Result = bytes.Clone(w.Result)
 	}
 	s.store(key, entry{rec: rec, expires: now.Add(w.TTL)}, now)
@@ -104,13 +105,21 @@ func (s *Store) Get(ctx context.Context, key coordinator.Key) (coordinator.Recor
 }
 
 // Complete implements coordinator.Store: if key holds a pending record owned
-// by token, it makes it a completed record with result (copied) and time to
-// live ttl, keeping its token and fingerprint, and reports true.
-func (s *Store) Complete(ctx context.Context, key coordinator.Key, token string, result []byte, ttl time.Duration) (bool, error) {
-	return s.extendOwned(ctx, "complete", key, token, ttl, func(e *entry) {
-		e.rec.State = coordinator.StateCompleted
-		e.rec.Result = bytes.Clone(result)
+// by token, it makes it a record in state c.State with c.Result (copied) and
+// time to live c.TTL, keeping its token and fingerprint, and reports true.
+func (s *Store) Complete(ctx context.Context, key coordinator.Key, token string, c coordinator.Completion) (bool, error) {
+	if !final(c.State) {
+		return false, fmt.Errorf("memstore: complete %s: state is %s, want completed or not_replayable", key, c.State)
+	}
+	return s.extendOwned(ctx, "complete", key, token, c.TTL, func(e *entry) {
+		e.rec.State = c.State
+		e.rec.Result = bytes.Clone(c.Result)
 	})
+}
+
+// final reports whether st is a state a completion writes.
+func final(st coordinator.State) bool {
+	return st == coordinator.StateCompleted || st == coordinator.StateNotReplayable
 }
 
 // Release implements coordinator.Store: if key holds a pending record owned by

@@ -162,7 +162,7 @@ func TestDoneContext(t *testing.T) {
 	if _, err := s.Get(ctx, key); err != context.Canceled {
 		t.Errorf("Get with a canceled context: error %v, want %v", err, context.Canceled)
 	}
-	if _, err := s.Complete(ctx, key, "t", nil, time.Second); err != context.Canceled {
+	if _, err := s.Complete(ctx, key, "t", coordinator.Completion{State: coordinator.StateCompleted, Result: nil, TTL: time.Second}); err != context.Canceled {
 		t.Errorf("Complete with a canceled context: error %v, want %v", err, context.Canceled)
 	}
 	if _, err := s.Release(ctx, key, "t"); err != context.Canceled {
@@ -199,7 +199,7 @@ func TestInvalidArguments(t *testing.T) {
 			return err
 		}},
 		{"CompleteZeroTTL", func(ctx context.Context, s *memstore.Store) error {
-			_, err := s.Complete(ctx, key, "t", nil, 0)
+			_, err := s.Complete(ctx, key, "t", coordinator.Completion{State: coordinator.StateCompleted, Result: nil, TTL: 0})
 			return err
 		}},
 		{"RenewZeroLease", func(ctx context.Context, s *memstore.Store) error {

@@ -100,7 +100,7 @@ func testConcurrentCompleteRelease(t *testing.T, e *env) {
 	out := make([]done, goroutines)
 	runAll(goroutines, func(i int) {
 		if i%2 == 0 {
-			out[i].ok, out[i].err = e.h.Store.Complete(e.ctx(), key, w.Token, results[i], longTTL)
+			out[i].ok, out[i].err = e.h.Store.Complete(e.ctx(), key, w.Token, coordinator.Completion{State: coordinator.StateCompleted, Result: results[i], TTL: longTTL})
 		} else {
 			out[i].ok, out[i].err = e.h.Store.Release(e.ctx(), key, w.Token)
 		}

@@ -247,7 +247,7 @@ func (e *env) get(key coordinator.Key) coordinator.Record {
 
 func (e *env) complete(key coordinator.Key, tok string, result []byte, ttl time.Duration) bool {
 	e.t.Helper()
-	ok, err := e.h.Store.Complete(e.t.Context(), key, tok, result, ttl)
+	ok, err := e.h.Store.Complete(e.t.Context(), key, tok, coordinator.Completion{State: coordinator.StateCompleted, Result: result, TTL: ttl})
 	if err != nil {
 		e.t.Fatalf("Complete(%s): %v", key, err)
 	}

@@ -144,8 +144,8 @@ func TestSuiteCatchesBrokenStores(t *testing.T) {
 
 type completeAnyToken struct{ *memstore.Store }
 
-func (s completeAnyToken) Complete(ctx context.Context, key coordinator.Key, _ string, result []byte, ttl time.Duration) (bool, error) {
-	return s.Store.Complete(ctx, key, s.Snapshot(key).Token, result, ttl)
+func (s completeAnyToken) Complete(ctx context.Context, key coordinator.Key, _ string, c coordinator.Completion) (bool, error) {
+	return s.Store.Complete(ctx, key, s.Snapshot(key).Token, c)
 }
 
 type releaseAnyState struct{ *memstore.Store }
@@ -189,8 +189,8 @@ func (s ignoresOperation) Get(ctx context.Context, key coordinator.Key) (coordin
 	return s.Store.Get(ctx, s.strip(key))
 }
 
-func (s ignoresOperation) Complete(ctx context.Context, key coordinator.Key, token string, result []byte, ttl time.Duration) (bool, error) {
-	return s.Store.Complete(ctx, s.strip(key), token, result, ttl)
+func (s ignoresOperation) Complete(ctx context.Context, key coordinator.Key, token string, c coordinator.Completion) (bool, error) {
+	return s.Store.Complete(ctx, s.strip(key), token, c)
 }
 
 func (s ignoresOperation) Release(ctx context.Context, key coordinator.Key, token string) (bool, error) {
