@@ -19,6 +19,9 @@ type Coordinator struct {
 	polls map[Key]*poll
 	bg    int        // running background goroutines (poll loops, saves, releases); guarded by mu
 	idle  *sync.Cond // on mu: broadcast when bg drops to 0
+	// cleanups counts the background releases of refused calls in flight;
+	// guarded by mu. See releaseLater.
+	cleanups int
 }
 
 // New returns a Coordinator over store. It returns an error, and no

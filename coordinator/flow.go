@@ -153,11 +153,39 @@ func (x *exec) release(ctx context.Context) {
 	x.c.kick(x.key)
 }
 
-// releaseLater gives the reservation up in the background, so that a call
-// that is refused returns within one storage timeout.
+// maxCleanups bounds the background releases of refused calls in flight
+// at once; see releaseLater.
+const maxCleanups = 8
+
+// releaseLater gives up, in the background, a reservation that a refused
+// Reserve may have made with its reply lost, so that the refused call
+// returns within one storage timeout. Such a release is only a courtesy: a
+// reservation it misses expires with its lease. When the store is
+// struggling, every timed-out Reserve would add a release that times out on
+// the same store, so at most maxCleanups run at once and the rest are
+// dropped (reported as storage_release_error): bounded load, at the cost of
+// a key that may stay held for one lease.
 func (x *exec) releaseLater(ctx context.Context) {
 	ctx = context.WithoutCancel(ctx)
-	x.c.background(func() { x.release(ctx) })
+	c := x.c
+	c.mu.Lock()
+	full := c.cleanups >= maxCleanups
+	if !full {
+		c.cleanups++
+		c.backgroundLocked(func() {
+			defer func() {
+				c.mu.Lock()
+				c.cleanups--
+				c.mu.Unlock()
+			}()
+			x.release(ctx)
+		})
+	}
+	c.mu.Unlock()
+	if full {
+		x.observe(ctx, Event{Kind: EventError, ErrorType: ErrorStorageRelease, Method: MethodRelease,
+			Err: fmt.Errorf("idempotency: release of %s after a refused reserve dropped: %d releases are already in flight; a reservation the reserve made expires with its lease", x.key, maxCleanups)})
+	}
 }
 
 // completedByUs reports whether the key holds the result this call

@@ -147,3 +147,23 @@ func TestNotReplayableKeyReuse(t *testing.T) {
 		t.Fatalf("reuse: %v, want ErrKeyReuse", err)
 	}
 }
+
+// An unprotected run (the store failed, mode "run") whose result cannot be
+// kept writes the not-replayable record afterwards, as it would a result.
+func TestUnstorableUnprotectedRunIsKept(t *testing.T) {
+	f, fs, _ := newFaulty(t, coordinator.WithMaxResultBytes(8))
+	fs.FailOnce(coordinator.MethodReserve, errConnRefused)
+	var runs atomic.Int64
+	big := func(context.Context) (string, error) { runs.Add(1); return strings.Repeat("x", 64), nil }
+	if _, err := coordinator.Do(t.Context(), f.c, call("k"), big); err != nil {
+		t.Fatal(err)
+	}
+	f.c.Close() // waits for the background write
+	if n := f.rec.count(coordinator.EventUnprotected, ""); n != 1 {
+		t.Fatalf("unprotected = %d, want 1", n)
+	}
+	f2 := newFixture(t, fs)
+	if _, err := coordinator.Do(t.Context(), f2.c, call("k"), big); !errors.Is(err, coordinator.ErrNotReplayable) || runs.Load() != 1 {
+		t.Fatalf("later call: %v after %d runs, want ErrNotReplayable after 1", err, runs.Load())
+	}
+}

@@ -1,0 +1,115 @@
+package coordinator_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/idemkit/idempotency/coordinator"
+)
+
+// slow is a Hook that answers after d, as a starved store does: later than
+// the storage timeout, well within the lease.
+func slow(d time.Duration) func(context.Context, coordinator.Key) error {
+	return func(ctx context.Context, _ coordinator.Key) error {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// A store that answers slower than the storage timeout (a starved Redis)
+// still gets the result: the first completion times out, and the background
+// rounds, off the request path, may wait for what is left of the
+// reservation instead of one storage timeout.
+func TestStarvedSaveStoresTheResult(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f, fs, mem := newFaulty(t, coordinator.WithLease(time.Second), coordinator.WithStorageTimeout(20*time.Millisecond))
+		fs.Before(coordinator.MethodComplete, slow(50*time.Millisecond))
+		fs.Before(coordinator.MethodRenew, slow(50*time.Millisecond))
+		var k counter
+		if _, err := coordinator.Do(t.Context(), f.c, call("starved"), k.action("x")); err != nil {
+			t.Fatal(err)
+		}
+		f.c.Close() // waits for the background save
+		if rec := mem.Snapshot(coordinator.Key{Operation: "payment.charge", Key: "starved"}); rec.State != coordinator.StateCompleted {
+			t.Fatalf("record is %s, want completed", rec.State)
+		}
+		if n := f.rec.count(coordinator.EventStored, ""); n != 1 {
+			t.Fatalf("stored events = %d, want 1", n)
+		}
+		// One timed-out synchronous completion; the background round's
+		// renewal and completion both went through.
+		if n := f.rec.errors(coordinator.ErrorStorageSave); n != 1 {
+			t.Fatalf("storage_save_error = %d, want 1 (the synchronous attempt)", n)
+		}
+		if n := f.rec.errors(coordinator.ErrorStorageRenew); n != 0 {
+			t.Fatalf("storage_renew_error = %d, want 0", n)
+		}
+	})
+}
+
+// Renewals of a long action on a starved store go through: a renewal may
+// take until the watchdog's deadline, not one storage timeout, so the
+// watchdog does not cancel an action whose lease is being kept.
+func TestStarvedRenewalsKeepTheLease(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f, fs, _ := newFaulty(t, coordinator.WithLease(time.Second), coordinator.WithStorageTimeout(20*time.Millisecond))
+		fs.Before(coordinator.MethodRenew, slow(50*time.Millisecond))
+		_, err := coordinator.Do(t.Context(), f.c, call("long"), func(ctx context.Context) (int, error) {
+			select {
+			case <-time.After(3 * time.Second):
+				return 1, nil
+			case <-ctx.Done():
+				return 0, context.Cause(ctx)
+			}
+		})
+		if err != nil {
+			t.Fatalf("Do = %v, want the action to finish", err)
+		}
+		if n := f.rec.errors(coordinator.ErrorLeaseLost) + f.rec.errors(coordinator.ErrorStorageRenew); n != 0 {
+			t.Fatalf("lease_lost + storage_renew_error = %d, want 0", n)
+		}
+		if n := fs.Calls(coordinator.MethodRenew); n < 8 {
+			t.Fatalf("renewals = %d, want one every renew interval", n)
+		}
+	})
+}
+
+// In mode "raise", every Reserve that times out on a struggling store would
+// add a background release that times out on the same store; at most eight
+// run at once, and the rest are dropped and reported.
+func TestCleanupAfterRefusedReservesIsBounded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const timeout = 20 * time.Millisecond
+		f, fs, _ := newFaulty(t, coordinator.WithOnStorageError(coordinator.OnStorageErrorRaise), coordinator.WithStorageTimeout(timeout))
+		hang := func(ctx context.Context, _ coordinator.Key) error { <-ctx.Done(); return ctx.Err() }
+		fs.Before(coordinator.MethodReserve, hang)
+		fs.Before(coordinator.MethodRelease, hang)
+		var wg sync.WaitGroup
+		for i := range 50 {
+			wg.Go(func() {
+				_, err := coordinator.Do(t.Context(), f.c, call(string(rune('a'+i%26))+"-"+string(rune('a'+i/26))), func(context.Context) (int, error) { return 1, nil })
+				if !errors.Is(err, coordinator.ErrStorage) {
+					t.Errorf("Do = %v, want a storage error", err)
+				}
+			})
+		}
+		wg.Wait()
+		f.c.Close()
+		if n := fs.Calls(coordinator.MethodRelease); n != 8 {
+			t.Fatalf("releases sent = %d, want 8", n)
+		}
+		if n := f.rec.errors(coordinator.ErrorStorageRelease); n != 50 {
+			t.Fatalf("storage_release_error = %d, want 50 (8 timed out, 42 dropped)", n)
+		}
+	})
+}
