@@ -34,7 +34,8 @@ type Call struct {
 
 // Codec encodes and decodes the results of Do. Decode failures are not
 // outages: a stored result that Decode refuses is replaced by a fresh run of
-// the action (the key heals).
+// the action (the key heals). An Encode that fails or panics keeps the key
+// as not replayable: the action does not run again (see ErrNotReplayable).
 type Codec[T any] interface {
 	Encode(v T) ([]byte, error)
 	Decode(data []byte) (T, error)
@@ -87,7 +88,9 @@ type Result[T any] struct {
 // an error matching ErrInvalidRequest when the call is invalid; ErrKeyReuse
 // when the key was used for a request with another fingerprint;
 // ErrInProgress when another caller holds the key and the in-flight mode
-// says not to wait (or the wait bound passed); a *StorageError when the store
+// says not to wait (or the wait bound passed); a *NotReplayableError when the
+// key's action completed before with a result that could not be kept (too
+// large, or Encode failed); a *StorageError when the store
 // failed before the action ran and the on-storage-error mode is "raise"; or
 // the context's error when ctx ended before the action ran. Once the action
 // has returned successfully, Do returns its result whatever the store does.

@@ -145,8 +145,9 @@ func WithOperationTTLs(ttls map[string]time.Duration) Option {
 }
 
 // WithMaxResultBytes sets the largest encoded result that is stored; a larger
-// one is returned to its caller but not stored (reported as
-// record_validation_error). Default 1 MiB.
+// one is returned to its caller, and the key is kept as not replayable
+// (reported as record_validation_error; later calls get ErrNotReplayable).
+// Default 1 MiB.
 func WithMaxResultBytes(n int) Option { return optionFunc(func(c *config) { c.maxResultBytes = n }) }
 
 // WithObserver sets the Observer that receives the coordinator's events.
