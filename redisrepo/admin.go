@@ -21,7 +21,9 @@ type Info struct {
 	RedisKey string
 	// State is coordinator.StateAbsent (no record), coordinator.StatePending
 	// (a caller holds the key: in flight), coordinator.StateCompleted (a
-	// result is stored and replayed) or coordinator.StateUnreadable
+	// result is stored and replayed), coordinator.StateNotReplayable (the
+	// action completed but its result could not be kept: calls get
+	// coordinator.ErrNotReplayable) or coordinator.StateUnreadable
 	// (something this package cannot read, which the coordinator replaces at
 	// the next call).
 	State coordinator.State
@@ -35,7 +37,8 @@ type Info struct {
 	// Fingerprint is the request fingerprint stored with the record, "" for
 	// none or when the record is unreadable.
 	Fingerprint string
-	// ResultSize is the size in bytes of a completed record's result.
+	// ResultSize is the size in bytes of a completed record's result, or of
+	// a not-replayable record's reason.
 	ResultSize int
 }
 

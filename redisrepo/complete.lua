@@ -4,8 +4,10 @@
 -- ARGV[2] result
 -- ARGV[3] time to live in milliseconds
 -- ARGV[4] the wake-up channel
+-- ARGV[5] the state byte to write: COMPLETED, or NOT_REPLAYABLE (ARGV[2] is
+--         then the reason)
 -- When the key holds a pending record owned by ARGV[1], it writes the
--- completed record (same token and fingerprint, no waiters flag), publishes
+-- record of state ARGV[5] (same token and fingerprint, no waiters flag), publishes
 -- the key on ARGV[4] if a caller waits on it, and returns 1; else 0.
 local key = KEYS[1]
 local v = owned(key, ARGV[1])
@@ -17,7 +19,7 @@ local w = waited(v)
 if w then
   flags = flags - FLAG_WAITERS
 end
-redis.call('SET', key, string.char(VERSION2, COMPLETED, flags) .. string.sub(v, 4) .. ARGV[2], 'PX', ARGV[3])
+redis.call('SET', key, string.char(VERSION2, tonumber(ARGV[5]), flags) .. string.sub(v, 4) .. ARGV[2], 'PX', ARGV[3])
 if w then
   redis.call('PUBLISH', ARGV[4], key)
 end

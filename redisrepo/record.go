@@ -15,7 +15,9 @@ import (
 //
 //	offset  size  field
 //	0       1     format version: 0x02
-//	1       1     state: 0x01 pending, 0x02 completed
+//	1       1     state: 0x01 pending, 0x02 completed, 0x04 not replayable
+//	              (completed, but the result could not be kept: the reason
+//	              is stored where a result goes)
 //	2       1     flags: 0x01 waiters (a pending record that a caller in some
 //	              process waits on: its completion or release publishes the
 //	              key), 0x02 token packed, 0x04 fingerprint packed
@@ -23,7 +25,7 @@ import (
 //	4       2     F, the length of the stored fingerprint in bytes, big endian
 //	6       T     the owner token
 //	6+T     F     the fingerprint
-//	6+T+F   rest  the result (completed records only)
+//	6+T+F   rest  the result (completed), the reason (not replayable)
 //
 // A token or a fingerprint that is an even number of lowercase hex digits (as
 // the coordinator's tokens and Fingerprint's fingerprints are) is stored
@@ -45,8 +47,9 @@ const legacyVersion = "1"
 const (
 	headerLen = 6
 
-	statePending   = byte(coordinator.StatePending)
-	stateCompleted = byte(coordinator.StateCompleted)
+	statePending       = byte(coordinator.StatePending)
+	stateCompleted     = byte(coordinator.StateCompleted)
+	stateNotReplayable = byte(coordinator.StateNotReplayable)
 
 	flagWaiters  = 0x01
 	flagTokenHex = 0x02
@@ -59,14 +62,23 @@ const (
 
 // The states as the scripts report them. They are the values of
 // coordinator.State, so that a reply maps one to one, and the scripts'
-// ABSENT, PENDING, COMPLETED and UNREADABLE: scripts.go writes them into
-// their prelude, so Go and Lua cannot disagree.
+// ABSENT, PENDING, COMPLETED, UNREADABLE and NOT_REPLAYABLE: scripts.go
+// writes them into their prelude, so Go and Lua cannot disagree.
 const (
-	codeAbsent     = int64(coordinator.StateAbsent)
-	codePending    = int64(coordinator.StatePending)
-	codeCompleted  = int64(coordinator.StateCompleted)
-	codeUnreadable = int64(coordinator.StateUnreadable)
+	codeAbsent        = int64(coordinator.StateAbsent)
+	codePending       = int64(coordinator.StatePending)
+	codeCompleted     = int64(coordinator.StateCompleted)
+	codeUnreadable    = int64(coordinator.StateUnreadable)
+	codeNotReplayable = int64(coordinator.StateNotReplayable)
 )
+
+// hasResult reports whether a record in state st stores bytes after its
+// fingerprint: the result of a completed record, the reason of a
+// not-replayable one.
+func hasResult(st byte) bool { return st == stateCompleted || st == stateNotReplayable }
+
+// knownState reports whether st is a state byte of format 2.
+func knownState(st byte) bool { return st == statePending || hasResult(st) }
 
 // packable reports whether s is a non-empty, even number of lowercase hex
 // digits, which a record stores packed.
@@ -114,7 +126,7 @@ func storedToken(token string) string {
 }
 
 // encodeRecord returns the version 2 record of state st with token, fp and
-// (completed records) result. It returns an error when the token or the
+// (completed and not-replayable records) result. It returns an error when the token or the
 // fingerprint is too long to store.
 func encodeRecord(st coordinator.State, token, fp string, result []byte) ([]byte, error) {
 	tl, tp := fieldLen(token)
@@ -133,7 +145,7 @@ func encodeRecord(st coordinator.State, token, fp string, result []byte) ([]byte
 		flags |= flagFPHex
 	}
 	n := headerLen + tl + fl
-	if st == coordinator.StateCompleted {
+	if hasResult(byte(st)) {
 		n += len(result)
 	}
 	b := make([]byte, headerLen, n)
@@ -141,7 +153,7 @@ func encodeRecord(st coordinator.State, token, fp string, result []byte) ([]byte
 	binary.BigEndian.PutUint16(b[4:], uint16(fl))
 	b = appendField(b, token, tp)
 	b = appendField(b, fp, fpp)
-	if st == coordinator.StateCompleted {
+	if hasResult(byte(st)) {
 		b = append(b, result...)
 	}
 	return b, nil
@@ -160,7 +172,7 @@ func decodeValue(v []byte) coordinator.Record {
 	tl := int(v[3])
 	fl := int(v[4])<<8 | int(v[5])
 	end := headerLen + tl + fl
-	if len(v) < end || (st != statePending && st != stateCompleted) || (st == statePending && len(v) != end) {
+	if len(v) < end || !knownState(st) || (st == statePending && len(v) != end) {
 		return coordinator.Record{State: coordinator.StateUnreadable}
 	}
 	rec := coordinator.Record{
@@ -168,7 +180,7 @@ func decodeValue(v []byte) coordinator.Record {
 		Token:       field(v[headerLen:headerLen+tl], flags&flagTokenHex != 0),
 		Fingerprint: field(v[headerLen+tl:end], flags&flagFPHex != 0),
 	}
-	if st == stateCompleted {
+	if hasResult(st) {
 		rec.Result = v[end:len(v):len(v)]
 	}
 	return rec
@@ -213,7 +225,7 @@ func decodeLegacy(v any) (coordinator.Record, error) {
 		return coordinator.Record{}, nil
 	}
 	rec := coordinator.Record{State: state, Token: token, Fingerprint: fp}
-	if state == coordinator.StateCompleted {
+	if state == coordinator.StateCompleted || state == coordinator.StateNotReplayable {
 		rec.Result = []byte(result)
 	}
 	if pttl > 0 {
@@ -226,7 +238,7 @@ func decodeLegacy(v any) (coordinator.Record, error) {
 // for, and false for a code that stands for none. It is the one decoding of
 // the codes, for decodeLegacy and decodeInfo.
 func decodeState(code int64) (coordinator.State, bool) {
-	if code < codeAbsent || code > codeUnreadable {
+	if code < codeAbsent || code > codeNotReplayable {
 		return 0, false
 	}
 	return coordinator.State(code), true

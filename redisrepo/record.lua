@@ -3,18 +3,19 @@
 -- bodies. scripts.go writes, before it, the constants that Go and Lua share,
 -- from their Go values (record.go): VERSION, the legacy format version "1";
 -- VERSION2, the first byte of a format 2 record; the state codes of the
--- replies, ABSENT, PENDING, COMPLETED and UNREADABLE (PENDING and COMPLETED
--- are also the state bytes of format 2); and FLAG_WAITERS, FLAG_TOKEN_HEX
+-- replies, ABSENT, PENDING, COMPLETED, UNREADABLE and NOT_REPLAYABLE
+-- (PENDING, COMPLETED and NOT_REPLAYABLE are also the state bytes of format
+-- 2); and FLAG_WAITERS, FLAG_TOKEN_HEX
 -- and FLAG_FP_HEX, the flag bits of format 2.
 --
 -- Format 2, which Go writes, is one STRING (record.go describes it byte by
 -- byte). Format 1, which this package no longer writes but still reads, is
 -- a HASH under one key:
 --   v           format version, "1"
---   state       "pending" or "completed"
+--   state       "pending", "completed" or "not_replayable"
 --   token       owner token of the reservation
 --   fp          request fingerprint, "" for none
---   result      encoded result (completed records only)
+--   result      encoded result (completed), the reason (not_replayable)
 --   created_ms  Redis server time of the write, Unix milliseconds
 -- Readers ignore fields they do not know. Anything else under the key
 -- (another Redis type, a missing field, an unknown state or version) is
@@ -48,7 +49,7 @@ local function parse2(v)
   local st, flags, tl = string.byte(v, 2, 4)
   local fl = string.byte(v, 5) * 256 + string.byte(v, 6)
   local e = 6 + tl + fl
-  if #v < e or (st ~= PENDING and st ~= COMPLETED) or (st == PENDING and #v ~= e) then
+  if #v < e or (st ~= PENDING and st ~= COMPLETED and st ~= NOT_REPLAYABLE) or (st == PENDING and #v ~= e) then
     return UNREADABLE, NOTHING
   end
   local r = {token = string.sub(v, 7, 6 + tl), fp = string.sub(v, 7 + tl, e), created_ms = '',
@@ -65,8 +66,10 @@ end
 -- formats in Lua. It returns the record's state and a table of its fields:
 --   token, fp    the owner token and the request fingerprint, as given
 --   created_ms   the time of the write, "" when the record has none
---   size         the length of the result in bytes, 0 for a pending record
---   result       the result, "" for a pending record and unless withresult
+--   size         the length of the result (or reason) in bytes, 0 for a
+--                pending record
+--   result       the result (or reason), "" for a pending record and unless
+--                withresult
 -- With withresult false it does not read the result of a format 1 record,
 -- which may be large: only whether it is there, and its size. An absent or
 -- unreadable record has the table NOTHING.
@@ -106,10 +109,14 @@ local function load(key, withresult)
   if f[2] == 'pending' then
     return PENDING, r
   end
-  if f[2] ~= 'completed' then
+  local st = COMPLETED
+  if f[2] == 'not_replayable' then
+    st = NOT_REPLAYABLE
+  elseif f[2] ~= 'completed' then
     return UNREADABLE, NOTHING
   end
-  -- A completed record has a result (perhaps ""); one without is unreadable.
+  -- A completed record has a result (perhaps ""), a not-replayable one its
+  -- reason; one without is unreadable.
   if withresult then
     if not f[6] then
       return UNREADABLE, NOTHING
@@ -121,7 +128,7 @@ local function load(key, withresult)
     end
     r.size = redis.call('HSTRLEN', key, 'result')
   end
-  return COMPLETED, r
+  return st, r
 end
 
 -- pttl returns the remaining time to live of key in milliseconds, or 0 when

@@ -1,10 +1,10 @@
 -- reserve1.lua: Reserve in record format 1 (WithRecordFormat(Format1)),
 -- which releases before format 2 can read: reserve-or-read, writing a HASH.
 -- KEYS[1] the record's key
--- ARGV[1] state to write: "pending" or "completed"
+-- ARGV[1] state to write: "pending", "completed" or "not_replayable"
 -- ARGV[2] owner token
 -- ARGV[3] fingerprint ("" for none)
--- ARGV[4] result (written only when ARGV[1] is "completed")
+-- ARGV[4] result, or reason (written unless ARGV[1] is "pending")
 -- ARGV[5] time to live in milliseconds
 -- ARGV[6] "1" to replace a record that is not pending and has token ARGV[7]
 -- ARGV[7] token of the record to replace ("" for an unreadable one)
@@ -20,8 +20,8 @@ if st ~= ABSENT then
 end
 local t = redis.call('TIME')
 local now = t[1] .. string.format('%03d', math.floor(tonumber(t[2]) / 1000))
-if ARGV[1] == 'completed' then
-  redis.call('HSET', key, 'v', VERSION, 'state', 'completed', 'token', ARGV[2], 'fp', ARGV[3],
+if ARGV[1] ~= 'pending' then
+  redis.call('HSET', key, 'v', VERSION, 'state', ARGV[1], 'token', ARGV[2], 'fp', ARGV[3],
     'created_ms', now, 'result', ARGV[4])
 else
   redis.call('HSET', key, 'v', VERSION, 'state', 'pending', 'token', ARGV[2], 'fp', ARGV[3],

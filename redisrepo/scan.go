@@ -84,8 +84,12 @@ func (s *Store) ScanKeys(ctx context.Context, operation string, fn func(keys []c
 type Counts struct {
 	// Pending is the number of records in flight: a caller holds the key.
 	Pending int
-	// Completed is the number of records with a stored result.
+	// Completed is the number of completed records: with a stored result,
+	// or not replayable.
 	Completed int
+	// NotReplayable is how many of Completed are not replayable: the action
+	// completed but its result could not be kept.
+	NotReplayable int
 	// Unreadable is the number of values under the operation's keys that
 	// are no record this package reads (another Redis type, another
 	// format); the coordinator replaces each at its key's next call.
@@ -97,7 +101,8 @@ type Counts struct {
 }
 
 // Total returns the number of records counted: Pending + Completed +
-// Unreadable (Format1 is a part of the first two).
+// Unreadable (Format1 is a part of the first two, NotReplayable of
+// Completed).
 func (c Counts) Total() int { return c.Pending + c.Completed + c.Unreadable }
 
 // Count counts the records under the Store's prefix by operation and state,
@@ -171,6 +176,9 @@ func (s *Store) Count(ctx context.Context, operations ...string) (map[string]Cou
 				c.Pending++
 			case coordinator.StateCompleted:
 				c.Completed++
+			case coordinator.StateNotReplayable:
+				c.Completed++
+				c.NotReplayable++
 			default:
 				c.Unreadable++
 			}
@@ -274,7 +282,7 @@ func readStates(ctx context.Context, p pipeliner, names []string) ([]keyState, e
 		states[a.at] = keyState{state: legacyState(f, hasResult), format1: true}
 	}
 	for i := range states {
-		if states[i].state != coordinator.StatePending && states[i].state != coordinator.StateCompleted {
+		if states[i].state == coordinator.StateUnreadable {
 			states[i].format1 = false
 		}
 	}
@@ -289,7 +297,7 @@ func headerState(head string, n int64) coordinator.State {
 	}
 	st := head[1]
 	end := int64(headerLen) + int64(head[3]) + (int64(head[4])<<8 | int64(head[5]))
-	if n < end || (st != statePending && st != stateCompleted) || (st == statePending && n != end) {
+	if n < end || !knownState(st) || (st == statePending && n != end) {
 		return coordinator.StateUnreadable
 	}
 	return coordinator.State(st)
@@ -307,6 +315,8 @@ func legacyState(f []any, hasResult bool) coordinator.State {
 		return coordinator.StatePending
 	case f[1] == "completed" && hasResult:
 		return coordinator.StateCompleted
+	case f[1] == argNotReplayable && hasResult:
+		return coordinator.StateNotReplayable
 	}
 	return coordinator.StateUnreadable
 }

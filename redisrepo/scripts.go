@@ -43,9 +43,9 @@ var (
 // values so that each is defined once (the format versions, the state codes
 // that decodeState reads back, and the flag bits of format 2).
 var constants = fmt.Sprintf("local VERSION, VERSION2 = %q, %d\n"+
-	"local ABSENT, PENDING, COMPLETED, UNREADABLE = %d, %d, %d, %d\n"+
+	"local ABSENT, PENDING, COMPLETED, UNREADABLE, NOT_REPLAYABLE = %d, %d, %d, %d, %d\n"+
 	"local FLAG_WAITERS, FLAG_TOKEN_HEX, FLAG_FP_HEX = %d, %d, %d\n",
-	legacyVersion, formatVersion, codeAbsent, codePending, codeCompleted, codeUnreadable,
+	legacyVersion, formatVersion, codeAbsent, codePending, codeCompleted, codeUnreadable, codeNotReplayable,
 	flagWaiters, flagTokenHex, flagFPHex)
 
 // The scripts of the rare paths (a format 1 record, a heal, the operator

@@ -101,14 +101,15 @@ var (
 // except one of format 1. Replace is a script (reserve.lua).
 //
 // It returns a *coordinator.StorageError when Redis fails, when w.State is
-// neither coordinator.StatePending nor coordinator.StateCompleted, when
+// not coordinator.StatePending, coordinator.StateCompleted or
+// coordinator.StateNotReplayable, when
 // w.TTL is not positive, or when w.Token or w.Fingerprint is too long.
 func (s *Store) Reserve(ctx context.Context, key coordinator.Key, w coordinator.Write) (coordinator.Record, bool, error) {
 	ttl, err := millis(w.TTL)
 	if err != nil {
 		return coordinator.Record{}, false, storageError(coordinator.MethodReserve, err)
 	}
-	if w.State != coordinator.StatePending && w.State != coordinator.StateCompleted {
+	if w.State != coordinator.StatePending && !hasResult(byte(w.State)) {
 		return coordinator.Record{}, false, storageError(coordinator.MethodReserve,
 			fmt.Errorf("redisrepo: cannot write a record in state %s", w.State))
 	}
@@ -159,8 +160,11 @@ func reserveReply(v any, err error) (coordinator.Record, bool, error) {
 // reserve1 is Reserve in format 1.
 func (s *Store) reserve1(ctx context.Context, key coordinator.Key, w coordinator.Write, ttl int64) (coordinator.Record, bool, error) {
 	state, result := argPending, any("")
-	if w.State == coordinator.StateCompleted {
+	switch w.State {
+	case coordinator.StateCompleted:
 		state, result = argCompleted, w.Result
+	case coordinator.StateNotReplayable:
+		state, result = argNotReplayable, w.Result
 	}
 	replace, replaceToken := argNoReplace, ""
 	if w.Replace {
@@ -172,11 +176,15 @@ func (s *Store) reserve1(ctx context.Context, key coordinator.Key, w coordinator
 
 // The arguments of the format 1 scripts that are always the same.
 const (
-	argPending   = "pending"
-	argCompleted = "completed"
-	argReplace   = "1"
-	argNoReplace = "0"
+	argPending       = "pending"
+	argCompleted     = "completed"
+	argNotReplayable = "not_replayable"
+	argReplace       = "1"
+	argNoReplace     = "0"
 )
+
+// The state bytes complete.lua writes, boxed once.
+var argStateCompleted, argStateNotReplayable any = int64(stateCompleted), int64(stateNotReplayable)
 
 // Get implements coordinator.Store: it returns the record under key; a
 // missing key is a Record with State coordinator.StateAbsent and a nil
@@ -240,21 +248,34 @@ func decodeReply(v any) (coordinator.Record, error) {
 }
 
 // Complete implements coordinator.Store: if key holds a pending record owned
-// by token, it makes it a completed record with result and time to live ttl,
-// keeping its token and fingerprint, and reports true. A caller that waits
-// on the key in any process is woken (see Watch). It returns a
-// *coordinator.StorageError when Redis fails or ttl is not positive.
+// by token, it makes it a record of state c.State (completed, or not
+// replayable with c.Result as the reason) with c.Result and time to live
+// c.TTL, keeping its token and fingerprint, and reports true. A caller that
+// waits on the key in any process is woken (see Watch). It returns a
+// *coordinator.StorageError when Redis fails, c.TTL is not positive or
+// c.State is neither coordinator.StateCompleted nor
+// coordinator.StateNotReplayable.
 func (s *Store) Complete(ctx context.Context, key coordinator.Key, token string, c coordinator.Completion) (bool, error) {
-	result, ttl := c.Result, c.TTL
-	ms, err := millis(ttl)
+	ms, err := millis(c.TTL)
 	if err != nil {
 		return false, storageError(coordinator.MethodComplete, err)
 	}
+	var state, state1 any
+	switch c.State {
+	case coordinator.StateCompleted:
+		state, state1 = argStateCompleted, argCompleted
+	case coordinator.StateNotReplayable:
+		state, state1 = argStateNotReplayable, argNotReplayable
+	default:
+		return false, storageError(coordinator.MethodComplete,
+			fmt.Errorf("redisrepo: cannot complete a record in state %s", c.State))
+	}
 	if s.format == Format1 {
-		return s.owner1(ctx, coordinator.MethodComplete, key, "complete", token, result, ms)
+		v, err := owner1Script.Run(ctx, s.client, []string{s.Key(key)}, "complete", token, c.Result, ms, state1).Result()
+		return ownerReply(coordinator.MethodComplete, v, err)
 	}
 	return s.owner(ctx, coordinator.MethodComplete,
-		redis.NewCmd(ctx, argEval, completeBody, argOneKey, s.Key(key), storedToken(token), result, s.boxed(ms, false), s.channel))
+		redis.NewCmd(ctx, argEval, completeBody, argOneKey, s.Key(key), storedToken(token), c.Result, s.boxed(ms, false), s.channel, state))
 }
 
 // Release implements coordinator.Store: if key holds a pending record owned

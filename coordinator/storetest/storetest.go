@@ -62,7 +62,8 @@ const (
 
 // TestStore runs the conformance suite: one subtest per rule of the
 // coordinator.Store contract, grouped by method (Reserve, Replace, Get,
-// Complete, Release, Renew), then Expiry, Results, Keys and Concurrency.
+// Complete, Release, Renew), then Expiry, Results, NotReplayable, Keys and
+// Concurrency.
 // newHarness is called once at the start of every subtest, on the subtest's
 // t, so it can register cleanups there; it may return the same store each
 // time, or a new one. The subtests run one after another.
@@ -152,6 +153,12 @@ var groups = []group{
 		{"AllByteValues", false, testResultBinary},
 		{"OneMebibyte", false, testResultLarge},
 		{"Copied", false, testResultCopied},
+	}},
+	{"NotReplayable", []testCase{
+		{"CompleteKeepsIt", false, testNotReplayableComplete},
+		{"WriteKeepsIt", false, testNotReplayableWrite},
+		{"IsNotPending", false, testNotReplayableIsNotPending},
+		{"Expires", false, testNotReplayableExpires},
 	}},
 	{"Keys", []testCase{
 		{"VisibleASCII", false, testKeyVisibleASCII},
@@ -352,7 +359,7 @@ func replace(w coordinator.Write, old string) coordinator.Write {
 // record returns the record a store should report after writing w.
 func record(w coordinator.Write) coordinator.Record {
 	r := coordinator.Record{State: w.State, Token: w.Token, Fingerprint: w.Fingerprint, TTL: w.TTL}
-	if w.State == coordinator.StateCompleted {
+	if w.State == coordinator.StateCompleted || w.State == coordinator.StateNotReplayable {
 		r.Result = w.Result
 	}
 	return r

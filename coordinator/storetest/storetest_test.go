@@ -88,6 +88,10 @@ var broken = map[string]struct {
 		func(s *memstore.Store) coordinator.Store { return ignoresOperation{s} },
 		[]string{"Keys/Distinct"},
 	},
+	"LosesNotReplayable": {
+		func(s *memstore.Store) coordinator.Store { return losesNotReplayable{s} },
+		[]string{"NotReplayable/CompleteKeepsIt", "NotReplayable/WriteKeepsIt"},
+	},
 	"NotAtomic": {
 		func(s *memstore.Store) coordinator.Store { return &notAtomic{Store: s} },
 		[]string{"Concurrency/ReserveOneWinner", "Concurrency/ReplaceCompletedOneWinner"},
@@ -166,6 +170,22 @@ func (s replacePending) Reserve(ctx context.Context, key coordinator.Key, w coor
 		return coordinator.Record{}, true, nil
 	}
 	return s.Store.Reserve(ctx, key, w)
+}
+
+// losesNotReplayable keeps a not-replayable result as a completed one, as
+// redisrepo did before it had the state.
+type losesNotReplayable struct{ *memstore.Store }
+
+func (s losesNotReplayable) Reserve(ctx context.Context, key coordinator.Key, w coordinator.Write) (coordinator.Record, bool, error) {
+	if w.State == coordinator.StateNotReplayable {
+		w.State = coordinator.StateCompleted
+	}
+	return s.Store.Reserve(ctx, key, w)
+}
+
+func (s losesNotReplayable) Complete(ctx context.Context, key coordinator.Key, token string, c coordinator.Completion) (bool, error) {
+	c.State = coordinator.StateCompleted
+	return s.Store.Complete(ctx, key, token, c)
 }
 
 type renewKeepsTTL struct{ *memstore.Store }
