@@ -19,8 +19,9 @@ var errWrongType = errors.New("redisrepo: WRONGTYPE")
 // GET, watch.lua) and returns the string, or found false for null. It reads
 // the reply raw: go-redis turns a null reply into the error redis.Nil, and
 // spends some twenty allocations deciding whether to retry it, on every
-// first run. An error reply is returned as errWrongType, or sent again as a
-// parsed command, so that go-redis follows a cluster redirection (MOVED,
+// first run. An error reply is returned as errWrongType, as a replyErr when
+// it is final (see final), or else sent again as a parsed command, so that
+// go-redis follows a cluster redirection (MOVED,
 // ASK) or retries what it retries (LOADING, TRYAGAIN...), and returns what
 // that gives. The string aliases the reply, which has no other user.
 func (s *Store) bulk(ctx context.Context, args ...any) (v []byte, found bool, err error) {
@@ -52,6 +53,9 @@ func (s *Store) bulk(ctx context.Context, args ...any) (v []byte, found bool, er
 		if bytes.HasPrefix(b[1:], []byte("WRONGTYPE")) {
 			return nil, false, errWrongType
 		}
+		if final(b[1:]) {
+			return nil, false, replyErr(b[1 : len(b)-2])
+		}
 		return s.parsed(ctx, args)
 	default:
 		return nil, false, fmt.Errorf("redisrepo: unexpected reply %q", b)
@@ -77,6 +81,45 @@ func (s *Store) parsed(ctx context.Context, args []any) ([]byte, bool, error) {
 		return nil, false, fmt.Errorf("redisrepo: unexpected reply %T", v)
 	}
 	return []byte(str), true, nil
+}
+
+// final reports whether the error reply line b (without its "-") is a
+// refusal that go-redis neither redirects nor retries: sending it again
+// parsed would only cost a round trip. READONLY is not final: go-redis
+// retries it (a failover in progress).
+func final(b []byte) bool {
+	for _, code := range refusals {
+		if code != "READONLY " && bytes.HasPrefix(b, []byte(code)) {
+			return true
+		}
+	}
+	return false
+}
+
+// replyErr is an error reply of Redis, read raw: a redis.Error.
+type replyErr string
+
+func (e replyErr) Error() string { return string(e) }
+
+// RedisError marks replyErr as a redis.Error.
+func (replyErr) RedisError() {}
+
+// refusals are the error codes with which Redis refuses a write that it
+// would serve as a read: OOM (maxmemory reached, policy noeviction),
+// READONLY (a replica), MISCONF (a failed RDB snapshot with
+// stop-writes-on-bgsave-error) and NOREPLICAS (min-replicas-to-write not
+// met).
+var refusals = [...]string{"OOM ", "READONLY ", "MISCONF ", "NOREPLICAS "}
+
+// writeRefused reports whether err is an error reply that refuses a write
+// only: reads of the same server still work.
+func writeRefused(err error) bool {
+	for _, code := range refusals {
+		if isReplyError(err, code) {
+			return true
+		}
+	}
+	return false
 }
 
 // isReplyError reports whether err is an error reply of Redis that starts

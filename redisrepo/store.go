@@ -100,6 +100,12 @@ var (
 // prevents it, in one command. A record it returns has TTL 0 (unknown),
 // except one of format 1. Replace is a script (reserve.lua).
 //
+// When Redis refuses the write but would serve a read (a full Redis with
+// maxmemory-policy noeviction, a replica, a failed snapshot: see
+// writeRefused), Reserve reads the key instead, so that a completed record
+// still replays and a pending one is still waited on; only an absent key,
+// which needs a write, returns the refusal.
+//
 // It returns a *coordinator.StorageError when Redis fails, when w.State is
 // not coordinator.StatePending, coordinator.StateCompleted or
 // coordinator.StateNotReplayable, when
@@ -130,6 +136,8 @@ func (s *Store) Reserve(ctx context.Context, key coordinator.Key, w coordinator.
 		case isReplyError(err, "ERR syntax error"): // a server before Redis 7.0
 			return coordinator.Record{}, false, storageError(coordinator.MethodReserve,
 				fmt.Errorf("%w (SET with NX and GET needs Redis 7.0 or newer)", err))
+		case writeRefused(err):
+			return s.readRefused(ctx, rkey, err)
 		case err != nil:
 			return coordinator.Record{}, false, storageError(coordinator.MethodReserve, err)
 		case !found:
@@ -139,6 +147,17 @@ func (s *Store) Reserve(ctx context.Context, key coordinator.Key, w coordinator.
 	}
 	return reserveReply(reserveScript.Run(ctx, s.client, []string{rkey},
 		val, ttl, storedToken(w.ReplaceToken), w.ReplaceToken).Result())
+}
+
+// readRefused is Reserve after Redis refused its write with refused: it
+// reads the record under rkey as Get does and returns it, or refused as a
+// *coordinator.StorageError when the key is absent or the read fails too.
+func (s *Store) readRefused(ctx context.Context, rkey string, refused error) (coordinator.Record, bool, error) {
+	rec, err := s.get(ctx, coordinator.MethodReserve, rkey, false)
+	if err != nil || rec.State == coordinator.StateAbsent {
+		return coordinator.Record{}, false, storageError(coordinator.MethodReserve, refused)
+	}
+	return rec, false, nil
 }
 
 // reserveReply reads the reply of reserve.lua or reserve1.lua: 1 when it

@@ -2,12 +2,14 @@
 -- as waited on, so that its completion or release publishes its key.
 -- KEYS[1] the record's key
 -- Returns what GET returns: the STRING, nil when absent, or the WRONGTYPE
--- error for a HASH (Go then reads it with legacy.lua).
+-- error for a HASH (Go then reads it with legacy.lua). A mark that Redis
+-- refuses (OOM: maxmemory reached) is left out: the read still succeeds, and
+-- the waiter polls.
 local v = redis.pcall('GET', KEYS[1])
 if type(v) == 'string' and #v >= 6 and string.byte(v, 1) == VERSION2 and string.byte(v, 2) == PENDING then
   local flags = string.byte(v, 3)
   if flags % (FLAG_WAITERS * 2) < FLAG_WAITERS then
-    redis.call('SETRANGE', KEYS[1], 2, string.char(flags + FLAG_WAITERS))
+    redis.pcall('SETRANGE', KEYS[1], 2, string.char(flags + FLAG_WAITERS))
   end
 end
 return v
