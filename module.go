@@ -42,7 +42,11 @@ const ObserversGroup = "idempotency.observers"
 //     client (UseRedisClient), Module builds one from the settings, pings it
 //     on start and closes it on stop. An unreachable Redis does not stop the
 //     app: it is logged as a warning naming the address, and each call then
-//     follows IDEMPOTENCY_ON_STORAGE_ERROR. With
+//     follows IDEMPOTENCY_ON_STORAGE_ERROR. A misconfiguration does: a Redis
+//     that refuses the credentials (WRONGPASS, NOAUTH), a permission
+//     (NOPERM) or the database, a TLS mismatch or a failed handshake, or a
+//     server that is not Redis fails start-up with an error naming the
+//     variable and the problem, never the password. With
 //     IDEMPOTENCY_REDIS_AUTO_PIPELINE set, the store's commands go through
 //     the client's AutoPipeliner (NewStoreClient).
 //   - *coordinator.Coordinator, configured by the settings. When
@@ -241,8 +245,13 @@ func provideRedisStore(p storeParams) (*redisrepo.Store, error) {
 	store := NewStore(p.Settings, sc)
 	p.Lifecycle.Append(fx.Hook{
 		OnStart: func(ctx context.Context) error {
-			ping(ctx, client, store, p.Settings, p.Logger.Logger)
-			return nil
+			err := ping(ctx, client, store, p.Settings, p.Logger.Logger)
+			if err != nil {
+				// fx does not run the OnStop of a hook whose OnStart
+				// failed.
+				_ = client.Close()
+			}
+			return err
 		},
 		// Closing the client also closes its AutoPipeliner, which first
 		// sends the commands queued in it (see docs/configuration.md for a

@@ -427,15 +427,21 @@ const pingTimeout = 3 * time.Second
 
 // ping checks client at start-up. An unreachable Redis is not fatal: calls
 // follow IDEMPOTENCY_ON_STORAGE_ERROR until it is back, so it is only logged.
-func ping(ctx context.Context, client redis.UniversalClient, store *redisrepo.Store, s Settings, logger *zap.Logger) {
+// A misconfiguration is: a Redis that refuses the credentials, a permission
+// or the database, a TLS mismatch, or a server that is not Redis stops
+// start-up with an error naming the variable (misconfiguration).
+func ping(ctx context.Context, client redis.UniversalClient, store *redisrepo.Store, s Settings, logger *zap.Logger) error {
 	ctx, cancel := context.WithTimeout(ctx, pingTimeout)
 	defer cancel()
 	if err := client.Ping(ctx).Err(); err != nil {
+		if merr := misconfiguration(ctx, err, s); merr != nil {
+			return merr
+		}
 		logger.Warn("idempotency: redis is unreachable at start-up; calls follow IDEMPOTENCY_ON_STORAGE_ERROR until it is back",
 			zap.String("redis_addr", s.RedisAddr()),
 			zap.Stringer("on_storage_error", s.OnStorageError),
 			zap.Error(fmt.Errorf("ping redis: %w", err)))
-		return
+		return nil
 	}
 	logger.Info("idempotency: redis is reachable", zap.String("redis_addr", s.RedisAddr()))
 	if info, err := client.Info(ctx, "server").Result(); err == nil {
@@ -448,9 +454,13 @@ func ping(ctx context.Context, client redis.UniversalClient, store *redisrepo.St
 	// tools), so that their first call is one round trip; the common paths
 	// need no script cache.
 	if err := store.LoadScripts(ctx); err != nil {
+		if merr := misconfiguration(ctx, err, s); merr != nil {
+			return merr
+		}
 		logger.Warn("idempotency: could not load the store's scripts at start-up; each loads at its first use",
 			zap.String("redis_addr", s.RedisAddr()), zap.Error(err))
 	}
+	return nil
 }
 
 // oldRedis reads redis_version from the reply of INFO server and reports

@@ -3,6 +3,7 @@ package observability
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"strconv"
 	"strings"
 
@@ -110,9 +111,9 @@ func lineOf(e coordinator.Event) (zapcore.Level, string) {
 		switch e.ErrorType {
 		case coordinator.ErrorStorageGet, coordinator.ErrorStorageReserve,
 			coordinator.ErrorStorageSave, coordinator.ErrorStorageRelease:
-			return zap.ErrorLevel, msgStorageError
+			return zap.ErrorLevel, storageErrorLine(e.Err)
 		case coordinator.ErrorStorageRenew:
-			return zap.WarnLevel, msgStorageError
+			return zap.WarnLevel, storageErrorLine(e.Err)
 		case coordinator.ErrorDecode:
 			return zap.ErrorLevel, msgDecodeError
 		case coordinator.ErrorRecordValidation:
@@ -125,6 +126,30 @@ func lineOf(e coordinator.Event) (zapcore.Level, string) {
 		return zap.ErrorLevel, msgUnknownErrorType
 	}
 	return zap.DebugLevel, "event " + e.Kind.String()
+}
+
+// storageErrorLine returns the message of a failed storage call's line:
+// msgStorageError, or, when the store answered but refused us (an error
+// reply of Redis, told by its code: WRONGPASS, NOAUTH, NOPERM, or an unknown
+// database), a message that says so, since that is a misconfiguration, not
+// an outage.
+func storageErrorLine(err error) string {
+	var reply interface { // go-redis's error replies
+		error
+		RedisError()
+	}
+	if !errors.As(err, &reply) {
+		return msgStorageError
+	}
+	switch msg := reply.Error(); {
+	case strings.HasPrefix(msg, "WRONGPASS"), strings.HasPrefix(msg, "NOAUTH"):
+		return msgStorageError + ": redis refused the credentials"
+	case strings.HasPrefix(msg, "NOPERM"):
+		return msgStorageError + ": redis denied the permission"
+	case strings.HasPrefix(msg, "ERR DB index is out of range"):
+		return msgStorageError + ": redis has no such database"
+	}
+	return msgStorageError
 }
 
 // minRedactLen is the shortest key that redact replaces wherever it occurs;
