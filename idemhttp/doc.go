@@ -60,14 +60,16 @@
 // Content-Type is sniffed as net/http sniffs it (not with a Content-Encoding,
 // nor when the handler set it to nil).
 //
-// Responses are not stored, but still sent, when the store policy refuses
-// their status (DefaultStorePolicy refuses 429 and 5xx; see WithStorePolicy),
-// when the body is larger than WithMaxResponseBytes (1 MiB), when the handler
-// flushes (streaming) or hijacks the connection. The key is then released and
-// a retry runs the handler again; oversized, streamed and hijacked responses
-// are reported by the coordinator as record_validation_error. A handler that
-// panics has sent nothing unless it streamed; the key is released and the
-// panic goes on to net/http.
+// A response the store policy refuses (DefaultStorePolicy refuses 429 and
+// 5xx; see WithStorePolicy) is sent and not stored: it is a failure, and
+// failures are not cached, so the key is released and a retry runs the
+// handler again. A response that cannot be stored — its body is larger than
+// WithMaxResponseBytes (1 MiB), or the handler flushes (streaming) or hijacks
+// the connection — is sent too, but the handler's effect happened: the
+// coordinator reports record_validation_error and keeps the key as not
+// replayable, and every retry gets 409 ProblemNotReplayable; the handler
+// never runs twice for the key. A handler that panics has sent nothing unless
+// it streamed; the key is released and the panic goes on to net/http.
 //
 // # Errors
 //
@@ -77,6 +79,7 @@
 //	400 ProblemKeyMissing, ProblemKeyInvalid, ProblemBodyUnreadable
 //	401 ProblemCallerUnknown     the scope hook returned an error; WWW-Authenticate of WithAuthChallenge
 //	409 ProblemInProgress        the first request still runs; Retry-After
+//	409 ProblemNotReplayable     processed, but its response could not be stored; no Retry-After
 //	413 ProblemBodyTooLarge
 //	422 ProblemKeyReuse
 //	503 ProblemStoreUnavailable  the store failed and the coordinator fails closed; Retry-After

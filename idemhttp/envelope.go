@@ -68,10 +68,11 @@ type envelope struct {
 }
 
 // codec stores responses as a JSON envelope line followed by the body. Its
-// Encode refuses responses that cannot be stored, so that the coordinator
-// reports them (record_validation_error), releases the key and still returns
-// the live response; its Decode refuses what it cannot read, so that the
-// coordinator heals the record.
+// Encode refuses responses that cannot be stored (streamed, hijacked, over
+// the body limit), so that the coordinator reports them
+// (record_validation_error), keeps the key as not replayable, so the handler
+// never runs again for it, and still returns the live response; its Decode
+// refuses what it cannot read, so that the coordinator heals the record.
 type codec struct {
 	replay map[string]bool
 }

@@ -17,7 +17,10 @@ import (
 
 // errNotStored is the action's error for a response that the store policy
 // refuses: the coordinator releases the key, and the middleware sends the
-// response anyway.
+// response anyway. A failure is not cached: a retry runs the handler again.
+// A response that the policy allows but that cannot be stored (streamed,
+// hijacked, too large) is not an error of the action: the codec refuses to
+// encode it, and the coordinator keeps the key as not replayable.
 var errNotStored = errors.New("idemhttp: response not stored by the store policy")
 
 // Middleware returns net/http middleware that runs the handler at most once
@@ -34,9 +37,11 @@ var errNotStored = errors.New("idemhttp: response not stored by the store policy
 // body and allow-listed headers with "Idempotent-Replayed: true". Refusals are
 // problem+json: 400 for a missing or malformed key, 401 when the scope hook
 // fails (with WithAuthChallenge's WWW-Authenticate), 413 for a body over
-// WithMaxBodyBytes, 409 with Retry-After while the first request runs, 422 for
-// a key reused for another request, 503 with Retry-After when the store fails
-// and c fails closed.
+// WithMaxBodyBytes, 409 with Retry-After while the first request runs, 409
+// without Retry-After (ProblemNotReplayable) once a request with the key was
+// processed but its response could not be stored (streamed, hijacked or over
+// WithMaxResponseBytes), 422 for a key reused for another request, 503 with
+// Retry-After when the store fails and c fails closed.
 //
 // When c is disabled (coordinator.WithEnabled(false), the kill switch) the
 // middleware steps aside: every request goes to the handler as it came, with
@@ -207,6 +212,12 @@ func (h *handler) problemFor(w http.ResponseWriter, err error) Problem {
 		w.Header().Set("Retry-After", retryAfter(h.cfg.retryAfter))
 		return problem(ProblemInProgress, http.StatusConflict,
 			"A request with this Idempotency-Key is still being processed. Retry it later with the same key.", err)
+	case errors.Is(err, coordinator.ErrNotReplayable):
+		// No Retry-After: a retry gets the same answer. Not the original
+		// status: the record keeps none, and a 2xx without the handler's
+		// body would pass for a success response that it is not.
+		return problem(ProblemNotReplayable, http.StatusConflict,
+			"A request with this Idempotency-Key was already processed, but its response could not be stored, so it cannot be returned again. Do not retry with this key: look the outcome up instead.", err)
 	case errors.Is(err, coordinator.ErrKeyReuse):
 		return problem(ProblemKeyReuse, http.StatusUnprocessableEntity,
 			"This Idempotency-Key was used for a different request (method, path, query or body). Use a new key for a new request.", err)

@@ -145,8 +145,9 @@ func WithFingerprintHeaders(names ...string) Option {
 
 // WithMaxResponseBytes sets the largest response body that is buffered and
 // stored. A handler that writes more has its response streamed to the client
-// as it writes it, and not stored: the key is released, so a retry runs the
-// handler again, and the coordinator reports a record_validation_error.
+// as it writes it, and not stored: the coordinator reports a
+// record_validation_error and keeps the key as not replayable, so a retry
+// gets 409 ProblemNotReplayable and the handler does not run again.
 // Default DefaultMaxResponseBytes (1 MiB). The coordinator's own limit
 // (coordinator.WithMaxResultBytes) applies to the stored envelope (body plus
 // status and headers) too. Middleware panics when n is not positive.

@@ -35,6 +35,11 @@ const (
 	// failed and the coordinator is set to fail closed; the request was not
 	// processed.
 	ProblemStoreUnavailable = problemBase + "store-unavailable"
+	// ProblemNotReplayable (409, without Retry-After): a request with this
+	// key was processed, but its response could not be stored (streamed,
+	// hijacked or too large), so it cannot be sent again; the handler does
+	// not run again either. Retrying with the same key gets the same answer.
+	ProblemNotReplayable = problemBase + "not-replayable"
 )
 
 // Problem is an error response of the middleware, in the shape of an RFC 9457
@@ -89,6 +94,8 @@ func problem(typ string, status int, detail string, err error) Problem {
 		title = "Idempotency-Key reused"
 	case ProblemStoreUnavailable:
 		title = "Idempotency store unavailable"
+	case ProblemNotReplayable:
+		title = "Response not replayable"
 	}
 	return Problem{Type: typ, Title: title, Status: status, Detail: detail, Err: err}
 }

@@ -15,7 +15,9 @@ import (
 // before the client sees it, and so that a handler that panics has sent
 // nothing. A response that cannot be buffered goes straight to the client and
 // is not stored: one whose body passes the limit, one the handler flushes
-// (streaming), one whose connection the handler hijacks.
+// (streaming), one whose connection the handler hijacks. Its result says why
+// (response.unstorable), and the codec refuses to encode it, which keeps the
+// key as not replayable.
 //
 // It mirrors what net/http does with the header map: the handler's map
 // starts as a copy of the headers outer middleware set on the real
@@ -111,7 +113,8 @@ func (rw *recorder) Flush() {
 	_ = http.NewResponseController(rw.w).Flush()
 }
 
-// Hijack hands the connection to the handler; nothing is stored.
+// Hijack hands the connection to the handler; nothing is stored, and the
+// key is kept as not replayable.
 func (rw *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	conn, brw, err := http.NewResponseController(rw.w).Hijack()
 	if err == nil {

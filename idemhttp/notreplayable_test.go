@@ -1,0 +1,236 @@
+package idemhttp_test
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/idemhttp"
+)
+
+// count returns how many events of kind k were seen.
+func (e *events) count(k coordinator.EventKind) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	n := 0
+	for _, ev := range e.all {
+		if ev.Kind == k {
+			n++
+		}
+	}
+	return n
+}
+
+// notReplayable checks that w is the documented answer to a request whose
+// key was processed with a response that could not be stored: 409
+// ProblemNotReplayable, without Retry-After.
+func notReplayable(t *testing.T, w *httptest.ResponseRecorder) {
+	t.Helper()
+	problemOf(t, w, http.StatusConflict, idemhttp.ProblemNotReplayable)
+	if ra, ok := w.Header()["Retry-After"]; ok {
+		t.Fatalf("Retry-After = %q; a not-replayable key must not invite a retry", ra)
+	}
+	if isReplay(w) {
+		t.Fatal("a not-replayable answer is marked as a replay")
+	}
+}
+
+// counting counts its runs and writes 201 and body in pieces of 64 KiB.
+type counting struct {
+	runs atomic.Int64
+	body []byte
+}
+
+func (c *counting) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	c.runs.Add(1)
+	time.Sleep(20 * time.Millisecond) // let concurrent duplicates collide
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.WriteHeader(http.StatusCreated)
+	for b := c.body; len(b) > 0; {
+		n := min(len(b), 64<<10)
+		_, _ = w.Write(b[:n])
+		b = b[n:]
+	}
+}
+
+func TestLargeResponseRunsOnce(t *testing.T) {
+	big := bytes.Repeat([]byte("0123456789abcdef"), 2<<20/16) // 2 MiB, over the 1 MiB default
+	t.Run("twice", func(t *testing.T) {
+		c, ev := newCoordinator(t)
+		h := &counting{body: big}
+		mux := route("POST /export", h, idemhttp.Middleware(c))
+		first := send(mux, "POST", "/export", "k", "")
+		if first.Code != http.StatusCreated || !bytes.Equal(first.Body.Bytes(), big) || isReplay(first) {
+			t.Fatalf("first = %d, %d bytes, replayed %v; want the live 201 with all 2 MiB", first.Code, first.Body.Len(), isReplay(first))
+		}
+		notReplayable(t, send(mux, "POST", "/export", "k", ""))
+		if n := h.runs.Load(); n != 1 {
+			t.Fatalf("handler ran %d times, want 1", n)
+		}
+		if got := ev.errors(coordinator.ErrorRecordValidation); got != 1 {
+			t.Fatalf("record_validation_error = %d, want 1 (the first request)", got)
+		}
+		if got := ev.count(coordinator.EventNotReplayable); got != 1 {
+			t.Fatalf("not_replayable events = %d, want 1 (the retry)", got)
+		}
+	})
+	t.Run("ten at once", func(t *testing.T) {
+		c, ev := newCoordinator(t)
+		h := &counting{body: big}
+		mux := route("POST /export", h, idemhttp.Middleware(c))
+		var wg sync.WaitGroup
+		res := make([]*httptest.ResponseRecorder, 10)
+		for i := range res {
+			wg.Go(func() { res[i] = send(mux, "POST", "/export", "k", "") })
+		}
+		wg.Wait()
+		if n := h.runs.Load(); n != 1 {
+			t.Fatalf("handler ran %d times for ten requests with one key, want 1", n)
+		}
+		live := 0
+		for _, w := range res {
+			if w.Code == http.StatusCreated {
+				live++
+				if !bytes.Equal(w.Body.Bytes(), big) {
+					t.Fatalf("the live response has %d bytes, want 2 MiB", w.Body.Len())
+				}
+				continue
+			}
+			notReplayable(t, w)
+		}
+		if live != 1 || ev.count(coordinator.EventNotReplayable) != 9 {
+			t.Fatalf("%d live responses, %d not_replayable events; want 1 and 9", live, ev.count(coordinator.EventNotReplayable))
+		}
+	})
+}
+
+// The middleware's own limit, not only the coordinator's, makes a response
+// not replayable; a body at the limit is stored.
+func TestResponseOverTheMiddlewareLimitIsNotReplayable(t *testing.T) {
+	c, ev := newCoordinator(t) // the coordinator's limit (1 MiB) is far away
+	h := &counting{body: []byte(strings.Repeat("x", 100))}
+	mux := route("POST /big", h, idemhttp.Middleware(c, idemhttp.WithMaxResponseBytes(25)))
+	if w := send(mux, "POST", "/big", "k", ""); w.Code != http.StatusCreated || w.Body.Len() != 100 || w.Header().Get("Content-Type") != "application/octet-stream" {
+		t.Fatalf("first = %d, %d bytes, Content-Type %q; want the whole live 201", w.Code, w.Body.Len(), w.Header().Get("Content-Type"))
+	}
+	notReplayable(t, send(mux, "POST", "/big", "k", ""))
+	if n := h.runs.Load(); n != 1 || ev.errors(coordinator.ErrorRecordValidation) != 1 {
+		t.Fatalf("runs %d, record_validation_error %d; want 1 and 1", n, ev.errors(coordinator.ErrorRecordValidation))
+	}
+
+	atLimit := &counting{body: []byte(strings.Repeat("x", 25))}
+	mux = route("POST /small", atLimit, idemhttp.Middleware(c, idemhttp.WithMaxResponseBytes(25)))
+	send(mux, "POST", "/small", "k", "")
+	if w := send(mux, "POST", "/small", "k", ""); !isReplay(w) || w.Body.Len() != 25 || atLimit.runs.Load() != 1 {
+		t.Fatalf("body at the limit: replayed %v, %d bytes, %d runs; want it stored", isReplay(w), w.Body.Len(), atLimit.runs.Load())
+	}
+}
+
+// A result over the coordinator's limit (the envelope, not the body) is not
+// replayable either.
+func TestResponseOverTheCoordinatorLimitIsNotReplayable(t *testing.T) {
+	c, _ := newCoordinator(t, coordinator.WithMaxResultBytes(64))
+	var p payments
+	mux := route("POST /payments", &p, idemhttp.Middleware(c))
+	if w := send(mux, "POST", "/payments", "k", strings.Repeat("b", 100)); w.Code != 201 || isReplay(w) {
+		t.Fatalf("first = %d replayed %v; want a fresh 201", w.Code, isReplay(w))
+	}
+	notReplayable(t, send(mux, "POST", "/payments", "k", strings.Repeat("b", 100)))
+	if p.n() != 1 {
+		t.Fatalf("handler ran %d times, want 1", p.n())
+	}
+}
+
+func TestStreamedResponseIsNotReplayable(t *testing.T) {
+	c, ev := newCoordinator(t)
+	var runs atomic.Int64
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "data: 1\n\n")
+		if err := http.NewResponseController(w).Flush(); err != nil {
+			t.Errorf("Flush: %v", err)
+		}
+		io.WriteString(w, "data: 2\n\n")
+	})
+	mux := route("POST /stream", h, idemhttp.Middleware(c))
+	w := send(mux, "POST", "/stream", "k", "")
+	if w.Body.String() != "data: 1\n\ndata: 2\n\n" || !w.Flushed || isReplay(w) {
+		t.Fatalf("body %q flushed %v replayed %v; want the live stream", w.Body, w.Flushed, isReplay(w))
+	}
+	var wg sync.WaitGroup
+	for range 10 {
+		wg.Go(func() { notReplayable(t, send(mux, "POST", "/stream", "k", "")) })
+	}
+	wg.Wait()
+	if runs.Load() != 1 || ev.errors(coordinator.ErrorRecordValidation) != 1 || ev.count(coordinator.EventNotReplayable) != 10 {
+		t.Fatalf("runs %d, record_validation_error %d, not_replayable %d; want 1, 1 and 10",
+			runs.Load(), ev.errors(coordinator.ErrorRecordValidation), ev.count(coordinator.EventNotReplayable))
+	}
+}
+
+// A response the store policy refuses is a failure, and failures are not
+// cached: streamed or not, the key is released and a retry runs again.
+func TestStreamedFailureIsReleased(t *testing.T) {
+	c, _ := newCoordinator(t)
+	var runs atomic.Int64
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		w.WriteHeader(http.StatusServiceUnavailable)
+		io.WriteString(w, "busy")
+		_ = http.NewResponseController(w).Flush()
+	})
+	mux := route("POST /stream", h, idemhttp.Middleware(c))
+	for i := range 2 {
+		if w := send(mux, "POST", "/stream", "k", ""); w.Code != http.StatusServiceUnavailable || w.Body.String() != "busy" {
+			t.Fatalf("request %d = %d %q; want the handler's live 503", i+1, w.Code, w.Body)
+		}
+	}
+	if runs.Load() != 2 {
+		t.Fatalf("handler ran %d times, want 2: a refused 503 releases the key", runs.Load())
+	}
+}
+
+func TestHijackedResponseIsNotReplayable(t *testing.T) {
+	c, ev := newCoordinator(t)
+	var runs atomic.Int64
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		conn, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			t.Errorf("Hijack: %v", err)
+			return
+		}
+		defer conn.Close()
+		fmt.Fprintf(brw, "HTTP/1.1 202 Accepted\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+		brw.Flush()
+	})
+	srv := httptest.NewServer(route("POST /payments", h, idemhttp.Middleware(c)))
+	defer srv.Close()
+	resp, b := post(t, srv, "k")
+	if resp.StatusCode != 202 || string(b) != "ok" {
+		t.Fatalf("%d %q, want the hijacker's 202 ok", resp.StatusCode, b)
+	}
+	// The client may read the hijacker's response before the middleware has
+	// stored the record: a retry until then waits for it, or runs nothing.
+	for deadline := time.Now().Add(5 * time.Second); ev.errors(coordinator.ErrorRecordValidation) < 1 && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
+	for range 2 {
+		resp, b := post(t, srv, "k")
+		if resp.StatusCode != http.StatusConflict || !strings.Contains(string(b), idemhttp.ProblemNotReplayable) || resp.Header.Get("Retry-After") != "" {
+			t.Fatalf("retry = %d %q Retry-After %q; want 409 %s without Retry-After", resp.StatusCode, b, resp.Header.Get("Retry-After"), idemhttp.ProblemNotReplayable)
+		}
+	}
+	if runs := runs.Load(); runs != 1 || ev.errors(coordinator.ErrorRecordValidation) != 1 {
+		t.Fatalf("runs %d, record_validation_error %d; want 1 and 1", runs, ev.errors(coordinator.ErrorRecordValidation))
+	}
+}
