@@ -184,8 +184,9 @@ func TestLookup(t *testing.T) {
 		recs.completed(op, "a:b*[c]", "", []byte{0xff, 0x00, 0x1b, '['})
 		recs.completed(op, "-dash", "", []byte("line 1\nline 2\x1b[31m"))
 		recs.pending(op, "order-43")
+		recs.notReplayable(op, "big", "the result is 2097152 bytes, more than the limit of 1048576")
 
-		r := idemctl(t, b.env, "", false, "lookup", "-result", op, "order-42", "a:b*[c]", "order-43", "absent", "--", "-dash")
+		r := idemctl(t, b.env, "", false, "lookup", "-result", op, "order-42", "a:b*[c]", "order-43", "absent", "big", "--", "-dash")
 		if r.code != exitOK {
 			t.Fatalf("lookup: exit %d\n%s", r.code, r.output())
 		}
@@ -197,6 +198,8 @@ func TestLookup(t *testing.T) {
 			"payment.charge order-43\n  redis key    " + b.prefix + "payment.charge:order-43\n  state        pending\n",
 			"payment.charge absent\n  redis key    " + b.prefix + "payment.charge:absent\n  state        absent\n",
 			`  result       quoted: "line 1\nline 2\x1b[31m"` + "\n",
+			"payment.charge big\n  redis key    " + b.prefix + "payment.charge:big\n  state        not_replayable\n",
+			"  reason       the result is 2097152 bytes, more than the limit of 1048576\n",
 		} {
 			if !strings.Contains(r.stdout, want) {
 				t.Errorf("lookup's output lacks %q:\n%s", want, r.stdout)
@@ -391,15 +394,16 @@ func TestCount(t *testing.T) {
 		old.completed("payment.charge", "old", "", []byte("r"))
 		old.pending("payment.charge", "old-held")
 		recs.completed("order.create", "k", "", nil)
+		recs.notReplayable("order.create", "big", "the result is 2097152 bytes, more than the limit of 1048576")
 		if err := b.client.Set(t.Context(), b.prefix+"order.create:junk", "not a record", time.Minute).Err(); err != nil {
 			t.Fatal(err)
 		}
 
 		r = idemctl(t, b.env, "", false, "count")
-		want := "operation       total  pending  completed  unreadable  format1\n" +
-			"order.create    2      0        1          1           0\n" +
-			"payment.charge  8      2        6          0           2\n" +
-			"(all)           10     2        7          1           2\n"
+		want := "operation       total  pending  completed  not_replayable  unreadable  format1\n" +
+			"order.create    3      0        2          1               1           0\n" +
+			"payment.charge  8      2        6          0               0           2\n" +
+			"(all)           11     2        8          1               1           2\n"
 		if r.code != exitOK || r.stdout != want {
 			t.Errorf("count: exit %d\n%s\nwant\n%s", r.code, r.output(), want)
 		}
@@ -624,7 +628,7 @@ func TestSentinel(t *testing.T) {
 	}
 	r = idemctl(t, env, "", false, "count")
 	noFailoverClient(r)
-	if r.code != exitOK || !strings.Contains(r.stdout, "op         1      0        1          0           0\n") {
+	if r.code != exitOK || !strings.Contains(r.stdout, "op         1      0        1          0               0           0\n") {
 		t.Errorf("count: exit %d\n%s", r.code, r.output())
 	}
 	r = idemctl(t, env, "", false, "forget", "-operation", "op", "-all", "-yes")

@@ -14,12 +14,15 @@ import (
 
 // countEntry is the count of one operation; its JSON form is count -json's.
 type countEntry struct {
-	Operation  string `json:"operation"`
-	Total      int    `json:"total"`
-	Pending    int    `json:"pending"`
-	Completed  int    `json:"completed"`
-	Unreadable int    `json:"unreadable"`
-	Format1    int    `json:"format1"`
+	Operation string `json:"operation"`
+	Total     int    `json:"total"`
+	Pending   int    `json:"pending"`
+	Completed int    `json:"completed"`
+	// NotReplayable is how many of Completed completed with a result that
+	// could not be kept.
+	NotReplayable int `json:"not_replayable"`
+	Unreadable    int `json:"unreadable"`
+	Format1       int `json:"format1"`
 }
 
 // count counts the records per operation and state (Store.Count).
@@ -62,13 +65,14 @@ func (a *app) count(ctx context.Context, args []string) int {
 		return exitOK
 	}
 	w := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "operation\ttotal\tpending\tcompleted\tunreadable\tformat1")
+	fmt.Fprintln(w, "operation\ttotal\tpending\tcompleted\tnot_replayable\tunreadable\tformat1")
 	var sum countEntry
 	for _, e := range entries {
 		printCount(w, e)
 		sum.Total += e.Total
 		sum.Pending += e.Pending
 		sum.Completed += e.Completed
+		sum.NotReplayable += e.NotReplayable
 		sum.Unreadable += e.Unreadable
 		sum.Format1 += e.Format1
 	}
@@ -87,12 +91,12 @@ func countEntries(counts map[string]redisrepo.Counts) []countEntry {
 		n := counts[op]
 		entries = append(entries, countEntry{
 			Operation: op, Total: n.Total(), Pending: n.Pending, Completed: n.Completed,
-			Unreadable: n.Unreadable, Format1: n.Format1,
+			NotReplayable: n.NotReplayable, Unreadable: n.Unreadable, Format1: n.Format1,
 		})
 	}
 	return entries
 }
 
 func printCount(w *tabwriter.Writer, e countEntry) {
-	fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%d\t%d\n", e.Operation, e.Total, e.Pending, e.Completed, e.Unreadable, e.Format1)
+	fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%d\t%d\t%d\n", e.Operation, e.Total, e.Pending, e.Completed, e.NotReplayable, e.Unreadable, e.Format1)
 }

@@ -34,6 +34,8 @@ type lookupEntry struct {
 	Fingerprint string     `json:"fingerprint"`
 	ResultSize  int        `json:"result_size"`
 	Token       bool       `json:"token"`
+	// Reason is why a not-replayable record's result was not kept.
+	Reason string `json:"reason,omitempty"`
 	// Result and ResultEncoding are there with -result, for a completed
 	// record.
 	Result         *string `json:"result,omitempty"`
@@ -102,7 +104,7 @@ func (c *conn) describe(ctx context.Context, keys []coordinator.Key, withResult 
 	entries := make([]lookupEntry, len(infos))
 	for i, in := range infos {
 		e := entryOf(in)
-		if in.State == coordinator.StatePending || in.State == coordinator.StateCompleted {
+		if in.State == coordinator.StatePending || in.State == coordinator.StateCompleted || in.State == coordinator.StateNotReplayable {
 			gctx, cancel := context.WithTimeout(ctx, c.s.StorageTimeout)
 			rec, err := c.store.Get(gctx, in.Key)
 			cancel()
@@ -112,6 +114,9 @@ func (c *conn) describe(ctx context.Context, keys []coordinator.Key, withResult 
 			// The record may have changed since Inspect: what Get read
 			// wins for the token and the result.
 			e.Token = rec.Token != ""
+			if rec.State == coordinator.StateNotReplayable {
+				e.Reason = string(rec.Result)
+			}
 			if withResult && rec.State == coordinator.StateCompleted {
 				text, enc := encodeResult(rec.Result, format, forJSON)
 				e.Result, e.ResultEncoding = &text, enc
@@ -174,6 +179,9 @@ func (a *app) printEntry(e lookupEntry) {
 		token = "present"
 	}
 	line("owner token", token)
+	if e.State == coordinator.StateNotReplayable.String() {
+		line("reason", safe(e.Reason))
+	}
 	if e.State == coordinator.StateCompleted.String() {
 		line("result size", plural(e.ResultSize, "byte"))
 		if e.Result != nil {

@@ -147,6 +147,16 @@ func (r *records) completed(op, key, fingerprint string, result []byte) {
 	}
 }
 
+// notReplayable writes a not-replayable record for op's key with reason, as
+// the coordinator does for a result it could not keep.
+func (r *records) notReplayable(op, key, reason string) {
+	r.t.Helper()
+	w := coordinator.Write{State: coordinator.StateNotReplayable, Token: "00000000000000aa", Result: []byte(reason), TTL: time.Hour}
+	if _, ok, err := r.store.Reserve(r.t.Context(), coordinator.Key{Operation: op, Key: key}, w); err != nil || !ok {
+		r.t.Fatalf("Reserve(%s, %s) = %v, %v", op, key, ok, err)
+	}
+}
+
 // pending starts op's action for key and returns once it runs: the key is
 // pending until release.
 func (r *records) pending(op, key string) {
