@@ -44,8 +44,11 @@
 // (DefaultStorePolicy: the codes that describe the request, such as
 // InvalidArgument and NotFound, not those that say "try again", such as
 // Unavailable and Aborted); otherwise the key is released and a retry runs
-// the handler again. Replays carry the response header
-// "idempotent-replayed: true".
+// the handler again. An outcome that cannot be stored (larger than the
+// coordinator's result limit, a response that is not a registered protobuf
+// message) is returned to its caller, but the handler does not run again for
+// the key: later calls get AlreadyExists with ReasonNotReplayable. Replays
+// carry the response header "idempotent-replayed: true".
 //
 // # Errors
 //
@@ -57,6 +60,7 @@
 //	Unauthenticated     ReasonCallerUnknown
 //	Aborted             ReasonInProgress: the first call with the key still runs
 //	FailedPrecondition  ReasonKeyReuse
+//	AlreadyExists       ReasonNotReplayable: the key's call ran, but its outcome could not be stored
 //	Unavailable         ReasonStoreUnavailable: the store is down and the coordinator fails closed
 //
 // Whether a concurrent duplicate waits for the first call or is refused at

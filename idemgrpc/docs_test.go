@@ -118,6 +118,15 @@ func TestDocStatusTable(t *testing.T) {
 			svc.runs.Add(-1)
 			return svc, err
 		},
+		idemgrpc.ReasonNotReplayable: func(t *testing.T) (*payments, error) {
+			c, _ := newCoordinator(t, nil, coordinator.WithMaxResultBytes(16))
+			svc := &payments{}
+			client := serve(t, c, svc, nil)
+			charge(withKey(t, "k"), client, chargeReq(1))
+			err := charge(withKey(t, "k"), client, chargeReq(1)).err
+			svc.runs.Add(-1)
+			return svc, err
+		},
 		idemgrpc.ReasonStoreUnavailable: func(t *testing.T) (*payments, error) {
 			c, _ := newCoordinator(t, faultyStore(), coordinator.WithOnStorageError(coordinator.OnStorageErrorRaise))
 			svc := &payments{}

@@ -215,6 +215,25 @@ func ExampleReasonStoreUnavailable() {
 	// Output: Unavailable true
 }
 
+// A charge whose response is larger than the coordinator keeps is returned
+// to its caller once; a retry does not charge again, and is refused.
+func ExampleReasonNotReplayable() {
+	svc := &chargeService{}
+	server := exampleServer{svc: svc, coordinator: []coordinator.Option{coordinator.WithMaxResultBytes(16)}}
+	runExampleWith(server, func(client paymentspb.PaymentsClient) {
+		ctx := idemgrpc.ContextWithKey(context.Background(), "order-42")
+		ch, err := client.Charge(ctx, &paymentspb.ChargeRequest{AmountCents: 100})
+		fmt.Println(ch.GetId(), status.Code(err))
+		_, err = client.Charge(ctx, &paymentspb.ChargeRequest{AmountCents: 100})
+		fmt.Println(status.Code(err), reason(err) == idemgrpc.ReasonNotReplayable)
+	})
+	fmt.Println("charges:", svc.charges.Load())
+	// Output:
+	// ch_1 OK
+	// AlreadyExists true
+	// charges: 1
+}
+
 // A client tells the interceptor's refusal of a reused key from a
 // FailedPrecondition of the handler's own by its reason.
 func ExampleReasonKeyReuse() {

@@ -67,9 +67,10 @@ type envelope struct {
 
 // codec stores outcomes. Its Encode refuses what cannot be replayed (a nil
 // or non-protobuf response, a type missing from the registry), so that the
-// coordinator reports it (record_validation_error), releases the key and
-// still returns the live outcome; its Decode refuses what it cannot read, so
-// that the coordinator heals the record.
+// coordinator reports it (record_validation_error), keeps the key as not
+// replayable, so the handler never runs again for it, and still returns the
+// live outcome; its Decode refuses what it cannot read, so that the
+// coordinator heals the record.
 type codec struct {
 	// want is the full name of the method's response message, when the
 	// method is in protoregistry.GlobalFiles: Decode refuses a response of

@@ -206,8 +206,9 @@ func TestReplayKeepsFieldsThisVersionDoesNotKnow(t *testing.T) {
 // TestResponseTypeNotInTheRegistry: a response whose type no generated code
 // registered (a dynamicpb message built from a descriptor at run time)
 // cannot be replayed, so it is sent but not stored, with a
-// record_validation_error that names the type; a dynamicpb message of a
-// registered type is stored and replays as the generated type.
+// record_validation_error that names the type, and the key is not
+// replayable; a dynamicpb message of a registered type is stored and
+// replays as the generated type.
 func TestResponseTypeNotInTheRegistry(t *testing.T) {
 	fd, err := protodesc.NewFile(&descriptorpb.FileDescriptorProto{
 		Name:        proto.String("dyn/thing.proto"),
@@ -221,28 +222,30 @@ func TestResponseTypeNotInTheRegistry(t *testing.T) {
 	c, ev := newCoordinator(t, nil)
 	intercept := idemgrpc.UnaryServerInterceptor(c)
 	info := &grpc.UnaryServerInfo{FullMethod: chargeMethod}
-	call := func(key string, resp proto.Message) (any, int) {
+	// call makes two calls with key and returns what the second got and how
+	// often the handler ran.
+	call := func(key string, resp proto.Message) (any, int, error) {
 		ctx := metadata.NewIncomingContext(t.Context(), metadata.Pairs(idemgrpc.DefaultKeyHeader, key))
 		ran := 0
+		var got any
+		var err error
 		for range 2 {
-			got, err := intercept(ctx, chargeReq(1), info, func(context.Context, any) (any, error) {
+			got, err = intercept(ctx, chargeReq(1), info, func(context.Context, any) (any, error) {
 				ran++
 				return resp, nil
 			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			resp = got.(proto.Message)
 		}
-		return resp, ran
+		return got, ran, err
 	}
 
 	thing := dynamicpb.NewMessage(fd.Messages().Get(0))
-	if got, ran := call("unregistered", thing); got != thing || ran != 2 {
-		t.Fatalf("unregistered type: %T after %d runs, want the handler's message, 2 runs (not stored)", got, ran)
+	got, ran, err := call("unregistered", thing)
+	if got != nil || ran != 1 {
+		t.Fatalf("unregistered type: retry got %T after %d runs, want no response after 1 run", got, ran)
 	}
-	if n, _ := ev.count(coordinator.EventError); n != 2 {
-		t.Fatalf("%d error events, want 2 record_validation_errors", n)
+	wantRefusal(t, err, codes.AlreadyExists, idemgrpc.ReasonNotReplayable)
+	if n, _ := ev.count(coordinator.EventError); n != 1 {
+		t.Fatalf("%d error events, want 1 record_validation_error", n)
 	}
 	ev.mu.Lock()
 	for _, e := range ev.all {
@@ -255,8 +258,8 @@ func TestResponseTypeNotInTheRegistry(t *testing.T) {
 
 	dyn := dynamicpb.NewMessage((&paymentspb.Charge{}).ProtoReflect().Descriptor())
 	dyn.Set(dyn.Descriptor().Fields().ByName("id"), protoreflect.ValueOfString("ch_dyn"))
-	got, ran := call("registered", dyn)
-	if ch, ok := got.(*paymentspb.Charge); !ok || ch.GetId() != "ch_dyn" || ran != 1 {
+	got, ran, err = call("registered", dyn)
+	if ch, ok := got.(*paymentspb.Charge); !ok || err != nil || ch.GetId() != "ch_dyn" || ran != 1 {
 		t.Fatalf("registered type: replay %T %v after %d runs, want the *paymentspb.Charge after 1", got, got, ran)
 	}
 }

@@ -51,6 +51,11 @@ const (
 	// idempotency store failed and the coordinator fails closed
 	// (on-storage-error mode "raise"). Retrying with the same key is safe.
 	ReasonStoreUnavailable = "IDEMPOTENCY_STORE_UNAVAILABLE"
+	// ReasonNotReplayable (AlreadyExists, without RetryInfo): a call with
+	// the key ran, but its outcome could not be stored (too large, not a
+	// registered protobuf message), so it cannot be returned again; the
+	// handler does not run again either. Retrying gets the same refusal.
+	ReasonNotReplayable = "IDEMPOTENCY_NOT_REPLAYABLE"
 )
 
 // pushbackTrailer is the trailer by which a server tells grpc-go's retry
@@ -58,8 +63,11 @@ const (
 const pushbackTrailer = "grpc-retry-pushback-ms"
 
 // errNotStored is the action's error for an outcome that the store policy
-// refuses: the coordinator releases the key, and the interceptor returns the
-// outcome anyway.
+// refuses, or a handler error whose status says OK: the coordinator releases
+// the key (a failure is not cached), and the interceptor returns the outcome
+// anyway. An outcome the policy allows but that cannot be stored (too large,
+// not a registered protobuf message) is not an error of the action: the codec
+// refuses to encode it, and the coordinator keeps the key as not replayable.
 var errNotStored = errors.New("idemgrpc: outcome not stored by the store policy")
 
 // UnaryServerInterceptor returns a unary server interceptor that runs the
@@ -87,6 +95,7 @@ var errNotStored = errors.New("idemgrpc: outcome not stored by the store policy"
 //	Unauthenticated     the scope hook returned an error
 //	Aborted             a call with the key still runs; RetryInfo
 //	FailedPrecondition  the key was used for a different request
+//	AlreadyExists       a call with the key ran, but its outcome could not be stored (too large, not protobuf); no RetryInfo
 //	Unavailable         the store failed and c fails closed; RetryInfo
 //	Canceled, DeadlineExceeded  the call ended before the handler ran
 //	Internal            misconfiguration: a bad operation name or TTL, a request that is not protobuf
@@ -202,7 +211,9 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 			own.st = statusOf(herr)
 			code = own.st.Code()
 		}
-		if !s.cfg.storePolicy(code) {
+		if !s.cfg.storePolicy(code) || herr != nil && code == codes.OK {
+			// An error whose status says OK is a failure, whatever it
+			// claims: not cached.
 			return own, errNotStored
 		}
 		return own, nil
@@ -257,6 +268,10 @@ func (s *server) refuse(ctx context.Context, err error) error {
 	case errors.Is(err, coordinator.ErrKeyReuse):
 		return refusal(codes.FailedPrecondition, ReasonKeyReuse, 0,
 			"this idempotency key was used for a different request (method or message); use a new key for a new request")
+	case errors.Is(err, coordinator.ErrNotReplayable):
+		// No RetryInfo: a retry gets the same answer.
+		return refusal(codes.AlreadyExists, ReasonNotReplayable, 0,
+			"a call with this idempotency key was already processed, but its outcome could not be stored, so it cannot be returned again; do not retry with this key")
 	case errors.Is(err, coordinator.ErrStorage):
 		pushback(ctx, s.cfg.retryAfter)
 		return refusal(codes.Unavailable, ReasonStoreUnavailable, s.cfg.retryAfter,

@@ -435,8 +435,11 @@ func TestTTLOutsideBoundsIsInternal(t *testing.T) {
 	}
 }
 
-func TestUnstorableResponseIsSentNotStored(t *testing.T) {
-	c, _ := newCoordinator(t, nil)
+// TestUnstorableResponseIsNotReplayable: a response that is not a protobuf
+// message is returned once; the key is kept as not replayable, so a retry
+// does not run the handler and gets AlreadyExists IDEMPOTENCY_NOT_REPLAYABLE.
+func TestUnstorableResponseIsNotReplayable(t *testing.T) {
+	c, ev := newCoordinator(t, nil)
 	n := 0
 	intercept := idemgrpc.UnaryServerInterceptor(c)
 	info := &grpc.UnaryServerInfo{FullMethod: chargeMethod}
@@ -445,17 +448,64 @@ func TestUnstorableResponseIsSentNotStored(t *testing.T) {
 		n++
 		return "not a protobuf message", nil
 	}
+	if resp, err := intercept(ctx, chargeReq(1), info, handler); err != nil || resp != "not a protobuf message" {
+		t.Fatalf("interceptor = %v, %v; want the handler's response", resp, err)
+	}
 	for range 2 {
 		resp, err := intercept(ctx, chargeReq(1), info, handler)
-		if err != nil || resp != "not a protobuf message" {
-			t.Fatalf("interceptor = %v, %v; want the handler's response", resp, err)
+		if resp != nil {
+			t.Fatalf("retry = %v, want no response", resp)
+		}
+		if st := wantRefusal(t, err, codes.AlreadyExists, idemgrpc.ReasonNotReplayable); hasRetryInfo(st) {
+			t.Fatalf("%v carries a RetryInfo: a retry gets the same answer", st)
 		}
 	}
-	if n != 2 {
-		t.Fatalf("handler ran %d times, want 2 (an unstorable response releases the key)", n)
+	if n != 1 {
+		t.Fatalf("handler ran %d times, want 1", n)
+	}
+	if got, _ := ev.count(coordinator.EventNotReplayable); got != 2 {
+		t.Fatalf("not_replayable events = %d, want 2", got)
 	}
 	if _, err := intercept(ctx, "not a request message", info, handler); status.Code(err) != codes.Internal {
 		t.Fatalf("a request that is not protobuf: %v, want Internal", err)
+	}
+}
+
+// TestTooLargeResponseRunsOnce: a response over the coordinator's result
+// limit, sent by ten concurrent calls with one key, runs the handler once;
+// the first caller gets it, the others AlreadyExists.
+func TestTooLargeResponseRunsOnce(t *testing.T) {
+	c, ev := newCoordinator(t, nil, coordinator.WithMaxResultBytes(64))
+	svc := &payments{fail: func(context.Context, int64) error {
+		time.Sleep(20 * time.Millisecond) // let the duplicates collide
+		return nil
+	}}
+	client := serve(t, c, svc, nil)
+	big := &paymentspb.ChargeRequest{Account: strings.Repeat("a", 200), AmountCents: 1, Currency: "EUR"}
+	replies := make([]reply, 10)
+	var wg sync.WaitGroup
+	for i := range replies {
+		wg.Go(func() { replies[i] = charge(withKey(t, "k"), client, big) })
+	}
+	wg.Wait()
+	if svc.n() != 1 {
+		t.Fatalf("handler ran %d times for ten calls with one key, want 1", svc.n())
+	}
+	ok := 0
+	for _, r := range replies {
+		if r.err == nil {
+			wantOK(t, r, "ch_1", false)
+			ok++
+			continue
+		}
+		wantRefusal(t, r.err, codes.AlreadyExists, idemgrpc.ReasonNotReplayable)
+	}
+	if ok != 1 {
+		t.Fatalf("%d calls got the charge, want 1", ok)
+	}
+	wantRefusal(t, charge(withKey(t, "k"), client, big).err, codes.AlreadyExists, idemgrpc.ReasonNotReplayable)
+	if n, _ := ev.count(coordinator.EventNotReplayable); n != 10 || svc.n() != 1 {
+		t.Fatalf("not_replayable events %d, runs %d; want 10 and 1", n, svc.n())
 	}
 }
 
