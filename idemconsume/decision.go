@@ -52,7 +52,10 @@ const (
 	// delivery may have run it too.
 	ReasonUnprotected Reason = "unprotected"
 	// ReasonDuplicate (Ack): the message was processed before (a redelivery,
-	// or another copy with the same key); the handler did not run.
+	// or another copy with the same key); the handler did not run. That
+	// includes a key whose record is not replayable
+	// (coordinator.ErrNotReplayable): the effect happened, and a consumer
+	// needs no result.
 	ReasonDuplicate Reason = "duplicate"
 	// ReasonInProgress (Retry): another consumer holds the key and runs the
 	// handler now. Decision.RetryAfter says when its lease would end.

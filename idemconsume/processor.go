@@ -58,7 +58,8 @@ func (p *Processor) Operation() string { return p.op }
 // without a second effect).
 //
 //   - The handler succeeds, or ran before (a redelivery, a producer's copy
-//     with the same key): Ack.
+//     with the same key; also when the key's record is not replayable,
+//     coordinator.ErrNotReplayable): Ack.
 //   - Another consumer holds the key (the coordinator's in-flight mode
 //     "raise", or the wait bound of mode "wait" passed): Retry, with
 //     RetryAfter. The message is not acknowledged; it is not a failure.
@@ -158,6 +159,13 @@ func (p *Processor) Process(ctx context.Context, msg Message, handle Handler) De
 			Err: fmt.Errorf("%w; the store cannot say whether it was processed, so it is left for a later delivery", limit)}
 	case over && err == limit:
 		return Decision{Action: DeadLetter, Reason: ReasonMaxDeliveries, Key: key, Err: limit}
+	case errors.Is(err, coordinator.ErrNotReplayable):
+		// The key's action completed, but its result was not kept (another
+		// caller of the operation returned one too large, or the
+		// coordinator's result limit is tiny): the effect happened, and a
+		// consumer needs no result. Retrying or dead-lettering it would
+		// hand on a message whose effect is done.
+		return Decision{Action: Ack, Reason: ReasonDuplicate, Key: key}
 	case errors.As(err, &inProgress):
 		return Decision{Action: Retry, Reason: ReasonInProgress, Key: key, Err: err, RetryAfter: inProgress.RetryAfter}
 	case errors.Is(err, coordinator.ErrInProgress):

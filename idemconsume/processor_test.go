@@ -410,3 +410,33 @@ func TestKeyOrFingerprintPanics(t *testing.T) {
 		})
 	}
 }
+
+// TestNotReplayableKeyIsAcked: a key whose record is not replayable (here a
+// result limit smaller than the empty result) is acknowledged as a
+// duplicate on every redelivery, past MaxDeliveries too: the effect
+// happened, and the handler does not run again.
+func TestNotReplayableKeyIsAcked(t *testing.T) {
+	var notReplayable atomic.Int64
+	obs := coordinator.ObserverFunc(func(_ context.Context, e coordinator.Event) {
+		if e.Kind == coordinator.EventNotReplayable {
+			notReplayable.Add(1)
+		}
+	})
+	c := newCoordinator(t, nil, coordinator.WithMaxResultBytes(1), coordinator.WithObserver(obs))
+	p := newProcessor(t, c, idemconsume.WithMaxDeliveries(3))
+	h := &counter{}
+	check(t, p.Process(t.Context(), msg("1-0", 1), h.handle), idemconsume.Ack, idemconsume.ReasonProcessed)
+	for _, deliveries := range []int64{2, 3, 4, 10} {
+		d := p.Process(t.Context(), msg("1-0", deliveries), h.handle)
+		check(t, d, idemconsume.Ack, idemconsume.ReasonDuplicate)
+		if d.Key != "1-0" {
+			t.Fatalf("key %q, want the ID", d.Key)
+		}
+	}
+	if n := h.runs.Load(); n != 1 {
+		t.Fatalf("handler ran %d times, want 1", n)
+	}
+	if n := notReplayable.Load(); n != 4 {
+		t.Fatalf("not_replayable events = %d, want 4: the redeliveries met a not-replayable record", n)
+	}
+}
