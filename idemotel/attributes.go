@@ -30,6 +30,7 @@ const (
 	eventStorageCall = "idempotency.storage_call"
 	eventStored      = "idempotency.stored"
 	eventUnprotected = "idempotency.unprotected"
+	eventNotReplay   = "idempotency.not_replayable"
 )
 
 // storeSpanPrefix starts the name of a store span: "idempotency.store get".

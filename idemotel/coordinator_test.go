@@ -2,8 +2,11 @@ package idemotel_test
 
 import (
 	"context"
+	"errors"
 	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -163,11 +166,34 @@ func TestUnprotectedRun(t *testing.T) {
 	tp, sr := newProvider(t)
 	fs := faultstore.Wrap(memstore.New())
 	fs.Fail(coordinator.MethodReserve, nil)
+	// After the unprotected run the coordinator saves the result in the
+	// background, with a Reserve that fails too; its events go to the
+	// caller's context. Held until the caller's span has ended, they are
+	// dropped, as in production, where the caller does not wait for them;
+	// unheld, they could land on the span before it ends.
+	spanEnded := make(chan struct{})
+	var reserves atomic.Int64
+	fs.Before(coordinator.MethodReserve, func(ctx context.Context, _ coordinator.Key) error {
+		if reserves.Add(1) == 1 {
+			return nil // the caller's
+		}
+		select {
+		case <-spanEnded:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	})
 	c, _ := newCoordinator(t, fs, idemotel.New())
-	if v, err := call(t, tp, c, "request", "order-42", charge); err != nil || v != "ch_1" {
+	v, err := call(t, tp, c, "request", "order-42", charge)
+	close(spanEnded) // call has ended the span
+	if err != nil || v != "ch_1" {
 		t.Fatalf("call = %q, %v; mode run runs the action", v, err)
 	}
 	c.Close()
+	if n := reserves.Load(); n != 2 {
+		t.Fatalf("%d reserves, want the caller's and the background save's", n)
+	}
 	s := ended(t, sr, "request")
 	e := attrs(event(t, s, "idempotency.error").Attributes)
 	if e["idempotency.error_type"] != "storage_reserve_error" || e["idempotency.storage.method"] != "reserve" ||
@@ -288,5 +314,31 @@ func TestConcurrentCalls(t *testing.T) {
 	}
 	if outcomes["miss"] != 4 || outcomes["hit"] != calls-4 {
 		t.Errorf("outcomes %v, want 4 misses (one per key) and %d hits", outcomes, calls-4)
+	}
+}
+
+// A call whose key's result was not kept gets ErrNotReplayable, and its span
+// says so: outcome not_replayable, an idempotency.not_replayable event with
+// the reason, and no status (the error reaches the caller).
+func TestNotReplayableOnTheCallersSpan(t *testing.T) {
+	tp, sr := newProvider(t)
+	c, _ := newCoordinator(t, memstore.New(), idemotel.New(), coordinator.WithMaxResultBytes(4))
+	if _, err := call(t, tp, c, "first", "order-42", charge); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := call(t, tp, c, "retry", "order-42", charge); !errors.Is(err, coordinator.ErrNotReplayable) {
+		t.Fatalf("retry = %v, want ErrNotReplayable", err)
+	}
+	s := ended(t, sr, "retry")
+	e := attrs(event(t, s, "idempotency.not_replayable").Attributes)
+	if e["exception.type"] != "*coordinator.NotReplayableError" || !strings.Contains(e["exception.message"], "more than the limit of 4") ||
+		strings.Contains(e["exception.message"], "order-42") {
+		t.Errorf("not_replayable event %v, want the reason with the key hidden", e)
+	}
+	if a := attrs(s.Attributes()); a["idempotency.outcome"] != "not_replayable" || a["idempotency.replayed"] != "false" {
+		t.Errorf("span attributes %v, want outcome not_replayable, not replayed", a)
+	}
+	if s.Status().Code != codes.Unset {
+		t.Errorf("status %v: the caller's instrumentation sets it", s.Status().Code)
 	}
 }

@@ -20,12 +20,12 @@
 // # Attributes and events
 //
 // On the caller's span, set by the events that decide a call's outcome (hit,
-// miss, in_flight, unprotected; a later one replaces an earlier one, so a
-// waiter that got the result ends with outcome hit):
+// miss, in_flight, unprotected, not_replayable; a later one replaces an
+// earlier one, so a waiter that got the result ends with outcome hit):
 //
 //	idempotency.operation      string  the call's operation
 //	idempotency.key_hash       string  the key's hash, as in the log lines (not with WithKeyHash(false))
-//	idempotency.outcome        string  hit | miss | in_flight | unprotected
+//	idempotency.outcome        string  hit | miss | in_flight | unprotected | not_replayable
 //	idempotency.replayed       bool    true when a stored result was replayed
 //	idempotency.wait.outcome   string  hit | takeover | timeout | canceled | error | key_reuse (after a wait)
 //	idempotency.wait.duration  double  seconds spent waiting (after a wait)
@@ -37,6 +37,8 @@
 //	idempotency.in_flight     idempotency.in_flight.mode (wait | raise | run)
 //	idempotency.waited        idempotency.wait.outcome, idempotency.wait.duration
 //	idempotency.unprotected   idempotency.storage.method (the failed call, or none: no key)
+//	idempotency.not_replayable  exception.type, exception.message (the key hidden): the key's
+//	                          action completed, its result was not kept, the call got ErrNotReplayable
 //	idempotency.error         idempotency.error_type, idempotency.storage.method (storage errors),
 //	                          exception.type, exception.message (the key hidden)
 //	idempotency.storage_call  idempotency.storage.method, idempotency.storage.duration (seconds),

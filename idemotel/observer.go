@@ -83,6 +83,12 @@ func (o *Observer) Observe(ctx context.Context, e coordinator.Event) {
 		setOutcome(span, attrs, "unprotected", false)
 		attrs = append(attrs, keyMethod.String(string(e.Method)))
 		span.AddEvent(eventUnprotected, trace.WithAttributes(attrs...))
+	case coordinator.EventNotReplayable:
+		setOutcome(span, attrs, "not_replayable", false)
+		if e.Err != nil {
+			attrs = append(attrs, keyExcType.String(fmt.Sprintf("%T", e.Err)), keyExcMessage.String(o.message(e)))
+		}
+		span.AddEvent(eventNotReplay, trace.WithAttributes(attrs...))
 	case coordinator.EventWaited:
 		wait := []attribute.KeyValue{keyWaitOutcome.String(string(e.Outcome)), keyWaitDuration.Float64(seconds(e.Duration))}
 		span.SetAttributes(wait...)

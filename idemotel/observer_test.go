@@ -82,6 +82,11 @@ func TestEveryEventKind(t *testing.T) {
 			Err: fmt.Errorf("complete: %w", context.DeadlineExceeded)},
 			"idempotency.storage_call", with("idempotency.storage.method", "complete", "idempotency.storage.duration", "1", "idempotency.storage.result", "timeout"),
 			nil},
+		{"not replayable, the key hidden", coordinator.Event{Kind: coordinator.EventNotReplayable, Key: k,
+			Err: &coordinator.NotReplayableError{Operation: k.Operation, Key: k.Key, Reason: "the result is 2097152 bytes, more than the limit of 1048576"}},
+			"idempotency.not_replayable", with("exception.type", "*coordinator.NotReplayableError",
+				"exception.message", `idempotency: key "<key `+hash+`>" of operation "payment.charge" completed, but its result cannot be returned: the result is 2097152 bytes, more than the limit of 1048576`),
+			map[string]string{"idempotency.operation": "payment.charge", "idempotency.key_hash": hash, "idempotency.outcome": "not_replayable", "idempotency.replayed": "false"}},
 		{"an unknown kind", coordinator.Event{Kind: 200, Key: k}, "idempotency.unknown", common, nil},
 	}
 	for _, tt := range tests {
