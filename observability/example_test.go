@@ -52,11 +52,12 @@ func Example() {
 	}
 	os.Stdout.Write(scrape)
 	// Output:
-	// # HELP shop_idempotency_requests_total Outcomes of idempotent calls looking up their key: hit (a stored result was replayed), miss (the action runs), in_flight (another caller held the key).
+	// # HELP shop_idempotency_requests_total Outcomes of idempotent calls looking up their key: hit (a stored result was replayed), miss (the action runs), in_flight (another caller held the key), not_replayable (the key completed but its result was not kept: the call got ErrNotReplayable).
 	// # TYPE shop_idempotency_requests_total counter
 	// shop_idempotency_requests_total{operation="payment.charge",outcome="hit"} 1
 	// shop_idempotency_requests_total{operation="payment.charge",outcome="in_flight"} 0
 	// shop_idempotency_requests_total{operation="payment.charge",outcome="miss"} 1
+	// shop_idempotency_requests_total{operation="payment.charge",outcome="not_replayable"} 0
 }
 
 // Log lines carry the operation and, by default, a hash of the key rather

@@ -24,6 +24,7 @@ const (
 	msgUnprotected = "running action unprotected: store failed"
 	msgNoKey       = "running action unprotected: no idempotency key"
 	msgStorageCall = "storage call"
+	msgNotReplay   = "key completed, result not replayable: action not run again"
 
 	msgStorageError     = "storage call failed"
 	msgDecodeError      = "cannot decode stored record"
@@ -107,6 +108,11 @@ func lineOf(e coordinator.Event) (zapcore.Level, string) {
 		return zap.WarnLevel, msgUnprotected
 	case coordinator.EventStorageCall:
 		return zap.DebugLevel, msgStorageCall
+	case coordinator.EventNotReplayable:
+		// Handled (the action did not run twice), but the caller got an
+		// error instead of its result; the cause was logged at Error when
+		// the record was written (record_validation_error).
+		return zap.WarnLevel, msgNotReplay
 	case coordinator.EventError:
 		switch e.ErrorType {
 		case coordinator.ErrorStorageGet, coordinator.ErrorStorageReserve,

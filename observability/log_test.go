@@ -68,6 +68,10 @@ func TestLogLines(t *testing.T) {
 			zap.WarnLevel, "running action unprotected: store failed", map[string]any{"method": "reserve"}},
 		{"unprotected, no key", coordinator.Event{Kind: coordinator.EventUnprotected, Key: k, Method: coordinator.MethodNone},
 			zap.DebugLevel, "running action unprotected: no idempotency key", map[string]any{"method": "none"}},
+		{"not replayable, the key hidden", coordinator.Event{Kind: coordinator.EventNotReplayable, Key: k,
+			Err: &coordinator.NotReplayableError{Operation: k.Operation, Key: k.Key, Reason: "the result is 2097152 bytes, more than the limit of 1048576"}},
+			zap.WarnLevel, "key completed, result not replayable: action not run again", map[string]any{
+				"error": `idempotency: key "<key ` + hashOf("order-42") + `>" of operation "payment.charge" completed, but its result cannot be returned: the result is 2097152 bytes, more than the limit of 1048576`}},
 		{"storage call", coordinator.Event{Kind: coordinator.EventStorageCall, Key: k, Method: coordinator.MethodGet, Duration: time.Millisecond},
 			zap.DebugLevel, "storage call", map[string]any{"method": "get", "duration": time.Millisecond}},
 		{"failed storage call", coordinator.Event{Kind: coordinator.EventStorageCall, Key: k, Method: coordinator.MethodGet, Duration: time.Second, Err: down},

@@ -27,6 +27,7 @@ const (
 	outcomeHit      = "hit"
 	outcomeMiss     = "miss"
 	outcomeInFlight = "in_flight"
+	outcomeNotRepl  = "not_replayable"
 )
 
 // The result label values of storage_duration_seconds.
@@ -84,6 +85,7 @@ type metrics struct {
 // opSeries are the series of one operation label value.
 type opSeries struct {
 	hit, miss, inFlight prometheus.Counter
+	notReplayable       prometheus.Counter
 	stored              prometheus.Counter
 	errors              map[coordinator.ErrorType]prometheus.Counter
 	unprotected         map[coordinator.Method]prometheus.Counter
@@ -102,7 +104,7 @@ func newMetrics(reg prometheus.Registerer, namespace string, ops []string, limit
 	}
 	m := &metrics{limit: limit, log: log}
 	m.requests = prometheus.NewCounterVec(prometheus.CounterOpts(opts("requests_total",
-		"Outcomes of idempotent calls looking up their key: hit (a stored result was replayed), miss (the action runs), in_flight (another caller held the key).")),
+		"Outcomes of idempotent calls looking up their key: hit (a stored result was replayed), miss (the action runs), in_flight (another caller held the key), not_replayable (the key completed but its result was not kept: the call got ErrNotReplayable).")),
 		[]string{"operation", "outcome"})
 	m.errors = prometheus.NewCounterVec(prometheus.CounterOpts(opts("errors_total",
 		"Errors the idempotency coordinator reported, by error type.")),
@@ -193,14 +195,15 @@ func register[C prometheus.Collector](reg prometheus.Registerer, c C, name strin
 // newOpSeries creates the series of operation label value op at zero.
 func (m *metrics) newOpSeries(op string) *opSeries {
 	s := &opSeries{
-		hit:         m.requests.WithLabelValues(op, outcomeHit),
-		miss:        m.requests.WithLabelValues(op, outcomeMiss),
-		inFlight:    m.requests.WithLabelValues(op, outcomeInFlight),
-		stored:      m.stored.WithLabelValues(op),
-		errors:      make(map[coordinator.ErrorType]prometheus.Counter, len(coordinator.ErrorTypes())),
-		unprotected: make(map[coordinator.Method]prometheus.Counter, len(coordinator.Methods())+1),
-		waits:       make(map[coordinator.WaitOutcome]prometheus.Observer, len(coordinator.WaitOutcomes())),
-		op:          op,
+		hit:           m.requests.WithLabelValues(op, outcomeHit),
+		miss:          m.requests.WithLabelValues(op, outcomeMiss),
+		inFlight:      m.requests.WithLabelValues(op, outcomeInFlight),
+		notReplayable: m.requests.WithLabelValues(op, outcomeNotRepl),
+		stored:        m.stored.WithLabelValues(op),
+		errors:        make(map[coordinator.ErrorType]prometheus.Counter, len(coordinator.ErrorTypes())),
+		unprotected:   make(map[coordinator.Method]prometheus.Counter, len(coordinator.Methods())+1),
+		waits:         make(map[coordinator.WaitOutcome]prometheus.Observer, len(coordinator.WaitOutcomes())),
+		op:            op,
 	}
 	for _, t := range coordinator.ErrorTypes() {
 		s.errors[t] = m.errors.WithLabelValues(op, string(t))
@@ -265,6 +268,8 @@ func (m *metrics) observe(e coordinator.Event) {
 		m.series(e.Key.Operation).miss.Inc()
 	case coordinator.EventInFlight:
 		m.series(e.Key.Operation).inFlight.Inc()
+	case coordinator.EventNotReplayable:
+		m.series(e.Key.Operation).notReplayable.Inc()
 	case coordinator.EventStored:
 		m.series(e.Key.Operation).stored.Inc()
 	case coordinator.EventWaited:

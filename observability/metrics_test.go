@@ -27,7 +27,7 @@ var documented = []struct {
 	name   string
 	series int
 }{
-	{"idempotency_requests_total", 3},                                                                           // hit, miss, in_flight
+	{"idempotency_requests_total", 4},                                                                           // hit, miss, in_flight, not_replayable
 	{"idempotency_errors_total", len(coordinator.ErrorTypes())},                                                 // 9
 	{"idempotency_stored_total", 1},                                                                             //
 	{"idempotency_unprotected_total", len(coordinator.Methods()) + 1},                                           // 5 store methods and none
@@ -70,7 +70,7 @@ func TestFreshRegistryHasEveryMetricAtZero(t *testing.T) {
 func TestZeroSeriesOfKnownOperations(t *testing.T) {
 	_, reg := newObserver(t, observability.WithOperations("payment.charge", "order.create", "payment.charge"))
 	for _, op := range []string{"payment.charge", "order.create"} {
-		for _, outcome := range []string{"hit", "miss", "in_flight"} {
+		for _, outcome := range []string{"hit", "miss", "in_flight", "not_replayable"} {
 			if got := counter(t, reg, "idempotency_requests_total", "operation", op, "outcome", outcome); got != 0 {
 				t.Errorf("requests_total{%s,%s} = %v, want 0", op, outcome, got)
 			}
@@ -132,6 +132,9 @@ func TestEventsCount(t *testing.T) {
 			"idempotency_requests_total", []string{"operation", op, "outcome", "miss"}},
 		{"in flight", coordinator.Event{Kind: coordinator.EventInFlight, Key: k, Mode: coordinator.InFlightWait},
 			"idempotency_requests_total", []string{"operation", op, "outcome", "in_flight"}},
+		{"not replayable", coordinator.Event{Kind: coordinator.EventNotReplayable, Key: k,
+			Err: &coordinator.NotReplayableError{Operation: op, Key: k.Key, Reason: "too large"}},
+			"idempotency_requests_total", []string{"operation", op, "outcome", "not_replayable"}},
 		{"stored", coordinator.Event{Kind: coordinator.EventStored, Key: k},
 			"idempotency_stored_total", []string{"operation", op}},
 		{"storage error", coordinator.Event{Kind: coordinator.EventError, Key: k, ErrorType: coordinator.ErrorStorageReserve, Method: coordinator.MethodReserve, Err: storeDown},
@@ -281,8 +284,8 @@ func TestTwoObserversOnOneRegistryShareSeries(t *testing.T) {
 	if n, _ := histogram(t, reg, "idempotency_storage_duration_seconds", "method", "reserve", "result", "ok"); n != 2 {
 		t.Errorf("reserve calls = %d, want 2", n)
 	}
-	if got := seriesCount(t, reg, "idempotency_requests_total"); got != 6 {
-		t.Errorf("requests_total has %d series, want 6 (3 outcomes x 2 operations)", got)
+	if got := seriesCount(t, reg, "idempotency_requests_total"); got != 8 {
+		t.Errorf("requests_total has %d series, want 8 (4 outcomes x 2 operations)", got)
 	}
 }
 
@@ -369,8 +372,8 @@ func TestOperationLimit(t *testing.T) {
 			t.Errorf("misses of %s = %v, want %v", tt.op, got, tt.want)
 		}
 	}
-	if got := seriesCount(t, reg, "idempotency_requests_total"); got != 9 {
-		t.Errorf("requests_total has %d series, want 9 (3 operation values x 3 outcomes)", got)
+	if got := seriesCount(t, reg, "idempotency_requests_total"); got != 12 {
+		t.Errorf("requests_total has %d series, want 12 (3 operation values x 4 outcomes)", got)
 	}
 	warns := logs.FilterMessageSnippet("operation label limit").All()
 	if len(warns) != 1 {

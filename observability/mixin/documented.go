@@ -62,7 +62,8 @@ var StorageResults = []string{"ok", "error", "timeout", "canceled"}
 // RequestOutcomes are the values of the outcome label of requests_total:
 // the names of the events that count there.
 func RequestOutcomes() []string {
-	return []string{coordinator.EventHit.String(), coordinator.EventMiss.String(), coordinator.EventInFlight.String()}
+	return []string{coordinator.EventHit.String(), coordinator.EventMiss.String(), coordinator.EventInFlight.String(),
+		coordinator.EventNotReplayable.String()}
 }
 
 var operationDomain = domain{check: func(v string) error {
