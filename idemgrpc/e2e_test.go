@@ -234,3 +234,47 @@ func TestEndToEndConcurrentCallersAcrossInstances(t *testing.T) {
 		t.Fatalf("handler ran %d times, %d replays; want 1 and %d", runs, replayed, n-1)
 	}
 }
+
+// TestEndToEndNotReplayableOnRedis: a charge over the coordinator's result
+// limit, called by ten concurrent clients with one key on two instances
+// sharing Redis, charges once; the other calls, and a later retry on the
+// other instance, get AlreadyExists IDEMPOTENCY_NOT_REPLAYABLE from the
+// record in Redis.
+func TestEndToEndNotReplayableOnRedis(t *testing.T) {
+	prefix := redistest.Prefix(t)
+	svc := &payments{fail: func(context.Context, int64) error {
+		time.Sleep(20 * time.Millisecond) // let the duplicates collide
+		return nil
+	}}
+	clients := make([]paymentspb.PaymentsClient, 2)
+	for i := range clients {
+		rc := redis.NewClient(redistest.ServerOptions(t))
+		t.Cleanup(func() { _ = rc.Close() })
+		c, _ := newCoordinator(t, redisrepo.New(rc, redisrepo.WithKeyPrefix(prefix)), coordinator.WithMaxResultBytes(64))
+		clients[i] = serve(t, c, svc, nil)
+	}
+	big := &paymentspb.ChargeRequest{Account: fmt.Sprintf("%0200d", 1), AmountCents: 1, Currency: "EUR"}
+	replies := make([]reply, 10)
+	var wg sync.WaitGroup
+	for i := range replies {
+		wg.Go(func() { replies[i] = charge(withKey(t, "order-big"), clients[i%2], big) })
+	}
+	wg.Wait()
+	ok := 0
+	for _, r := range replies {
+		if r.err == nil {
+			ok++
+			continue
+		}
+		wantRefusal(t, r.err, codes.AlreadyExists, idemgrpc.ReasonNotReplayable)
+	}
+	if ok != 1 || svc.n() != 1 {
+		t.Fatalf("%d calls got the charge after %d runs, want 1 and 1", ok, svc.n())
+	}
+	for _, client := range clients {
+		wantRefusal(t, charge(withKey(t, "order-big"), client, big).err, codes.AlreadyExists, idemgrpc.ReasonNotReplayable)
+	}
+	if svc.n() != 1 {
+		t.Fatalf("handler ran %d times, want 1", svc.n())
+	}
+}
