@@ -1,6 +1,10 @@
 package idempotency
 
-import "github.com/idemkit/idempotency/observability"
+import (
+	"time"
+
+	"github.com/idemkit/idempotency/observability"
+)
 
 // Internals for the tests of package idempotency_test.
 var (
@@ -20,3 +24,6 @@ var (
 
 // ObserverOptions is observerOptions: the observability options that carry s.
 func (s Settings) ObserverOptions() []observability.Option { return s.observerOptions() }
+
+// BreakerCooldownUsed is breakerCooldown: the cool-down the breaker uses.
+func (s Settings) BreakerCooldownUsed() time.Duration { return s.breakerCooldown() }

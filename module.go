@@ -48,7 +48,10 @@ const ObserversGroup = "idempotency.observers"
 //     server that is not Redis fails start-up with an error naming the
 //     variable and the problem, never the password. With
 //     IDEMPOTENCY_REDIS_AUTO_PIPELINE set, the store's commands go through
-//     the client's AutoPipeliner (NewStoreClient).
+//     the client's AutoPipeliner (NewStoreClient). The client it builds has
+//     a circuit breaker (AddBreaker; IDEMPOTENCY_BREAKER_FAILURES and
+//     IDEMPOTENCY_BREAKER_COOLDOWN): once Redis is known to be down, calls
+//     fail at once instead of each paying a storage timeout.
 //   - *coordinator.Coordinator, configured by the settings. When
 //     IDEMPOTENCY_ENABLED is false, start-up logs a warning that protection
 //     is off.
@@ -235,6 +238,10 @@ func provideRedisStore(p storeParams) (*redisrepo.Store, error) {
 	}
 	client, err := NewRedisClient(p.Settings)
 	if err != nil {
+		return nil, err
+	}
+	if err := AddBreaker(client, p.Settings, p.Logger.Logger); err != nil {
+		_ = client.Close()
 		return nil, err
 	}
 	sc, err := NewStoreClient(p.Settings, client)

@@ -21,6 +21,7 @@ import (
 //
 //	s, err := idempotency.LoadSettings()
 //	client, err := idempotency.NewRedisClient(s)
+//	err = idempotency.AddBreaker(client, s, logger)
 //	obs, err := idempotency.NewObserver(s, logger, prometheus.DefaultRegisterer)
 //	sc, err := idempotency.NewStoreClient(s, client)
 //	c, err := idempotency.NewCoordinator(s, idempotency.NewStore(s, sc), obs)

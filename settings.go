@@ -156,6 +156,23 @@ type Settings struct {
 	// Positive.
 	StorageTimeout time.Duration `split_words:"true" default:"1s" desc:"timeout of each store call"`
 
+	// BreakerFailures (BREAKER_FAILURES, default 5) is how many consecutive
+	// connection failures (a dial error, a timeout; not an error reply of
+	// Redis, nor a call its caller cancelled) open the circuit breaker of
+	// the Redis client the module builds: then every store call fails at
+	// once, as a storage error, instead of paying a storage timeout, until a
+	// probe finds Redis back (see BreakerCooldown). 0 turns the breaker off.
+	// Not negative.
+	BreakerFailures int `split_words:"true" default:"5" desc:"consecutive Redis connection failures that open the circuit breaker (calls then fail at once); 0: no breaker"`
+
+	// BreakerCooldown (BREAKER_COOLDOWN, default 1s) is how long the open
+	// breaker fails every call before it lets one through as a probe, and
+	// how long after a failed probe the next one goes; one probe at a time.
+	// It is at most a tenth of the lease (a longer one is lowered to it), so
+	// that a result still being saved in the background is not kept from a
+	// Redis that came back. Positive when the breaker is on.
+	BreakerCooldown time.Duration `split_words:"true" default:"1s" desc:"how long the open circuit breaker fails calls at once before one probe goes through (at most a tenth of IDEMPOTENCY_LEASE)"`
+
 	// MaxResultBytes (MAX_RESULT_BYTES, default 1048576, 1 MiB) is the
 	// largest encoded result that is stored; a larger one is returned but not
 	// stored. Positive.
@@ -190,27 +207,37 @@ type Settings struct {
 	RedisLogs RedisLogsMode `split_words:"true" default:"zap" desc:"where go-redis's own log lines go: zap (the module's logger), off, or keep (leave go-redis's logger alone) (empty: zap)"`
 }
 
+// The defaults of the circuit breaker's settings.
+const (
+	// DefaultBreakerFailures is the default of BreakerFailures.
+	DefaultBreakerFailures = 5
+	// DefaultBreakerCooldown is the default of BreakerCooldown.
+	DefaultBreakerCooldown = time.Second
+)
+
 // DefaultSettings returns the documented defaults: what LoadSettings returns
 // when no IDEMPOTENCY_* variable is set.
 func DefaultSettings() Settings {
 	return Settings{
-		Enabled:        true,
-		RedisURL:       "redis://localhost:6379/0",
-		KeyPrefix:      redisrepo.DefaultKeyPrefix,
-		RecordFormat:   int(redisrepo.Format2),
-		DefaultTTL:     coordinator.DefaultTTL,
-		MinTTL:         coordinator.DefaultMinTTL,
-		MaxTTL:         coordinator.DefaultMaxTTL,
-		InFlight:       coordinator.InFlightWait,
-		Lease:          coordinator.DefaultLease,
-		PollInterval:   coordinator.DefaultPollInterval,
-		OnStorageError: coordinator.OnStorageErrorRun,
-		StorageTimeout: coordinator.DefaultStorageTimeout,
-		MaxResultBytes: coordinator.DefaultMaxResultBytes,
-		MetricsEnabled: true,
-		TracingEnabled: true,
-		LogKeys:        observability.LogKeysHashed,
-		RedisLogs:      RedisLogsZap,
+		Enabled:         true,
+		RedisURL:        "redis://localhost:6379/0",
+		KeyPrefix:       redisrepo.DefaultKeyPrefix,
+		RecordFormat:    int(redisrepo.Format2),
+		DefaultTTL:      coordinator.DefaultTTL,
+		MinTTL:          coordinator.DefaultMinTTL,
+		MaxTTL:          coordinator.DefaultMaxTTL,
+		InFlight:        coordinator.InFlightWait,
+		Lease:           coordinator.DefaultLease,
+		PollInterval:    coordinator.DefaultPollInterval,
+		OnStorageError:  coordinator.OnStorageErrorRun,
+		StorageTimeout:  coordinator.DefaultStorageTimeout,
+		BreakerFailures: DefaultBreakerFailures,
+		BreakerCooldown: DefaultBreakerCooldown,
+		MaxResultBytes:  coordinator.DefaultMaxResultBytes,
+		MetricsEnabled:  true,
+		TracingEnabled:  true,
+		LogKeys:         observability.LogKeysHashed,
+		RedisLogs:       RedisLogsZap,
 	}
 }
 
@@ -451,6 +478,12 @@ func (s Settings) Validate() error {
 		}
 	}
 	errs = append(errs, s.sentinelErrors()...)
+	if s.BreakerFailures < 0 {
+		bad("BREAKER_FAILURES", fmt.Errorf("must be 0 (no breaker) or more, got %d", s.BreakerFailures))
+	}
+	if s.BreakerFailures > 0 && s.BreakerCooldown <= 0 {
+		bad("BREAKER_COOLDOWN", fmt.Errorf("must be positive (a duration such as 1s or 250ms) while IDEMPOTENCY_BREAKER_FAILURES is not 0, got %v", s.BreakerCooldown))
+	}
 	if s.RecordFormat != int(redisrepo.Format1) && s.RecordFormat != int(redisrepo.Format2) {
 		bad("RECORD_FORMAT", fmt.Errorf("must be 1 or 2, got %d", s.RecordFormat))
 	}

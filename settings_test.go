@@ -37,6 +37,8 @@ func contractDefaults() idempotency.Settings {
 		PollInterval:      10 * time.Millisecond,
 		OnStorageError:    "run",
 		StorageTimeout:    time.Second,
+		BreakerFailures:   5,
+		BreakerCooldown:   time.Second,
 		MaxResultBytes:    1048576,
 		MetricsEnabled:    true,
 		TracingEnabled:    true,
@@ -293,6 +295,14 @@ func TestLoadSettings(t *testing.T) {
 		{name: "ON_STORAGE_ERROR unknown", env: env("ON_STORAGE_ERROR", "fail"), wantErr: []string{"IDEMPOTENCY_ON_STORAGE_ERROR", `"fail"`, "accepted values are run, raise"}},
 		{name: "ON_STORAGE_ERROR wrong case", env: env("ON_STORAGE_ERROR", "RAISE"), wantErr: []string{"IDEMPOTENCY_ON_STORAGE_ERROR", "run, raise"}},
 
+		// BREAKER_FAILURES, BREAKER_COOLDOWN
+		{name: "BREAKER_FAILURES 10", env: env("BREAKER_FAILURES", "10"), want: func(s *idempotency.Settings) { s.BreakerFailures = 10 }},
+		{name: "BREAKER_FAILURES 0 turns it off", env: env("BREAKER_FAILURES", "0", "BREAKER_COOLDOWN", "0s"), want: func(s *idempotency.Settings) { s.BreakerFailures, s.BreakerCooldown = 0, 0 }},
+		{name: "BREAKER_FAILURES negative", env: env("BREAKER_FAILURES", "-1"), wantErr: []string{"IDEMPOTENCY_BREAKER_FAILURES: must be 0 (no breaker) or more, got -1"}},
+		{name: "BREAKER_FAILURES not a number", env: env("BREAKER_FAILURES", "many"), wantErr: []string{"IDEMPOTENCY_BREAKER_FAILURES"}},
+		{name: "BREAKER_COOLDOWN 250ms", env: env("BREAKER_COOLDOWN", "250ms"), want: func(s *idempotency.Settings) { s.BreakerCooldown = 250 * time.Millisecond }},
+		{name: "BREAKER_COOLDOWN zero", env: env("BREAKER_COOLDOWN", "0s"), wantErr: []string{"IDEMPOTENCY_BREAKER_COOLDOWN: must be positive", "IDEMPOTENCY_BREAKER_FAILURES is not 0, got 0s"}},
+
 		// STORAGE_TIMEOUT
 		{name: "STORAGE_TIMEOUT 250ms", env: env("STORAGE_TIMEOUT", "250ms"), want: func(s *idempotency.Settings) { s.StorageTimeout = 250 * time.Millisecond }},
 		{name: "STORAGE_TIMEOUT zero", env: env("STORAGE_TIMEOUT", "0s"), wantErr: []string{"IDEMPOTENCY_STORAGE_TIMEOUT: must be positive, got 0s"}},
@@ -345,6 +355,8 @@ func TestLoadSettings(t *testing.T) {
 				"IDEMPOTENCY_POLL_INTERVAL":       "20ms",
 				"IDEMPOTENCY_ON_STORAGE_ERROR":    "raise",
 				"IDEMPOTENCY_STORAGE_TIMEOUT":     "300ms",
+				"IDEMPOTENCY_BREAKER_FAILURES":    "3",
+				"IDEMPOTENCY_BREAKER_COOLDOWN":    "250ms",
 				"IDEMPOTENCY_MAX_RESULT_BYTES":    "4096",
 				"IDEMPOTENCY_METRICS_ENABLED":     "false",
 				"IDEMPOTENCY_METRICS_NAMESPACE":   "shop",
@@ -373,6 +385,8 @@ func TestLoadSettings(t *testing.T) {
 					PollInterval:      20 * time.Millisecond,
 					OnStorageError:    coordinator.OnStorageErrorRaise,
 					StorageTimeout:    300 * time.Millisecond,
+					BreakerFailures:   3,
+					BreakerCooldown:   250 * time.Millisecond,
 					MaxResultBytes:    4096,
 					MetricsEnabled:    false,
 					MetricsNamespace:  "shop",
