@@ -17,9 +17,12 @@ import (
 	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/coordinator/memstore"
 	"github.com/idemkit/idempotency/idemhttp"
+	"github.com/idemkit/idempotency/internal/redistest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// TestMain checks that no test leaves a goroutine behind, and stops the
+// redis-server that the Redis tests start.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(redistest.Main(m)) }
 
 // events is an Observer that keeps the coordinator's events.
 type events struct {

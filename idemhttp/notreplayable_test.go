@@ -12,8 +12,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/idemhttp"
+	"github.com/idemkit/idempotency/internal/redistest"
+	"github.com/idemkit/idempotency/redisrepo"
 )
 
 // count returns how many events of kind k were seen.
@@ -232,5 +236,46 @@ func TestHijackedResponseIsNotReplayable(t *testing.T) {
 	}
 	if runs := runs.Load(); runs != 1 || ev.errors(coordinator.ErrorRecordValidation) != 1 {
 		t.Fatalf("runs %d, record_validation_error %d; want 1 and 1", runs, ev.errors(coordinator.ErrorRecordValidation))
+	}
+}
+
+// TestLargeResponseRunsOnceOnRedis: on the Redis store, two instances of
+// the middleware (each with its own client and coordinator) serve ten
+// concurrent requests for a 2 MiB response with one key: the handler runs
+// once, and every other request, and a later retry on either instance, gets
+// 409 not-replayable from the record in Redis.
+func TestLargeResponseRunsOnceOnRedis(t *testing.T) {
+	prefix := redistest.Prefix(t)
+	big := bytes.Repeat([]byte("0123456789abcdef"), 2<<20/16)
+	h := &counting{body: big}
+	var muxes []http.Handler
+	for range 2 {
+		rc := redis.NewClient(redistest.ServerOptions(t))
+		t.Cleanup(func() { _ = rc.Close() })
+		c, _ := newCoordinatorOn(t, redisrepo.New(rc, redisrepo.WithKeyPrefix(prefix)))
+		muxes = append(muxes, route("POST /export", h, idemhttp.Middleware(c)))
+	}
+	res := make([]*httptest.ResponseRecorder, 10)
+	var wg sync.WaitGroup
+	for i := range res {
+		wg.Go(func() { res[i] = send(muxes[i%2], "POST", "/export", "k", "") })
+	}
+	wg.Wait()
+	live := 0
+	for _, w := range res {
+		if w.Code == http.StatusCreated && bytes.Equal(w.Body.Bytes(), big) {
+			live++
+			continue
+		}
+		notReplayable(t, w)
+	}
+	if live != 1 || h.runs.Load() != 1 {
+		t.Fatalf("%d live responses after %d runs, want 1 and 1", live, h.runs.Load())
+	}
+	for _, mux := range muxes {
+		notReplayable(t, send(mux, "POST", "/export", "k", ""))
+	}
+	if n := h.runs.Load(); n != 1 {
+		t.Fatalf("handler ran %d times, want 1", n)
 	}
 }
