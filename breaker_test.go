@@ -199,3 +199,14 @@ func TestBreakerOff(t *testing.T) {
 		t.Fatalf("%d lines mention an open circuit", errs)
 	}
 }
+
+// With auto-pipelining the breaker refuses the pipeliner's batches: calls
+// fail fast too.
+func TestBreakerWithAutoPipeline(t *testing.T) {
+	c, logs := breakerApp(t, "redis://127.0.0.1:1/0", map[string]string{"IDEMPOTENCY_REDIS_AUTO_PIPELINE": "true"})
+	openBreaker(t, c, logs)
+	t.Logf("a run-mode Do against 127.0.0.1:1 with auto-pipelining, breaker open: p50 %v", doCost(t, c, "after-", 50))
+	if n := logs.FilterMessage(msgBreakerOpen).Len(); n != 1 {
+		t.Fatalf("%d lines say the breaker opened, want 1", n)
+	}
+}

@@ -30,6 +30,7 @@ import (
 
 	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/internal/redistest"
 )
 
 // redisProc starts a redis-server of the test's own with the extra
@@ -273,4 +274,18 @@ func TestModuleLogsRefusedCredentialsAtRunTime(t *testing.T) {
 	if n := logs.FilterMessage("storage call failed: redis refused the credentials").Len(); n != 1 {
 		t.Fatalf("%d lines say the credentials were refused; logged %v", n, logs.All())
 	}
+}
+
+// With Sentinel the master's database is still IDEMPOTENCY_REDIS_URL's.
+func TestModuleStartUpOnSentinelRefusesAWrongDatabase(t *testing.T) {
+	sentinel := redistest.StartSentinel(t)
+	err, _ := startModule(t, map[string]string{
+		"IDEMPOTENCY_REDIS_SENTINEL_MASTER": redistest.SentinelMaster,
+		"IDEMPOTENCY_REDIS_SENTINEL_ADDRS":  strings.Join(sentinel.Addrs(), ","),
+		"IDEMPOTENCY_REDIS_URL":             "redis://ignored:6379/99",
+	})
+	if err == nil || !strings.HasPrefix(err.Error(), "IDEMPOTENCY_REDIS_URL: ") || !strings.Contains(err.Error(), "has no database 99") {
+		t.Fatalf("err = %v, want IDEMPOTENCY_REDIS_URL: ... has no database 99", err)
+	}
+	t.Log(err)
 }
