@@ -140,3 +140,13 @@ local function pttl(key)
   end
   return ms
 end
+
+-- wedged reports whether the pending record at key is abandoned: it has no
+-- expiry (an operator's PERSIST, a restore), or, when lease is true, a time
+-- to live longer than ttl, the lease of the caller that meets it. No holder
+-- renews its lease past its length, so such a record would be waited on for
+-- ever (or for far longer than a lease): it is taken over instead.
+local function wedged(key, ttl, lease)
+  local ms = redis.call('PTTL', key)
+  return ms == -1 or (lease and ms > tonumber(ttl))
+end

@@ -8,15 +8,21 @@
 -- ARGV[5] time to live in milliseconds
 -- ARGV[6] "1" to replace a record that is not pending and has token ARGV[7]
 -- ARGV[7] token of the record to replace ("" for an unreadable one)
--- Returns 1 when it wrote the record, else the existing record, of either
--- format, as {state, token, fingerprint, result, pttl}: never nil.
+-- It also writes over a wedged pending record (see wedged), in either
+-- format. Returns 1 when it wrote the record, else the existing record, of
+-- either format, as {state, token, fingerprint, result, pttl}: never nil.
 local key = KEYS[1]
 local st, r = load(key, true)
 if st ~= ABSENT then
-  if ARGV[6] ~= '1' or st == PENDING or r.token ~= ARGV[7] then
+  local abandoned = st == PENDING and wedged(key, ARGV[5], ARGV[1] == 'pending')
+  if not abandoned and (ARGV[6] ~= '1' or st == PENDING or r.token ~= ARGV[7]) then
     return {st, r.token, r.fp, r.result, pttl(key)}
   end
-  redis.call('DEL', key)
+  -- A format 1 record is overwritten field by field, so that a write Redis
+  -- refuses (OOM) leaves it as it was; anything else is deleted first.
+  if st == UNREADABLE or keytype(key) ~= 'hash' then
+    redis.call('DEL', key)
+  end
 end
 local t = redis.call('TIME')
 local now = t[1] .. string.format('%03d', math.floor(tonumber(t[2]) / 1000))
@@ -26,6 +32,7 @@ if ARGV[1] ~= 'pending' then
 else
   redis.call('HSET', key, 'v', VERSION, 'state', 'pending', 'token', ARGV[2], 'fp', ARGV[3],
     'created_ms', now)
+  redis.call('HDEL', key, 'result')
 end
 redis.call('PEXPIRE', key, ARGV[5])
 return 1

@@ -46,13 +46,13 @@ func testOneRoundTrip(t *testing.T, c redisrepo.Client, rt *roundTrips) {
 	}{
 		{"Get absent", func() error { _, err := s.Get(ctx, key); return err }},
 		{"Reserve absent", func() error { _, _, err := s.Reserve(ctx, key, pendingWrite(tok, "", time.Minute)); return err }},
-		{"Reserve existing", func() error { _, _, err := s.Reserve(ctx, key, pendingWrite(token(), "", time.Minute)); return err }},
 		{"Renew", func() error { _, err := s.Renew(ctx, key, tok, time.Minute); return err }},
 		{"Complete", func() error {
 			_, err := s.Complete(ctx, key, tok, coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("r"), TTL: time.Minute})
 			return err
 		}},
 		{"Get completed", func() error { _, err := s.Get(ctx, key); return err }},
+		{"Reserve completed", func() error { _, _, err := s.Reserve(ctx, key, pendingWrite(token(), "", time.Minute)); return err }},
 		{"Release not owner", func() error { _, err := s.Release(ctx, key, tok); return err }},
 		{"Inspect", func() error { _, err := s.Inspect(ctx, key); return err }},
 		{"Forget", func() error { _, err := s.Forget(ctx, key); return err }},
@@ -62,12 +62,21 @@ func testOneRoundTrip(t *testing.T, c redisrepo.Client, rt *roundTrips) {
 			t.Errorf("%s: %v, %d round trips; want 1", step.name, err, n)
 		}
 	}
+	// A collision: SET NX GET meets a pending record, and abandon.lua
+	// checks that it is not wedged.
+	held := newKey("round-trips-held")
+	mustReserve(t, s, held, pendingWrite(tok, "", time.Minute))
+	var err error
+	if n := rt.count(func() { _, _, err = s.Reserve(ctx, held, pendingWrite(token(), "", time.Minute)) }); err != nil || n != 2 {
+		t.Errorf("Reserve pending: %v, %d round trips; want 2", err, n)
+	}
 }
 
 // TestEmptyScriptCache: the common paths never depend on the script cache,
 // so a server that has lost it (a restart, a replica promoted, SCRIPT FLUSH)
 // costs them nothing: a replay is one round trip, a first run two, a refused
-// duplicate one, right after a flush. The scripts of the rare paths (format
+// duplicate two (SET NX GET, then abandon.lua's check for a wedged record),
+// right after a flush. The scripts of the rare paths (format
 // 1 records, heals, the operator calls) cost one more round trip, EVALSHA
 // refused then EVAL, once per script.
 func TestEmptyScriptCache(t *testing.T) {
@@ -91,7 +100,7 @@ func TestEmptyScriptCache(t *testing.T) {
 		call func() error
 	}{
 		{"first run: Reserve", 1, func() error { _, _, err := s.Reserve(ctx, key, pendingWrite(tok, "fp", time.Minute)); return err }},
-		{"refused duplicate: Reserve", 1, func() error { _, _, err := s.Reserve(ctx, key, pendingWrite(token(), "fp", time.Minute)); return err }},
+		{"refused duplicate: Reserve (and abandon.lua)", 2, func() error { _, _, err := s.Reserve(ctx, key, pendingWrite(token(), "fp", time.Minute)); return err }},
 		{"Renew", 1, func() error { _, err := s.Renew(ctx, key, tok, time.Minute); return err }},
 		{"first run: Complete", 1, func() error {
 			_, err := s.Complete(ctx, key, tok, coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("r"), TTL: time.Minute})

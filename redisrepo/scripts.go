@@ -18,6 +18,8 @@ var (
 	legacyLua string
 	//go:embed reserve.lua
 	reserveLua string
+	//go:embed abandon1.lua
+	abandon1Lua string
 	//go:embed inspect.lua
 	inspectLua string
 	//go:embed forget.lua
@@ -37,6 +39,8 @@ var (
 	renewLua string
 	//go:embed watch.lua
 	watchLua string
+	//go:embed abandon.lua
+	abandonLua string
 )
 
 // constants are the values that Go and Lua share, written from their Go
@@ -48,15 +52,16 @@ var constants = fmt.Sprintf("local VERSION, VERSION2 = %q, %d\n"+
 	legacyVersion, formatVersion, codeAbsent, codePending, codeCompleted, codeUnreadable, codeNotReplayable,
 	flagWaiters, flagTokenHex, flagFPHex)
 
-// The scripts of the rare paths (a format 1 record, a heal, the operator
-// calls): run with EVALSHA, falling back to EVAL when the server does not
+// The scripts of the rare paths (a format 1 record, a heal, a pending
+// record met, the operator calls): run with EVALSHA, falling back to EVAL when the server does not
 // have them cached. Immutable package values.
 var (
-	prelude       = constants + recordLua
-	legacyScript  = redis.NewScript(prelude + legacyLua)
-	reserveScript = redis.NewScript(prelude + reserveLua)
-	inspectScript = redis.NewScript(prelude + inspectLua)
-	forgetScript  = redis.NewScript(prelude + forgetLua)
+	prelude        = constants + recordLua
+	legacyScript   = redis.NewScript(prelude + legacyLua)
+	reserveScript  = redis.NewScript(prelude + reserveLua)
+	abandon1Script = redis.NewScript(prelude + abandon1Lua)
+	inspectScript  = redis.NewScript(prelude + inspectLua)
+	forgetScript   = redis.NewScript(prelude + forgetLua)
 
 	// The writer of format 1 (WithRecordFormat(Format1)).
 	reserve1Script = redis.NewScript(prelude + reserve1Lua)
@@ -64,10 +69,11 @@ var (
 )
 
 // scripts lists the EVALSHA scripts, for LoadScripts.
-var scripts = [...]*redis.Script{legacyScript, reserveScript, inspectScript, forgetScript, reserve1Script, owner1Script}
+var scripts = [...]*redis.Script{legacyScript, reserveScript, abandon1Script, inspectScript, forgetScript, reserve1Script, owner1Script}
 
 // The scripts of the common paths, sent whole with EVAL: a first run's
-// completion, a long action's renewals, a release, a waiter's read. Each is
+// completion, a long action's renewals, a release, a waiter's read, a
+// collision's check for a wedged record. Each is
 // a few hundred bytes, which costs Redis about as much as EVALSHA (it hashes
 // the text to find the compiled script), and a call never meets an empty
 // script cache after a restart, a failover or SCRIPT FLUSH: one round trip,
@@ -77,6 +83,7 @@ var (
 	renewBody    any = minify(constants + ownerLua + renewLua)
 	releaseBody  any = minify(constants + ownerLua + releaseLua)
 	watchBody    any = minify(constants + watchLua)
+	abandonBody  any = minify(constants + ownerLua + abandonLua)
 )
 
 // minify drops the comment lines, the indentation and the empty lines of a

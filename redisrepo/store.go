@@ -132,6 +132,10 @@ func (s *Store) Reserve(ctx context.Context, key coordinator.Key, w coordinator.
 		switch {
 		case errors.Is(err, errWrongType):
 			rec, err := s.legacy(ctx, coordinator.MethodReserve, rkey)
+			if err == nil && rec.State == coordinator.StatePending {
+				return reserveReply(abandon1Script.Run(ctx, s.client, []string{rkey},
+					val, ttl, leaseArg(w), rec.Token).Result())
+			}
 			return rec, false, err
 		case isReplyError(err, "ERR syntax error"): // a server before Redis 7.0
 			return coordinator.Record{}, false, storageError(coordinator.MethodReserve,
@@ -143,10 +147,43 @@ func (s *Store) Reserve(ctx context.Context, key coordinator.Key, w coordinator.
 		case !found:
 			return coordinator.Record{}, true, nil
 		}
-		return decodeValue(v), false, nil
+		rec := decodeValue(v)
+		if rec.State == coordinator.StatePending {
+			return s.abandon(ctx, rkey, rec, w, val, ttl)
+		}
+		return rec, false, nil
 	}
 	return reserveReply(reserveScript.Run(ctx, s.client, []string{rkey},
-		val, ttl, storedToken(w.ReplaceToken), w.ReplaceToken).Result())
+		val, ttl, storedToken(w.ReplaceToken), w.ReplaceToken, leaseArg(w)).Result())
+}
+
+// abandon is Reserve after it met rec, a pending record under rkey: it
+// writes val (w, encoded) over it if it is wedged, with no expiry or, when w
+// is a reservation, a time to live longer than w's lease (abandon.lua, or
+// abandon1.lua for a format 1 HASH), and else returns what is there. It is the one step of a collision that a
+// replay and a first run never pay: a pending record that nothing expires
+// is never waited on for ever.
+func (s *Store) abandon(ctx context.Context, rkey string, rec coordinator.Record, w coordinator.Write, val []byte, ttl int64) (coordinator.Record, bool, error) {
+	v, found, err := s.bulk(ctx, argEval, abandonBody, argOneKey, rkey, val, ttl, leaseArg(w), storedToken(rec.Token))
+	switch {
+	case errors.Is(err, errWrongType): // a format 1 HASH since
+		rec, err := s.legacy(ctx, coordinator.MethodReserve, rkey)
+		return rec, false, err
+	case err != nil:
+		return coordinator.Record{}, false, storageError(coordinator.MethodReserve, err)
+	case !found:
+		return coordinator.Record{}, true, nil
+	}
+	return decodeValue(v), false, nil
+}
+
+// leaseArg tells abandon.lua and reserve.lua whether w is a reservation,
+// whose time to live is a lease.
+func leaseArg(w coordinator.Write) string {
+	if w.State == coordinator.StatePending {
+		return argReplace
+	}
+	return argNoReplace
 }
 
 // readRefused is Reserve after Redis refused its write with refused: it
