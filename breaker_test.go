@@ -210,3 +210,34 @@ func TestBreakerWithAutoPipeline(t *testing.T) {
 		t.Fatalf("%d lines say the breaker opened, want 1", n)
 	}
 }
+
+// While the breaker is open, its probes' failed dials are go-redis lines
+// that repeat the one before, logged at Debug: the breaker's one Warn line
+// said that Redis is down.
+func TestBreakerProbesDoNotWarn(t *testing.T) {
+	const cooldown = 20 * time.Millisecond
+	// A pool large enough that go-redis keeps dialing (after PoolSize failed
+	// dials in a row it stops, until its background dial succeeds).
+	c, logs := breakerApp(t, "redis://127.0.0.1:1/0?pool_size=1000", map[string]string{"IDEMPOTENCY_BREAKER_COOLDOWN": cooldown.String()})
+	openBreaker(t, c, logs)
+	warned := logs.FilterLoggerName("go-redis").FilterLevelExact(zapcore.WarnLevel).Len()
+	probes := func() int {
+		return logs.FilterMessage("idempotency: redis circuit breaker half-open: probing redis").Len()
+	}
+	for i := 0; probes() < 3; i++ {
+		if i == 1000 {
+			t.Fatalf("%d probes in 1000 calls", probes())
+		}
+		doCost(t, c, "probing-"+strconv.Itoa(i)+"-", 1)
+		time.Sleep(cooldown / 4)
+	}
+	if n := logs.FilterLoggerName("go-redis").FilterLevelExact(zapcore.WarnLevel).Len() - warned; n != 0 {
+		t.Fatalf("go-redis logged %d warnings during %d probes", n, probes())
+	}
+	if logs.FilterLoggerName("go-redis").FilterLevelExact(zapcore.DebugLevel).Len() == 0 {
+		t.Fatal("no go-redis line at Debug for the probes' dials")
+	}
+	if n := logs.FilterMessage(msgBreakerOpen).Len(); n != 1 {
+		t.Fatalf("%d lines say the breaker opened, want 1", n)
+	}
+}

@@ -6,7 +6,9 @@ import (
 	"log"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/logging"
@@ -105,10 +107,44 @@ func SetRedisLogger(mode RedisLogsMode, logger *zap.Logger) (detach func(), err 
 // zapRedisLogger is go-redis's logging interface over a *zap.Logger, or, once
 // detached (l is nil), over standard error as go-redis's default logger
 // writes.
-type zapRedisLogger struct{ l atomic.Pointer[zap.Logger] }
+type zapRedisLogger struct {
+	l atomic.Pointer[zap.Logger]
+
+	mu       sync.Mutex
+	last     string    // the last failure line logged at Warn
+	lastAt   time.Time // when
+	repeated int       // how often it came again since, logged at Debug
+}
+
+// redisLogRepeatWindow is how long a failure line of go-redis that repeats
+// the last one (a failed dial, for each attempt of each call while Redis is
+// down) is logged at Debug instead of Warn.
+const redisLogRepeatWindow = 10 * time.Second
+
+// repeat reports whether msg, a failure line, repeats the last one logged
+// at Warn within redisLogRepeatWindow; if not, it returns how often the line
+// came again since it was last logged at Warn (0 for a new line).
+func (z *zapRedisLogger) repeat(msg string) (bool, int) {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	now := time.Now()
+	if msg == z.last && now.Sub(z.lastAt) < redisLogRepeatWindow {
+		z.repeated++
+		return true, 0
+	}
+	n := 0
+	if msg == z.last {
+		n = z.repeated
+	}
+	z.last, z.lastAt, z.repeated = msg, now, 0
+	return false, n
+}
 
 // Printf logs one go-redis line: at Warn when it reports a failure, else at
-// Info. go-redis's lines are free text without a level, so a failure is told
+// Info. A failure line that repeats the last one within 10s (each failed dial
+// of each call while Redis is down, or of a circuit breaker's probes) is
+// logged at Debug; when it comes again after that, at Warn, its "repeated"
+// field says how often it came in between. go-redis's lines are free text without a level, so a failure is told
 // by its words: those go-redis v9.23's failure lines use (failed, error,
 // err=, bad, discarding, unable, timeout, refused).
 func (z *zapRedisLogger) Printf(_ context.Context, format string, v ...any) {
@@ -118,7 +154,14 @@ func (z *zapRedisLogger) Printf(_ context.Context, format string, v ...any) {
 	case l == nil:
 		_ = stderrRedisLog.Output(2, msg)
 	case failureLine(msg):
-		l.Warn(msg)
+		switch again, n := z.repeat(msg); {
+		case again:
+			l.Debug(msg)
+		case n > 0:
+			l.Warn(msg, zap.Int("repeated", n))
+		default:
+			l.Warn(msg)
+		}
 	default:
 		l.Info(msg)
 	}
