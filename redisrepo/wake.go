@@ -40,11 +40,18 @@ var _ coordinator.Watcher = (*Store)(nil)
 // carries to every node: only contended keys publish, so the traffic is that
 // of the waits, not of the calls.
 //
+// The read never waits for the subscription: a watch registers its channel
+// and reads at once, on the whole of ctx. A subscription that is not
+// confirmed yet (a new connection that hangs, a node that does not answer)
+// costs the read nothing; when it is confirmed later, every waiter's
+// channel receives a value, since an announcement sent before then was not
+// heard.
+//
 // It returns a *coordinator.StorageError when the read fails. A subscription
 // that fails is not an error: the caller polls.
 func (s *Store) Watch(ctx context.Context, key coordinator.Key) (coordinator.Record, <-chan struct{}, func(), error) {
 	rkey := s.Key(key)
-	ch, stop := s.waiters.add(ctx, rkey)
+	ch, stop := s.waiters.add(rkey)
 	rec, err := s.get(ctx, coordinator.MethodGet, rkey, true)
 	if err != nil || rec.State != coordinator.StatePending {
 		stop()
@@ -77,15 +84,13 @@ func newWaiters(s *Store) *waiters {
 
 // subscription is one Pub/Sub subscription to the wake-up channel.
 type subscription struct {
-	ready chan struct{} // closed when subscribed, or when that failed
-	quit  chan struct{} // closed to end the subscription
-	done  chan struct{} // closed when it has ended
+	quit chan struct{} // closed to end the subscription
+	done chan struct{} // closed when it has ended
 }
 
-// add registers a waiter on rkey and returns its channel, once the
-// subscription is confirmed (or has failed, or ctx ended: the caller then
-// relies on polling), and the func that removes it.
-func (w *waiters) add(ctx context.Context, rkey string) (chan struct{}, func()) {
+// add registers a waiter on rkey and returns its channel, and the func that
+// removes it. It does not wait for the subscription: see Watch.
+func (w *waiters) add(rkey string) (chan struct{}, func()) {
 	ch := make(chan struct{}, 1)
 	w.mu.Lock()
 	set := w.keys[rkey]
@@ -99,21 +104,14 @@ func (w *waiters) add(ctx context.Context, rkey string) (chan struct{}, func()) 
 		w.idle.Stop() // if it fired already, closeIdle sees n > 0 and keeps sub
 		w.idle = nil
 	}
-	sub := w.sub
-	if sub == nil {
+	if w.sub == nil {
 		if cl, ok := w.s.client.(subscriber); ok {
-			sub = &subscription{ready: make(chan struct{}), quit: make(chan struct{}), done: make(chan struct{})}
+			sub := &subscription{quit: make(chan struct{}), done: make(chan struct{})}
 			w.sub = sub
 			go w.run(cl, sub)
 		}
 	}
 	w.mu.Unlock()
-	if sub != nil {
-		select {
-		case <-sub.ready:
-		case <-ctx.Done():
-		}
-	}
 	var once sync.Once
 	return ch, func() { once.Do(func() { w.remove(rkey, ch) }) }
 }
@@ -152,23 +150,51 @@ func (w *waiters) closeIdle() {
 // When the subscription breaks, every waiter is woken (a message may have
 // been lost: they read again), and go-redis subscribes again at the next
 // receive.
+//
+// Every step runs on a context that quit cancels, so that a connection that
+// hangs (a dial, a node that does not answer) ends with the subscription.
+// Each confirmation of the subscription, the first and those after a break,
+// wakes every waiter: an announcement sent before it was not heard.
 func (w *waiters) run(cl subscriber, sub *subscription) {
 	defer close(sub.done)
-	ps := cl.Subscribe(context.Background(), w.s.channel)
+	ctx, cancel := context.WithCancel(context.Background())
+	var mu sync.Mutex
+	var ps *redis.PubSub
+	quit := false
 	var closer sync.WaitGroup
 	closer.Add(1)
 	go func() { // a receive ends when the connection is closed, not by a context
 		defer closer.Done()
 		<-sub.quit
-		_ = ps.Close()
+		cancel() // ends a dial that hangs, in Subscribe or a receive
+		mu.Lock()
+		defer mu.Unlock()
+		quit = true
+		if ps != nil {
+			_ = ps.Close()
+		}
 	}()
 	defer closer.Wait()
-	_, _ = ps.Receive(context.Background()) // the confirmation, or an error: poll
-	close(sub.ready)
+	p := cl.Subscribe(ctx, w.s.channel) // dials: may hang until quit
+	mu.Lock()
+	ps = p
+	if quit {
+		_ = ps.Close()
+	}
+	mu.Unlock()
 	for {
-		msg, err := ps.ReceiveMessage(context.Background())
+		msg, err := ps.Receive(ctx)
+		switch m := msg.(type) {
+		case *redis.Message:
+			w.wake(m.Payload)
+			continue
+		case *redis.Subscription:
+			w.wakeAll()
+			continue
+		case *redis.Pong:
+			continue
+		}
 		if err == nil {
-			w.wake(msg.Payload)
 			continue
 		}
 		t := time.NewTimer(w.sleep)

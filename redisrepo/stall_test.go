@@ -1,0 +1,123 @@
+package redisrepo_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/internal/redistest"
+	"github.com/idemkit/idempotency/redisrepo"
+)
+
+// stallingDialer dials as net.Dialer does until stall is set; from then on
+// every new connection hangs until its context ends, as a server that
+// accepts no more connections would make it.
+type stallingDialer struct{ stall atomic.Bool }
+
+func (d *stallingDialer) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	if d.stall.Load() {
+		<-ctx.Done()
+		return nil, fmt.Errorf("stalled dial: %w", ctx.Err())
+	}
+	var nd net.Dialer
+	return nd.DialContext(ctx, network, addr)
+}
+
+// TestWatchNeverWaitsForTheSubscription: when the wake-up subscription
+// cannot come up (its new connection hangs) while reads still work on the
+// pooled connections, callers that wait on a held key get the holder's
+// result by polling, in both storage-error modes: no storage error, and no
+// second run of the action.
+func TestWatchNeverWaitsForTheSubscription(t *testing.T) {
+	if redistest.ServerKind(t) == redistest.KindMiniredis {
+		t.Skip("needs redis-server")
+	}
+	const waiters, pool = 6, 8
+	for _, mode := range []coordinator.OnStorageErrorMode{coordinator.OnStorageErrorRaise, coordinator.OnStorageErrorRun} {
+		t.Run(string(mode), func(t *testing.T) {
+			ctx := t.Context()
+			d := &stallingDialer{}
+			opts := redistest.ServerOptions(t)
+			opts.Dialer, opts.PoolSize, opts.ContextTimeoutEnabled = d.dial, pool, true
+			stalled := redis.NewClient(opts)
+			defer stalled.Close()
+			// Fill the pool, then stall every new connection: the reads have
+			// their connections, the subscription needs a new one.
+			conns := make([]*redis.Conn, pool)
+			for i := range conns {
+				conns[i] = stalled.Conn()
+				if err := conns[i].Ping(ctx).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, cn := range conns {
+				_ = cn.Close()
+			}
+			d.stall.Store(true)
+
+			prefix := redistest.Prefix(t)
+			holderStore := redisrepo.New(redistest.Server(t), redisrepo.WithKeyPrefix(prefix))
+			waiterStore := redisrepo.New(stalled, redisrepo.WithKeyPrefix(prefix))
+			holder, _ := coord(t, holderStore)
+			collided := make(chan struct{}, waiters)
+			var errorsSeen atomic.Int64
+			obs := coordinator.ObserverFunc(func(_ context.Context, ev coordinator.Event) {
+				switch ev.Kind {
+				case coordinator.EventInFlight:
+					collided <- struct{}{}
+				case coordinator.EventError:
+					errorsSeen.Add(1)
+				}
+			})
+			c, err := coordinator.New(waiterStore, coordinator.WithObserver(obs), coordinator.WithOnStorageError(mode),
+				coordinator.WithStorageTimeout(200*time.Millisecond))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+
+			key := newKey("stalled-subscription")
+			var k runs
+			release := make(chan struct{})
+			held := holdKey(t, holder, key, release)
+			var wg sync.WaitGroup
+			results := make(chan error, waiters)
+			for range waiters {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					got, err := coordinator.Do(ctx, c, callOf(key), k.action("waiter"))
+					if err == nil && got.ID != "holder" {
+						err = fmt.Errorf("got %+v, want the holder's result", got)
+					}
+					results <- err
+				}()
+			}
+			for range waiters {
+				<-collided
+			}
+			close(release)
+			<-held
+			wg.Wait()
+			close(results)
+			for err := range results {
+				if err != nil {
+					t.Errorf("waiter: %v", err)
+				}
+			}
+			if n := k.n.Load(); n != 0 {
+				t.Errorf("the waiters ran the action %d times, want 0", n)
+			}
+			if n := errorsSeen.Load(); n != 0 {
+				t.Errorf("%d error events, want 0", n)
+			}
+		})
+	}
+}
