@@ -153,7 +153,7 @@ func tlsRedis(t *testing.T) string {
 
 // startModule starts Module with env set, and returns the start-up error
 // and the warnings it logged; a started app is stopped when the test ends.
-func startModule(t *testing.T, env map[string]string) (error, *observer.ObservedLogs) {
+func startModule(t *testing.T, env map[string]string) (*observer.ObservedLogs, error) {
 	t.Helper()
 	clearEnv(t)
 	for k, v := range env {
@@ -172,7 +172,7 @@ func startModule(t *testing.T, env map[string]string) (error, *observer.Observed
 	if err == nil {
 		t.Cleanup(func() { _ = app.Stop(context.Background()) })
 	}
-	return err, logs
+	return logs, err
 }
 
 // A misconfiguration fails start-up, naming the variable and the problem,
@@ -216,7 +216,7 @@ func TestModuleStartUpRefusesAMisconfiguration(t *testing.T) {
 		{"unreachable", "redis://:" + secret + "@127.0.0.1:1/0", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			err, logs := startModule(t, map[string]string{"IDEMPOTENCY_REDIS_URL": tc.url})
+			logs, err := startModule(t, map[string]string{"IDEMPOTENCY_REDIS_URL": tc.url})
 			if tc.want == "" {
 				if err != nil {
 					t.Fatalf("start-up failed: %v", err)
@@ -279,7 +279,7 @@ func TestModuleLogsRefusedCredentialsAtRunTime(t *testing.T) {
 // With Sentinel the master's database is still IDEMPOTENCY_REDIS_URL's.
 func TestModuleStartUpOnSentinelRefusesAWrongDatabase(t *testing.T) {
 	sentinel := redistest.StartSentinel(t)
-	err, _ := startModule(t, map[string]string{
+	_, err := startModule(t, map[string]string{
 		"IDEMPOTENCY_REDIS_SENTINEL_MASTER": redistest.SentinelMaster,
 		"IDEMPOTENCY_REDIS_SENTINEL_ADDRS":  strings.Join(sentinel.Addrs(), ","),
 		"IDEMPOTENCY_REDIS_URL":             "redis://ignored:6379/99",
