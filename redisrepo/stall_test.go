@@ -39,31 +39,62 @@ func TestWatchNeverWaitsForTheSubscription(t *testing.T) {
 	if redistest.ServerKind(t) == redistest.KindMiniredis {
 		t.Skip("needs redis-server")
 	}
-	const waiters, pool = 6, 8
+	const pool = 8
+	// fillPool takes pool connections of c at once and gives them back:
+	// the reads then have theirs, the subscription needs a new one.
+	fillPool := func(t *testing.T, c *redis.Client) {
+		conns := make([]*redis.Conn, pool)
+		for i := range conns {
+			conns[i] = c.Conn()
+			if err := conns[i].Ping(t.Context()).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, cn := range conns {
+			_ = cn.Close()
+		}
+	}
+	t.Run("Redis", func(t *testing.T) {
+		testStalledSubscription(t, func(t *testing.T, d *stallingDialer) (redis.UniversalClient, redis.UniversalClient) {
+			opts := redistest.ServerOptions(t)
+			opts.Dialer, opts.PoolSize, opts.ContextTimeoutEnabled = d.dial, pool, true
+			c := redis.NewClient(opts)
+			t.Cleanup(func() { _ = c.Close() })
+			fillPool(t, c)
+			return c, redistest.Server(t)
+		})
+	})
+	t.Run("Cluster", func(t *testing.T) {
+		testStalledSubscription(t, func(t *testing.T, d *stallingDialer) (redis.UniversalClient, redis.UniversalClient) {
+			opts := redistest.ClusterOptions(t)
+			opts.Dialer, opts.PoolSize, opts.ContextTimeoutEnabled = d.dial, pool, true
+			c := redis.NewClusterClient(opts)
+			t.Cleanup(func() { _ = c.Close() })
+			if err := c.ForEachShard(t.Context(), func(_ context.Context, n *redis.Client) error {
+				fillPool(t, n)
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			return c, redistest.Cluster(t)
+		})
+	})
+}
+
+// testStalledSubscription runs TestWatchNeverWaitsForTheSubscription on the
+// clients of open: one whose new connections stall once d.stall is set
+// (open fills its pools), for the waiters, and one for the holder.
+func testStalledSubscription(t *testing.T, open func(t *testing.T, d *stallingDialer) (stalled, other redis.UniversalClient)) {
+	const waiters = 6
 	for _, mode := range []coordinator.OnStorageErrorMode{coordinator.OnStorageErrorRaise, coordinator.OnStorageErrorRun} {
 		t.Run(string(mode), func(t *testing.T) {
 			ctx := t.Context()
 			d := &stallingDialer{}
-			opts := redistest.ServerOptions(t)
-			opts.Dialer, opts.PoolSize, opts.ContextTimeoutEnabled = d.dial, pool, true
-			stalled := redis.NewClient(opts)
-			defer stalled.Close()
-			// Fill the pool, then stall every new connection: the reads have
-			// their connections, the subscription needs a new one.
-			conns := make([]*redis.Conn, pool)
-			for i := range conns {
-				conns[i] = stalled.Conn()
-				if err := conns[i].Ping(ctx).Err(); err != nil {
-					t.Fatal(err)
-				}
-			}
-			for _, cn := range conns {
-				_ = cn.Close()
-			}
+			stalled, other := open(t, d)
 			d.stall.Store(true)
 
 			prefix := redistest.Prefix(t)
-			holderStore := redisrepo.New(redistest.Server(t), redisrepo.WithKeyPrefix(prefix))
+			holderStore := redisrepo.New(other, redisrepo.WithKeyPrefix(prefix))
 			waiterStore := redisrepo.New(stalled, redisrepo.WithKeyPrefix(prefix))
 			holder, _ := coord(t, holderStore)
 			collided := make(chan struct{}, waiters)
