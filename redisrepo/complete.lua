@@ -6,6 +6,8 @@
 -- ARGV[4] the wake-up channel
 -- ARGV[5] the state byte to write: COMPLETED, or NOT_REPLAYABLE (ARGV[2] is
 --         then the reason)
+-- ARGV[6] the command that announces: PUBLISH, or SPUBLISH (a sharded
+--         channel in the key's slot, on Redis Cluster)
 -- When the key holds a pending record owned by ARGV[1], it writes the
 -- record of state ARGV[5] (same token and fingerprint, no waiters flag), publishes
 -- the key on ARGV[4] if a caller waits on it, and returns 1; else 0.
@@ -21,6 +23,6 @@ if w then
 end
 redis.call('SET', key, string.char(VERSION2, tonumber(ARGV[5]), flags) .. string.sub(v, 4) .. ARGV[2], 'PX', ARGV[3])
 if w then
-  redis.call('PUBLISH', ARGV[4], key)
+  redis.call(ARGV[6], ARGV[4], key)
 end
 return 1

@@ -43,7 +43,8 @@ type Store struct {
 	prefix  string
 	format  RecordFormat
 	lastMS  [2]atomic.Pointer[boxedMS] // the last lease and TTL boxed: see boxed
-	channel string                     // the wake-up channel; see Watch
+	channel string                     // the wake-up channel, or its prefix when sharded; see Watch
+	sharded bool                       // Redis Cluster: sharded Pub/Sub, a channel per slot
 	waiters *waiters
 }
 
@@ -57,6 +58,7 @@ func New(client Client, opts ...Option) *Store {
 		o.apply(s)
 	}
 	s.channel = wakeChannelPrefix + s.prefix
+	_, s.sharded = client.(*redis.ClusterClient)
 	s.waiters = newWaiters(s)
 	return s
 }
@@ -330,8 +332,9 @@ func (s *Store) Complete(ctx context.Context, key coordinator.Key, token string,
 		v, err := owner1Script.Run(ctx, s.client, []string{s.Key(key)}, "complete", token, c.Result, ms, state1).Result()
 		return ownerReply(coordinator.MethodComplete, v, err)
 	}
+	rkey := s.Key(key)
 	return s.owner(ctx, coordinator.MethodComplete,
-		redis.NewCmd(ctx, argEval, completeBody, argOneKey, s.Key(key), storedToken(token), c.Result, s.boxed(ms, false), s.channel, state))
+		redis.NewCmd(ctx, argEval, completeBody, argOneKey, rkey, storedToken(token), c.Result, s.boxed(ms, false), s.wakeChannel(rkey), state, s.publishArg()))
 }
 
 // Release implements coordinator.Store: if key holds a pending record owned
@@ -342,8 +345,9 @@ func (s *Store) Release(ctx context.Context, key coordinator.Key, token string) 
 	if s.format == Format1 {
 		return s.owner1(ctx, coordinator.MethodRelease, key, "release", token, "", 0)
 	}
+	rkey := s.Key(key)
 	return s.owner(ctx, coordinator.MethodRelease,
-		redis.NewCmd(ctx, argEval, releaseBody, argOneKey, s.Key(key), storedToken(token), s.channel))
+		redis.NewCmd(ctx, argEval, releaseBody, argOneKey, rkey, storedToken(token), s.wakeChannel(rkey), s.publishArg()))
 }
 
 // Renew implements coordinator.Store: if key holds a pending record owned by

@@ -22,6 +22,12 @@ type subscriber interface {
 	Subscribe(ctx context.Context, channels ...string) *redis.PubSub
 }
 
+// shardSubscriber is the part of a go-redis cluster client that subscribes
+// to sharded channels (Redis 7.0 or newer).
+type shardSubscriber interface {
+	SSubscribe(ctx context.Context, channels ...string) *redis.PubSub
+}
+
 var _ coordinator.Watcher = (*Store)(nil)
 
 // Watch implements coordinator.Watcher: it reads the record under key as Get
@@ -36,9 +42,12 @@ var _ coordinator.Watcher = (*Store)(nil)
 // when the record was marked, so one that nobody waits on sends nothing. A
 // message can be lost (a subscription that broke, a cluster node that
 // failed): the coordinator keeps polling, backed off, beside the channel. On
-// Redis Cluster the channel is an ordinary one, which the cluster bus
-// carries to every node: only contended keys publish, so the traffic is that
-// of the waits, not of the calls.
+// Redis Cluster (a *redis.ClusterClient) the channel is sharded (SPUBLISH,
+// SSUBSCRIBE, Redis 7.0 or newer), one per hash slot with waiters, named
+// with a hash tag of the key's slot: an announcement stays on the key's own
+// node, nothing is broadcast to the others, and a frozen node delays only
+// the waits on its own keys. A process then holds one subscription per slot
+// it waits on.
 //
 // The read never waits for the subscription: a watch registers its channel
 // and reads at once, on the whole of ctx. A subscription that is not
@@ -60,38 +69,41 @@ func (s *Store) Watch(ctx context.Context, key coordinator.Key) (coordinator.Rec
 	return rec, ch, stop, nil
 }
 
-// waiters is the Store's one subscription and the channels of the callers
-// that wait, by Redis key.
+// waiters is the Store's subscriptions, one per wake-up channel that a
+// caller waits on (one in all, except on Redis Cluster: one per slot), and
+// the channels of the callers that wait, by Redis key.
 type waiters struct {
 	s     *Store
 	mu    sync.Mutex
 	keys  map[string]map[chan struct{}]struct{}
-	n     int           // callers waiting
-	sub   *subscription // nil when nobody waits (after linger) or the client cannot subscribe
-	idle  *time.Timer   // ends sub, linger after the last waiter left; nil while anyone waits
-	sleep time.Duration // the pause after a broken subscription
+	subs  map[string]*subscription // by wake-up channel
+	sleep time.Duration            // the pause after a broken subscription
 }
 
-// linger is how long the subscription outlives the last waiter, so that a
+// linger is how long a subscription outlives the last waiter, so that a
 // process whose waits follow one another closely (a burst of retries on
 // many keys) keeps one connection instead of opening one per wait. Short,
 // so that nothing of the Store outlives its use for long.
 const linger = 100 * time.Millisecond
 
 func newWaiters(s *Store) *waiters {
-	return &waiters{s: s, keys: map[string]map[chan struct{}]struct{}{}, sleep: 100 * time.Millisecond}
+	return &waiters{s: s, keys: map[string]map[chan struct{}]struct{}{}, subs: map[string]*subscription{}, sleep: 100 * time.Millisecond}
 }
 
-// subscription is one Pub/Sub subscription to the wake-up channel.
+// subscription is one Pub/Sub subscription to a wake-up channel.
 type subscription struct {
+	n    int           // callers waiting on it
+	idle *time.Timer   // ends it, linger after the last waiter left; nil while anyone waits
 	quit chan struct{} // closed to end the subscription
 	done chan struct{} // closed when it has ended
 }
 
 // add registers a waiter on rkey and returns its channel, and the func that
-// removes it. It does not wait for the subscription: see Watch.
+// removes it. It does not wait for the subscription: see Watch. A client
+// that cannot subscribe is polled.
 func (w *waiters) add(rkey string) (chan struct{}, func()) {
 	ch := make(chan struct{}, 1)
+	channel := w.s.wakeChannel(rkey)
 	w.mu.Lock()
 	set := w.keys[rkey]
 	if set == nil {
@@ -99,25 +111,43 @@ func (w *waiters) add(rkey string) (chan struct{}, func()) {
 		w.keys[rkey] = set
 	}
 	set[ch] = struct{}{}
-	w.n++
-	if w.idle != nil {
-		w.idle.Stop() // if it fired already, closeIdle sees n > 0 and keeps sub
-		w.idle = nil
+	sub := w.subs[channel]
+	if sub == nil {
+		if open := w.opener(channel); open != nil {
+			sub = &subscription{quit: make(chan struct{}), done: make(chan struct{})}
+			w.subs[channel] = sub
+			go w.run(open, sub)
+		}
 	}
-	if w.sub == nil {
-		if cl, ok := w.s.client.(subscriber); ok {
-			sub := &subscription{quit: make(chan struct{}), done: make(chan struct{})}
-			w.sub = sub
-			go w.run(cl, sub)
+	if sub != nil {
+		sub.n++
+		if sub.idle != nil {
+			sub.idle.Stop() // if it fired already, closeIdle sees n > 0 and keeps sub
+			sub.idle = nil
 		}
 	}
 	w.mu.Unlock()
 	var once sync.Once
-	return ch, func() { once.Do(func() { w.remove(rkey, ch) }) }
+	return ch, func() { once.Do(func() { w.remove(rkey, channel, ch) }) }
 }
 
-// remove drops a waiter; the subscription ends linger after the last one.
-func (w *waiters) remove(rkey string, ch chan struct{}) {
+// opener returns the func that subscribes to channel: SSUBSCRIBE on Redis
+// Cluster, SUBSCRIBE elsewhere; nil when the client cannot subscribe.
+func (w *waiters) opener(channel string) func(ctx context.Context) *redis.PubSub {
+	if w.s.sharded {
+		if cl, ok := w.s.client.(shardSubscriber); ok {
+			return func(ctx context.Context) *redis.PubSub { return cl.SSubscribe(ctx, channel) }
+		}
+		return nil
+	}
+	if cl, ok := w.s.client.(subscriber); ok {
+		return func(ctx context.Context) *redis.PubSub { return cl.Subscribe(ctx, channel) }
+	}
+	return nil
+}
+
+// remove drops a waiter; its subscription ends linger after the last one.
+func (w *waiters) remove(rkey, channel string, ch chan struct{}) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	set := w.keys[rkey]
@@ -125,22 +155,26 @@ func (w *waiters) remove(rkey string, ch chan struct{}) {
 	if len(set) == 0 {
 		delete(w.keys, rkey)
 	}
-	w.n--
-	if w.n == 0 && w.sub != nil {
-		w.idle = time.AfterFunc(linger, w.closeIdle)
+	sub := w.subs[channel]
+	if sub == nil {
+		return
+	}
+	sub.n--
+	if sub.n == 0 {
+		sub.idle = time.AfterFunc(linger, func() { w.closeIdle(channel, sub) })
 	}
 }
 
-// closeIdle ends the subscription if nobody has waited since the timer was
-// armed, and waits for it to end.
-func (w *waiters) closeIdle() {
+// closeIdle ends sub, the subscription to channel, if nobody has waited on
+// it since the timer was armed, and waits for it to end.
+func (w *waiters) closeIdle(channel string, sub *subscription) {
 	w.mu.Lock()
-	if w.n > 0 || w.sub == nil {
+	if sub.n > 0 || w.subs[channel] != sub {
 		w.mu.Unlock()
 		return
 	}
-	sub := w.sub
-	w.sub, w.idle = nil, nil
+	delete(w.subs, channel)
+	sub.idle = nil
 	w.mu.Unlock()
 	close(sub.quit)
 	<-sub.done
@@ -155,7 +189,7 @@ func (w *waiters) closeIdle() {
 // hangs (a dial, a node that does not answer) ends with the subscription.
 // Each confirmation of the subscription, the first and those after a break,
 // wakes every waiter: an announcement sent before it was not heard.
-func (w *waiters) run(cl subscriber, sub *subscription) {
+func (w *waiters) run(open func(context.Context) *redis.PubSub, sub *subscription) {
 	defer close(sub.done)
 	ctx, cancel := context.WithCancel(context.Background())
 	var mu sync.Mutex
@@ -175,7 +209,7 @@ func (w *waiters) run(cl subscriber, sub *subscription) {
 		}
 	}()
 	defer closer.Wait()
-	p := cl.Subscribe(ctx, w.s.channel) // dials: may hang until quit
+	p := open(ctx) // dials: may hang until quit
 	mu.Lock()
 	ps = p
 	if quit {

@@ -33,7 +33,7 @@ func secondClient(t *testing.T, c redis.UniversalClient) redis.UniversalClient {
 	return o
 }
 
-// publishes returns the number of PUBLISH calls the server of c has served
+// publishes returns the number of PUBLISH and SPUBLISH calls the server of c has served
 // (the sum over a cluster's masters), or -1 when the server does not say
 // (miniredis).
 func publishes(t *testing.T, c redis.UniversalClient) int64 {
@@ -44,13 +44,16 @@ func publishes(t *testing.T, c redis.UniversalClient) int64 {
 		if err != nil {
 			return -1
 		}
+		var total int64
 		for line := range strings.SplitSeq(info, "\r\n") {
-			if rest, ok := strings.CutPrefix(line, "cmdstat_publish:calls="); ok {
-				n, _ := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
-				return n
+			for _, cmd := range []string{"cmdstat_publish:calls=", "cmdstat_spublish:calls="} {
+				if rest, ok := strings.CutPrefix(line, cmd); ok {
+					n, _ := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
+					total += n
+				}
 			}
 		}
-		return 0
+		return total
 	}
 	if cc, ok := c.(*redis.ClusterClient); ok {
 		var total atomic.Int64
