@@ -151,8 +151,8 @@ func tlsRedis(t *testing.T) string {
 	return net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 }
 
-// startModule starts Module with env set, and returns the start-up error
-// and the warnings it logged; a started app is stopped when the test ends.
+// startModule starts Module with env set, and returns the warnings it logged
+// and the start-up error; a started app is stopped when the test ends.
 func startModule(t *testing.T, env map[string]string) (*observer.ObservedLogs, error) {
 	t.Helper()
 	clearEnv(t)
