@@ -116,7 +116,7 @@ func (w *waiters) add(rkey string) (chan struct{}, func()) {
 		if open := w.opener(channel); open != nil {
 			sub = &subscription{quit: make(chan struct{}), done: make(chan struct{})}
 			w.subs[channel] = sub
-			go w.run(open, sub)
+			go w.run(channel, open, sub)
 		}
 	}
 	if sub != nil {
@@ -189,7 +189,7 @@ func (w *waiters) closeIdle(channel string, sub *subscription) {
 // hangs (a dial, a node that does not answer) ends with the subscription.
 // Each confirmation of the subscription, the first and those after a break,
 // wakes every waiter: an announcement sent before it was not heard.
-func (w *waiters) run(open func(context.Context) *redis.PubSub, sub *subscription) {
+func (w *waiters) run(channel string, open func(context.Context) *redis.PubSub, sub *subscription) {
 	defer close(sub.done)
 	ctx, cancel := context.WithCancel(context.Background())
 	var mu sync.Mutex
@@ -223,7 +223,7 @@ func (w *waiters) run(open func(context.Context) *redis.PubSub, sub *subscriptio
 			w.wake(m.Payload)
 			continue
 		case *redis.Subscription:
-			w.wakeAll()
+			w.wakeAll(channel)
 			continue
 		case *redis.Pong:
 			continue
@@ -238,7 +238,7 @@ func (w *waiters) run(open func(context.Context) *redis.PubSub, sub *subscriptio
 			return
 		default:
 		}
-		w.wakeAll()
+		w.wakeAll(channel)
 		select {
 		case <-sub.quit:
 			t.Stop()
@@ -256,10 +256,14 @@ func (w *waiters) wake(rkey string) {
 	}
 }
 
-func (w *waiters) wakeAll() {
+// wakeAll wakes every waiter on a key announced on channel.
+func (w *waiters) wakeAll(channel string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	for _, set := range w.keys {
+	for rkey, set := range w.keys {
+		if w.s.wakeChannel(rkey) != channel {
+			continue
+		}
 		for ch := range set {
 			notify(ch)
 		}
