@@ -1,8 +1,8 @@
 -- abandon.lua: take over a wedged pending record, which Reserve met: the
 -- extra step of a collision, never of a replay or a first run. A pending
 -- record is wedged when it has no expiry (an operator's PERSIST, a
--- restore) or, met by a reservation, a time to live longer than the
--- reservation's lease: no holder renews its lease past its length, so it
+-- restore) or, met by a reservation, a time to live longer than ten of the
+-- reservation's leases: no holder renews its lease past its length, so it
 -- would be waited on for ever.
 -- KEYS[1] the record's key
 -- ARGV[1] the record to write, format 2
@@ -15,8 +15,10 @@
 local key = KEYS[1]
 local v = owned(key, ARGV[4])
 if v then
+  -- As record.lua's wedged, with its WEDGE_LEASES (this script is sent
+  -- without the prelude).
   local ms = redis.call('PTTL', key)
-  if ms ~= -1 and (ARGV[3] ~= '1' or ms <= tonumber(ARGV[2])) then
+  if ms ~= -1 and (ARGV[3] ~= '1' or ms <= 10 * tonumber(ARGV[2])) then
     return v
   end
 else

@@ -141,12 +141,20 @@ local function pttl(key)
   return ms
 end
 
+-- WEDGE_LEASES is how many of the meeting caller's leases a pending
+-- record's time to live may be before it counts as wedged: instances that
+-- share keys may run with leases up to that many times apart (a rolling
+-- deploy that raises the lease) without taking over each other's live
+-- holders.
+local WEDGE_LEASES = 10
+
 -- wedged reports whether the pending record at key is abandoned: it has no
 -- expiry (an operator's PERSIST, a restore), or, when lease is true, a time
--- to live longer than ttl, the lease of the caller that meets it. No holder
--- renews its lease past its length, so such a record would be waited on for
--- ever (or for far longer than a lease): it is taken over instead.
+-- to live longer than WEDGE_LEASES times ttl, the lease of the caller that
+-- meets it. No holder renews its lease past its length, so such a record
+-- would be waited on for ever (or for far longer than a lease): it is taken
+-- over instead.
 local function wedged(key, ttl, lease)
   local ms = redis.call('PTTL', key)
-  return ms == -1 or (lease and ms > tonumber(ttl))
+  return ms == -1 or (lease and ms > WEDGE_LEASES * tonumber(ttl))
 end

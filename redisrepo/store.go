@@ -161,7 +161,7 @@ func (s *Store) Reserve(ctx context.Context, key coordinator.Key, w coordinator.
 
 // abandon is Reserve after it met rec, a pending record under rkey: it
 // writes val (w, encoded) over it if it is wedged, with no expiry or, when w
-// is a reservation, a time to live longer than w's lease (abandon.lua, or
+// is a reservation, a time to live longer than ten of w's leases (abandon.lua, or
 // abandon1.lua for a format 1 HASH), and else returns what is there. It is the one step of a collision that a
 // replay and a first run never pay: a pending record that nothing expires
 // is never waited on for ever.

@@ -13,8 +13,8 @@ import (
 )
 
 // TestWedgedPendingIsTakenOver: a pending record that nothing expires (an
-// operator's PERSIST, a restore) or whose time to live is longer than the
-// caller's lease is abandoned: the caller's Reserve takes it over in one
+// operator's PERSIST, a restore) or whose time to live is longer than ten
+// of the caller's leases is abandoned: the caller's Reserve takes it over in one
 // atomic step and runs the action once, in modes wait and raise, in either
 // record format, and nothing waits for the wait bound.
 func TestWedgedPendingIsTakenOver(t *testing.T) {
@@ -58,7 +58,7 @@ func TestWedgedPendingIsTakenOver(t *testing.T) {
 }
 
 // TestPendingWithinTheLeaseIsKept: a pending record with an expiry within
-// the caller's lease is a live holder's: it is not taken over.
+// ten of the caller's leases is a live holder's: it is not taken over.
 func TestPendingWithinTheLeaseIsKept(t *testing.T) {
 	eachFormat(t, func(t *testing.T, _ redis.UniversalClient, s *redisrepo.Store) {
 		key := newKey("held")
@@ -66,6 +66,9 @@ func TestPendingWithinTheLeaseIsKept(t *testing.T) {
 		mustReserve(t, s, key, w)
 		for _, second := range []coordinator.Write{
 			pendingWrite(token(), "fp", time.Minute),
+			// An instance whose lease is a fifth of the holder's (a
+			// rolling deploy that raises the lease) keeps it too.
+			pendingWrite(token(), "fp", 12*time.Second),
 			completedWrite(token(), "fp", []byte("r"), time.Hour),
 		} {
 			rec, ok, err := s.Reserve(t.Context(), key, second)
