@@ -25,6 +25,13 @@
 //	idempotency_unprotected_total{operation,method}        counter
 //	idempotency_wait_duration_seconds{operation,outcome}   histogram
 //	idempotency_storage_duration_seconds{method,result}    histogram
+//	idempotency_storage_refusals_total{operation,reason}   counter
+//
+// storage_refusals_total counts the storage errors (also counted in
+// errors_total) that were refusals: Redis answered but refused the
+// credentials, a permission or the database, or the module's circuit
+// breaker was open (reason credentials, permission, database,
+// breaker_open).
 //
 // The labels are small fixed sets, never the idempotency key. The values of
 // error_type, method and the wait outcome come from coordinator.ErrorTypes,

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/internal/breaker"
 )
 
 // The messages of the log lines; docs/observability.md lists them with their
@@ -135,24 +136,18 @@ func lineOf(e coordinator.Event) (zapcore.Level, string) {
 }
 
 // storageErrorLine returns the message of a failed storage call's line:
-// msgStorageError, or, when the store answered but refused us (an error
-// reply of Redis, told by its code: WRONGPASS, NOAUTH, NOPERM, or an unknown
-// database), a message that says so, since that is a misconfiguration, not
-// an outage.
+// msgStorageError, or, when the store answered but refused us (a refusalOf
+// other than the breaker's), a message that says so, since that is a
+// misconfiguration, not an outage. A call the open breaker refused keeps
+// msgStorageError: the breaker logged the outage once when it opened, and
+// the line's error says "breaker: circuit open".
 func storageErrorLine(err error) string {
-	var reply interface { // go-redis's error replies
-		error
-		RedisError()
-	}
-	if !errors.As(err, &reply) {
-		return msgStorageError
-	}
-	switch msg := reply.Error(); {
-	case strings.HasPrefix(msg, "WRONGPASS"), strings.HasPrefix(msg, "NOAUTH"):
+	switch refusalOf(err) {
+	case refusalCredentials:
 		return msgStorageError + ": redis refused the credentials"
-	case strings.HasPrefix(msg, "NOPERM"):
+	case refusalPermission:
 		return msgStorageError + ": redis denied the permission"
-	case strings.HasPrefix(msg, "ERR DB index is out of range"):
+	case refusalDatabase:
 		return msgStorageError + ": redis has no such database"
 	}
 	return msgStorageError
@@ -183,4 +178,49 @@ func redact(msg string, k coordinator.Key, hidden string) string {
 func hashKey(key string) string {
 	sum := sha256.Sum256([]byte(key))
 	return hex.EncodeToString(sum[:8])
+}
+
+// The reason label values of storage_refusals_total: why a store call was
+// refused rather than failed.
+const (
+	refusalCredentials = "credentials"  // WRONGPASS, NOAUTH
+	refusalPermission  = "permission"   // NOPERM
+	refusalDatabase    = "database"     // ERR DB index is out of range
+	refusalBreakerOpen = "breaker_open" // the module's circuit breaker is open
+)
+
+// refusalReasons are the reason label values, in the order the metric
+// documents them.
+var refusalReasons = [...]string{refusalCredentials, refusalPermission, refusalDatabase, refusalBreakerOpen}
+
+// refusalOf returns why err, a failed store call's error, is a refusal, or
+// "" when it is not one. A refusal is a store that answered but refused us
+// (an error reply of Redis, told by its code: WRONGPASS or NOAUTH, NOPERM,
+// or an unknown database), or the module's circuit breaker refusing the call
+// while Redis is down (an error wrapping breaker.ErrOpen, which
+// idempotency.ErrBreakerOpen is). Both the log line (storageErrorLine) and
+// storage_refusals_total classify with it.
+func refusalOf(err error) string {
+	if err == nil {
+		return ""
+	}
+	var reply interface { // go-redis's error replies
+		error
+		RedisError()
+	}
+	if errors.As(err, &reply) {
+		switch msg := reply.Error(); {
+		case strings.HasPrefix(msg, "WRONGPASS"), strings.HasPrefix(msg, "NOAUTH"):
+			return refusalCredentials
+		case strings.HasPrefix(msg, "NOPERM"):
+			return refusalPermission
+		case strings.HasPrefix(msg, "ERR DB index is out of range"):
+			return refusalDatabase
+		}
+		return ""
+	}
+	if errors.Is(err, breaker.ErrOpen) {
+		return refusalBreakerOpen
+	}
+	return ""
 }

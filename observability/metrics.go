@@ -68,6 +68,7 @@ type metrics struct {
 	unprotected *prometheus.CounterVec
 	wait        *prometheus.HistogramVec
 	storage     *prometheus.HistogramVec
+	refusals    *prometheus.CounterVec
 
 	// storageSeries holds the storage_duration_seconds series by method.
 	storageSeries map[coordinator.Method]*[numResults]prometheus.Observer
@@ -90,6 +91,7 @@ type opSeries struct {
 	errors              map[coordinator.ErrorType]prometheus.Counter
 	unprotected         map[coordinator.Method]prometheus.Counter
 	waits               map[coordinator.WaitOutcome]prometheus.Observer
+	refusals            [len(refusalReasons)]prometheus.Counter // by refusalReasons' index
 	op                  string
 }
 
@@ -121,6 +123,9 @@ func newMetrics(reg prometheus.Registerer, namespace string, ops []string, limit
 	m.storage = prometheus.NewHistogramVec(hopts("storage_duration_seconds",
 		"Duration of idempotency store calls, by store method and result.", storageBuckets),
 		[]string{"method", "result"})
+	m.refusals = prometheus.NewCounterVec(prometheus.CounterOpts(opts("storage_refusals_total",
+		"Failed store calls that were refusals, by reason: Redis refused the credentials (WRONGPASS, NOAUTH), denied a permission (NOPERM) or has no such database, or the module's circuit breaker was open. Each is also counted in errors_total under its storage error type.")),
+		[]string{"operation", "reason"})
 
 	fq := func(name string) string { return prometheus.BuildFQName(namespace, subsystem, name) }
 	var registered []prometheus.Collector
@@ -133,6 +138,7 @@ func newMetrics(reg prometheus.Registerer, namespace string, ops []string, limit
 		{&m.errors, "errors_total"},
 		{&m.stored, "stored_total"},
 		{&m.unprotected, "unprotected_total"},
+		{&m.refusals, "storage_refusals_total"},
 	} {
 		if *c.vec, err = register(reg, *c.vec, fq(c.name), &registered); err != nil {
 			break
@@ -214,6 +220,9 @@ func (m *metrics) newOpSeries(op string) *opSeries {
 	for _, o := range coordinator.WaitOutcomes() {
 		s.waits[o] = m.wait.WithLabelValues(op, string(o))
 	}
+	for i, r := range refusalReasons {
+		s.refusals[i] = m.refusals.WithLabelValues(op, r)
+	}
 	return s
 }
 
@@ -286,6 +295,11 @@ func (m *metrics) observe(e coordinator.Event) {
 			c = m.errors.WithLabelValues(s.op, unknownLabel)
 		}
 		c.Inc()
+		if isStorageErrorType(e.ErrorType) {
+			if r := refusalIndex(refusalOf(e.Err)); r >= 0 {
+				s.refusals[r].Inc()
+			}
+		}
 	case coordinator.EventUnprotected:
 		s := m.series(e.Key.Operation)
 		c, ok := s.unprotected[e.Method]
@@ -301,6 +315,28 @@ func (m *metrics) observe(e coordinator.Event) {
 			m.storage.WithLabelValues(unknownLabel, resultNames[r]).Observe(seconds(e.Duration))
 		}
 	}
+}
+
+// isStorageErrorType reports whether t is the error type of a failed store
+// call: the events storage_refusals_total looks at.
+func isStorageErrorType(t coordinator.ErrorType) bool {
+	switch t {
+	case coordinator.ErrorStorageGet, coordinator.ErrorStorageReserve,
+		coordinator.ErrorStorageSave, coordinator.ErrorStorageRelease,
+		coordinator.ErrorStorageRenew:
+		return true
+	}
+	return false
+}
+
+// refusalIndex returns the index of reason in refusalReasons, or -1.
+func refusalIndex(reason string) int {
+	for i, r := range refusalReasons {
+		if r == reason {
+			return i
+		}
+	}
+	return -1
 }
 
 // storageResult classifies the error of a store call.

@@ -33,6 +33,7 @@ var documented = []struct {
 	{"idempotency_unprotected_total", len(coordinator.Methods()) + 1},                                           // 5 store methods and none
 	{"idempotency_wait_duration_seconds", len(coordinator.WaitOutcomes())},                                      // 6
 	{"idempotency_storage_duration_seconds", len(coordinator.Methods()) * 4 /* ok, error, timeout, canceled */}, // 20
+	{"idempotency_storage_refusals_total", 4},                                                                   // credentials, permission, database, breaker_open
 }
 
 func TestFreshRegistryHasEveryMetricAtZero(t *testing.T) {

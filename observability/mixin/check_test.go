@@ -30,6 +30,7 @@ func TestCheckExprAccepts(t *testing.T) {
 		`{__name__="idempotency_stored_total", operation=~".+"}`,
 		`sum without (method) (rate(idempotency_unprotected_total{method=~"reserve|get|none"}[5m]))`,
 		`label_replace(sum by (method) (rate(idempotency_storage_duration_seconds_sum[5m])), "m", "$1", "method", "(.*)")`,
+		`sum by (operation, reason) (increase(idempotency_storage_refusals_total{reason=~"credentials|permission|database|breaker_open"}[5m])) > 0`,
 	} {
 		for _, err := range c.CheckExpr(expr) {
 			t.Errorf("%s: %v", expr, err)
@@ -56,6 +57,8 @@ func TestCheckExprRejects(t *testing.T) {
 		{`idempotency_storage_duration_seconds_count{method="none"}`, `"none" is not one of`}, // none is for unprotected only
 		{`idempotency_storage_duration_seconds_count{result="failed"}`, `"failed" is not one of canceled, error, ok, timeout`},
 		{`idempotency_wait_duration_seconds_count{outcome="miss"}`, `"miss" is not one of`},
+		{`idempotency_storage_refusals_total{reason="password"}`, `"password" is not one of breaker_open, credentials, database, permission`},
+		{`idempotency_storage_refusals_total{method="reserve"}`, `label "method" does not exist`},
 		{`idempotency_requests_total{operation="bad op"}`, `is not an operation name`},
 		{`idempotency_requests_total{outcome=""}`, `empty value`},
 		{`histogram_quantile(0.99, sum by (method) (rate(idempotency_storage_duration_seconds_bucket[5m])))`, `drops le`},

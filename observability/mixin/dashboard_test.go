@@ -188,6 +188,7 @@ func TestSchemaIsTheDocumentedOne(t *testing.T) {
 		"idempotency_unprotected_total":              {"operation": ops, "method": str(methods(coordinator.MethodNone))},
 		"idempotency_wait_duration_seconds_count":    {"operation": ops, "outcome": str(waitOutcomes)},
 		"idempotency_storage_duration_seconds_count": {"method": str(methods()), "result": str(mixin.StorageResults)},
+		"idempotency_storage_refusals_total":         {"operation": ops, "reason": str(mixin.RefusalReasons)},
 	}
 	for name, labels := range want {
 		se, ok := s.Series[name]
@@ -219,8 +220,8 @@ func TestSchemaIsTheDocumentedOne(t *testing.T) {
 			}
 		}
 	}
-	if n := len(s.Series); n != 10 {
-		t.Errorf("%d series names, want 4 counters and 2 histograms of 3: %v", n, s.Names())
+	if n := len(s.Series); n != 11 {
+		t.Errorf("%d series names, want 5 counters and 2 histograms of 3: %v", n, s.Names())
 	}
 }
 

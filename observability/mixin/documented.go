@@ -59,6 +59,11 @@ func (d domain) String() string {
 // storage_duration_seconds.
 var StorageResults = []string{"ok", "error", "timeout", "canceled"}
 
+// RefusalReasons are the values of the reason label of
+// storage_refusals_total: why Redis refused a store call (credentials,
+// permission, database) or that the module's circuit breaker was open.
+var RefusalReasons = []string{"credentials", "permission", "database", "breaker_open"}
+
 // RequestOutcomes are the values of the outcome label of requests_total:
 // the names of the events that count there.
 func RequestOutcomes() []string {
@@ -111,6 +116,10 @@ var documented = map[string]map[string]domain{
 		"method": enum(coordinator.Methods(), []coordinator.Method{unknownValue}),
 		"result": enum(StorageResults),
 		"le":     leDomain,
+	},
+	"idempotency_storage_refusals_total": {
+		"operation": operationDomain,
+		"reason":    enum(RefusalReasons),
 	},
 }
 
