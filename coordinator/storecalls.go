@@ -56,8 +56,9 @@ func (x *exec) storeCompleteWithin(ctx context.Context, st State, payload []byte
 	return ok, err
 }
 
-// storeRenewWithin is storeRenew bounded by ctx's own deadline; see
-// storeCompleteWithin.
+// storeRenewWithin renews the reservation, bounded by ctx's own deadline
+// rather than the storage timeout: renewals and save rounds run off the
+// request path (see storeCompleteWithin).
 func (x *exec) storeRenewWithin(ctx context.Context) (bool, error) {
 	start := time.Now()
 	ok, err := x.c.store.Renew(ctx, x.key, x.token, x.c.cfg.lease)
@@ -69,13 +70,6 @@ func (x *exec) storeRelease(ctx context.Context) (bool, error) {
 	sctx, cancel, start := x.begin(ctx)
 	ok, err := x.c.store.Release(sctx, x.key, x.token)
 	x.end(ctx, cancel, start, MethodRelease, err)
-	return ok, err
-}
-
-func (x *exec) storeRenew(ctx context.Context) (bool, error) {
-	sctx, cancel, start := x.begin(ctx)
-	ok, err := x.c.store.Renew(sctx, x.key, x.token, x.c.cfg.lease)
-	x.end(ctx, cancel, start, MethodRenew, err)
 	return ok, err
 }
 

@@ -46,7 +46,7 @@ func TestNotReplayableEndToEnd(t *testing.T) {
 	eachFormat(t, func(t *testing.T, _ redis.UniversalClient, s *redisrepo.Store) {
 		for _, mode := range []coordinator.InFlightMode{coordinator.InFlightWait, coordinator.InFlightRaise, coordinator.InFlightRun} {
 			t.Run(string(mode), func(t *testing.T) {
-				c, ev := coord(t, s, coordinator.WithInFlight(mode), coordinator.WithMaxResultBytes(16))
+				c, first := coord(t, s, coordinator.WithInFlight(mode), coordinator.WithMaxResultBytes(16))
 				key := newKey("not-replayable")
 				key.Operation = "not-replayable." + string(mode) // counted alone
 				var k runs
@@ -60,7 +60,10 @@ func TestNotReplayableEndToEnd(t *testing.T) {
 				if err := c.Close(); err != nil { // waits for a background save
 					t.Fatal(err)
 				}
-				c, ev = coord(t, s, coordinator.WithInFlight(mode), coordinator.WithMaxResultBytes(16))
+				if n := first.count(coordinator.EventError, coordinator.ErrorRecordValidation); n != 1 {
+					t.Errorf("%d record_validation_error events on the first call, want 1", n)
+				}
+				c, ev := coord(t, s, coordinator.WithInFlight(mode), coordinator.WithMaxResultBytes(16))
 				for i := range 3 {
 					_, err := coordinator.Do(t.Context(), c, callOf(key), big)
 					var nr *coordinator.NotReplayableError

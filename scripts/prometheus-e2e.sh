@@ -367,7 +367,7 @@ done
 labels=$(query "count by (outcome) (idempotency_requests_total{job=\"$JOB\",operation=\"$OP\"})") ||
 	fail "listing the outcomes failed"
 labels=$(jq -r '[.data.result[].metric.outcome] | sort | join(",")' <<<"$labels")
-[[ $labels == hit,in_flight,miss ]] || fail "outcome labels of idempotency_requests_total: $labels, want hit,in_flight,miss"
+[[ $labels == hit,in_flight,miss,not_replayable ]] || fail "outcome labels of idempotency_requests_total: $labels, want hit,in_flight,miss,not_replayable"
 stored=$(value "sum(idempotency_stored_total{job=\"$JOB\",operation=\"$OP\"})")
 [[ $stored == "$NKEYS" ]] || fail "idempotency_stored_total{operation=\"$OP\"} = $stored, want $NKEYS"
 ok_reserves=$(value "sum(idempotency_storage_duration_seconds_count{job=\"$JOB\",method=\"reserve\",result=\"ok\"})")
