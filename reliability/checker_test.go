@@ -85,6 +85,11 @@ type opOutput struct {
 	class     errClass
 	ran       bool // the action made its effect
 	protected bool // under a reservation
+	// mayLose: a protected run whose result the coordinator reported not
+	// kept for a cause the docs allow (its save was given up because the
+	// store failed until the reservation could have expired, or its lease
+	// was lost): it may have committed or not.
+	mayLose bool
 }
 
 // step is the model's step function: the states the key may be in after the
@@ -116,6 +121,11 @@ func step(state, input, output any) []any {
 			return []any{s}
 		}
 		return nil
+	case out.protected && out.mayLose:
+		if s == "" {
+			return []any{in.own, ""}
+		}
+		return []any{s} // its completion was refused: another result is committed
 	case out.protected:
 		if s == "" {
 			return []any{in.own}
@@ -181,7 +191,7 @@ func (h *history) operations() []porcupine.Operation {
 	for _, c := range h.calls {
 		keys[c.pkey()] = true
 		maxClient = max(maxClient, c.client)
-		out := opOutput{value: c.value, failed: c.class != okValue, class: c.class, ran: c.ran, protected: c.protected}
+		out := opOutput{value: c.value, failed: c.class != okValue, class: c.class, ran: c.ran, protected: c.protected, mayLose: c.protected && c.lossCause() != ""}
 		ops = append(ops, porcupine.Operation{
 			ClientId: c.client,
 			Input:    opInput{pkey: c.pkey(), kind: opCall, own: c.own, runMode: h.inFlight == coordinator.InFlightRun},
@@ -230,7 +240,8 @@ type report struct {
 	effects    int            // effects of the storm's actions
 	extra      map[string]int // extra runs allowed by the docs, by reason
 	notAllowed []string       // extra runs the docs do not allow
-	lost       []string       // lost results
+	unstored   map[string]int // results the final read did not find, allowed by the docs, by reason
+	lost       []string       // lost results: unstored for no cause the docs allow
 	wrong      []string       // wrong replays
 	violations []string       // anything else the docs do not allow
 	overlaps   map[string]int // two protected actions of one key at once, allowed (by reason)
@@ -282,7 +293,7 @@ func (r *report) extraRuns() int {
 // check checks h: the model with porcupine, effects and their extra runs,
 // lost results, wrong replays, and the rules the model does not express.
 func (h *history) check() *report {
-	r := &report{outcomes: map[string]int{}, extra: map[string]int{}, overlaps: map[string]int{}, badKeys: map[string]bool{}}
+	r := &report{outcomes: map[string]int{}, extra: map[string]int{}, unstored: map[string]int{}, overlaps: map[string]int{}, badKeys: map[string]bool{}}
 	byID := make(map[int]*call, len(h.calls))
 	byKey := map[string][]*call{}
 	for _, c := range h.calls {
@@ -483,7 +494,27 @@ const (
 	reasonWipe        = "data loss: kill -9 and an empty restart lost the record (the store was not up)"
 	reasonFailover    = "failover: a master killed, a replica promoted, and writes that had not reached it lost"
 	reasonSentinel    = "failover: Sentinel promoted the replica; writes that had not reached it, or that reached the former master before it was reconfigured, lost"
+	// reasonSaveGivenUp: the coordinator gave the save up (storage_save_error,
+	// "not stored ... could have expired"): the store failed every save
+	// round until the reservation could have expired; the store was not up.
+	reasonSaveGivenUp = "save given up: the store failed until the reservation could have expired"
+	// reasonLeaseLost: the holder's lease was lost (lease_lost: the watchdog
+	// fired with no renewal confirmed, or a renewal or the completion found
+	// the key gone): a holder cut off from the store for its lease.
+	reasonLeaseLost = "lease lost: no renewal confirmed for the lease, the record may have expired"
 )
+
+// lossCause returns why the coordinator reported that c's result may not be
+// kept, "" when it reported nothing of the kind.
+func (c *call) lossCause() string {
+	switch {
+	case c.saveGivenUp.Load():
+		return reasonSaveGivenUp
+	case c.leaseLost.Load():
+		return reasonLeaseLost
+	}
+	return ""
+}
 
 // checkKey checks one key's calls: its effects and their extra runs, two
 // reservations running at once, and a lost result.
@@ -550,7 +581,12 @@ func (h *history) checkKey(r *report, pkey string, calls []*call) {
 		if !e.protected && !e.stored.Load() {
 			continue // unreserved and not written: best effort
 		}
-		if _, ok := h.windowBetween(pkey, e.start, final.start); ok {
+		if w, ok := h.windowBetween(pkey, e.start, final.start); ok {
+			r.unstored[w.reason]++
+			continue
+		}
+		if cause := e.lossCause(); e.protected && cause != "" {
+			r.unstored[cause]++
 			continue
 		}
 		r.badKeys[pkey] = true
@@ -588,23 +624,35 @@ func (h *history) extraReason(pkey string, e, prev *call, earlier []*call) (stri
 	// No loss window since prev began. A protected run is allowed only if
 	// every run since the last loss window was unreserved (and so stored
 	// best effort).
+	// A protected run is also allowed after runs whose results the
+	// coordinator reported not kept for a cause the docs allow.
 	since := h.lastWindowBefore(pkey, e.actEnd)
+	reason := reasonAfterUnprot
 	for _, c := range earlier {
-		if c.protected && c.start > since {
+		if !c.protected || c.start <= since {
+			continue
+		}
+		cause := c.lossCause()
+		if cause == "" {
 			return "", false
 		}
+		reason = cause
 	}
-	return reasonAfterUnprot, true
+	return reason, true
 }
 
 // summary is one line of figures for the report and docs/reliability.md.
 func (r *report) summary() string {
 	extra := make(map[string]int, len(r.extra))
 	for k, v := range r.extra {
-		extra[shortReason(k)] = v
+		extra[shortReason(k)] += v
 	}
-	return fmt.Sprintf("calls=%d [%s] keys=%d effects=%d extra=%d allowed{%s} not-allowed=%d lost=%d wrong-replays=%d violations=%d overlaps{%s} linearizable=%s (%v) max-latency=%v",
-		r.calls, formatCounts(r.outcomes), r.keys, r.effects, r.extraRuns(), formatCounts(extra), len(r.notAllowed), len(r.lost), len(r.wrong), len(r.violations),
+	unstored := make(map[string]int, len(r.unstored))
+	for k, v := range r.unstored {
+		unstored[shortReason(k)] += v
+	}
+	return fmt.Sprintf("calls=%d [%s] keys=%d effects=%d extra=%d allowed{%s} not-allowed=%d unstored-allowed{%s} lost=%d wrong-replays=%d violations=%d overlaps{%s} linearizable=%s (%v) max-latency=%v",
+		r.calls, formatCounts(r.outcomes), r.keys, r.effects, r.extraRuns(), formatCounts(extra), len(r.notAllowed), formatCounts(unstored), len(r.lost), len(r.wrong), len(r.violations),
 		formatCounts(r.overlaps), r.linearizable, r.checkTime.Round(time.Millisecond), r.maxLatency.Round(time.Millisecond))
 }
 
@@ -621,6 +669,10 @@ func shortReason(reason string) string {
 		return "data-loss"
 	case reasonFailover, reasonSentinel:
 		return "failover"
+	case reasonSaveGivenUp:
+		return "save-given-up"
+	case reasonLeaseLost:
+		return "lease-lost"
 	}
 	return reason
 }

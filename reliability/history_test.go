@@ -96,6 +96,9 @@ type call struct {
 	unprotected atomic.Bool // EventUnprotected
 	stored      atomic.Bool // EventStored: this call's result was written
 	saveFailed  atomic.Bool // storage_save_error
+	// saveGivenUp: the coordinator gave the save up, "not stored: the
+	// store failed until the reservation could have expired".
+	saveGivenUp atomic.Bool
 	leaseLost   atomic.Bool // lease_lost
 	// unprotectedErr is the store's error that made the run unprotected.
 	unprotectedErr atomic.Pointer[error]
@@ -242,6 +245,9 @@ func (o *observer) Observe(ctx context.Context, e coordinator.Event) {
 			switch e.ErrorType {
 			case coordinator.ErrorStorageSave:
 				c.saveFailed.Store(true)
+				if givenUp(e.Err) {
+					c.saveGivenUp.Store(true)
+				}
 			case coordinator.ErrorLeaseLost:
 				c.leaseLost.Store(true)
 			}
@@ -260,6 +266,26 @@ func (o *observer) Observe(ctx context.Context, e coordinator.Event) {
 		o.n = map[string]int{}
 	}
 	o.n[name]++
+	if e.Kind == coordinator.EventError && e.ErrorType == coordinator.ErrorStorageSave && givenUp(e.Err) {
+		o.n[saveGivenUpEvent]++
+	}
+}
+
+// saveGivenUpEvent counts the saves the coordinator gave up.
+const saveGivenUpEvent = "save_given_up"
+
+// givenUp reports whether err is the coordinator's report of a save given
+// up: "not stored: the store failed until the reservation could have
+// expired".
+func givenUp(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "not stored") && strings.Contains(err.Error(), "could have expired")
+}
+
+// count returns the count of one event name.
+func (o *observer) count(name string) int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.n[name]
 }
 
 // counts returns the counted events, sorted by name, as "name=n" words.

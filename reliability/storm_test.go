@@ -280,6 +280,8 @@ type outcome struct {
 	otherFailures []error
 	recovery      time.Duration
 	duration      time.Duration
+	// given is how many saves the coordinator gave up.
+	given int
 }
 
 // runStorm runs sc against b and checks the history. It does not fail t on
@@ -330,7 +332,7 @@ func runStorm(t *testing.T, lv level, sc scenario, b backend, env *faultEnv) *ou
 	for _, cs := range s.calls {
 		h.calls = append(h.calls, cs...)
 	}
-	o := &outcome{h: h, fault: fr, events: obs.counts(), duration: duration}
+	o := &outcome{h: h, fault: fr, events: obs.counts(), duration: duration, given: obs.count(saveGivenUpEvent)}
 	var lastFail int64 = -1
 	for _, cl := range h.calls {
 		if cl.final || cl.start < fr.start {
