@@ -226,8 +226,8 @@ func (h *history) operations() []porcupine.Operation {
 // does not finish within keyTimeout, or that the budget leaves unchecked,
 // is reported as a failure (not proven linearizable).
 const (
-	keyTimeout  = 10 * time.Second
-	checkBudget = time.Minute
+	keyTimeout  = 30 * time.Second
+	checkBudget = 2 * time.Minute
 )
 
 // report is what the checker found in one history, with the figures for
