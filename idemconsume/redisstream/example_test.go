@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
@@ -258,7 +259,21 @@ func ExampleWithWorkers() {
 	defer d.close()
 	var mu sync.Mutex
 	var credited []string
+	// The first delivery waits until a second one is being handled, so
+	// that both workers have read from the group however busy the machine
+	// is (with a bound, should there be only one).
+	both := make(chan struct{})
+	var calls atomic.Int32
 	d.run(func(_ context.Context, m idemconsume.Message) error {
+		switch calls.Add(1) {
+		case 1:
+			select {
+			case <-both:
+			case <-time.After(10 * time.Second):
+			}
+		case 2:
+			close(both)
+		}
 		mu.Lock()
 		defer mu.Unlock()
 		credited = append(credited, m.Fields["idempotency-key"])
