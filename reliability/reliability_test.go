@@ -82,6 +82,9 @@ func check(t *testing.T, lv level, sc scenario, b backend, env *faultEnv) *outco
 	t.Helper()
 	o := runStorm(t, lv, sc, b, env)
 	logOutcome(t, sc, o)
+	if u := o.r.unproven(); u != "" {
+		t.Log(u)
+	}
 	fails := o.r.failures()
 	for i, f := range fails {
 		if i == 20 {

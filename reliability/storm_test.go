@@ -354,7 +354,7 @@ func runStorm(t *testing.T, lv level, sc scenario, b backend, env *faultEnv) *ou
 	o.r = h.check()
 	if fails := o.r.failures(); len(fails) > 0 {
 		keys := maps.Clone(o.r.badKeys)
-		for _, k := range o.r.illegalKeys {
+		for _, k := range append(o.r.illegalKeys, o.r.unknownKeys...) {
 			keys[k] = true
 		}
 		var dump strings.Builder
