@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
+	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/internal/breaker"
 )
 
@@ -32,6 +33,12 @@ var ErrBreakerOpen = breaker.ErrOpen
 // cool-down. Each change is one line on logger: the breaker opening and
 // closing at Warn, each probe and failed probe at Debug. A nil logger logs
 // nothing.
+//
+// It never refuses a call that no caller waits for
+// (coordinator.OffRequestPath: a completion retried in the background, a
+// renewal of a running action's lease), so that it never makes a result
+// less likely to be stored; such calls do not count as failures or
+// successes either.
 //
 // The breaker is the client's own (a *redis.ClusterClient gets one per
 // node, so that one dead master does not stop the calls to the others),
@@ -137,8 +144,10 @@ func (h *breakerHook) DialHook(next redis.DialHook) redis.DialHook {
 // error on it (and an auto-pipelined command must not be written to).
 func (h *breakerHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if ctx.Err() != nil || ctx.Value(breakerPass{}) == h {
-			return next(ctx, cmd) // says nothing about Redis, or is part of a call let through
+		if ctx.Err() != nil || ctx.Value(breakerPass{}) == h || coordinator.OffRequestPath(ctx) {
+			// says nothing about Redis, is part of a call let through, or
+			// is a save or renewal that no caller waits for
+			return next(ctx, cmd)
 		}
 		t, err := h.b.Allow()
 		if err != nil {
@@ -154,7 +163,7 @@ func (h *breakerHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 // the error on each of its commands, and reports the outcome of the others.
 func (h *breakerHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		if ctx.Err() != nil || ctx.Value(breakerPass{}) == h {
+		if ctx.Err() != nil || ctx.Value(breakerPass{}) == h || coordinator.OffRequestPath(ctx) {
 			return next(ctx, cmds)
 		}
 		t, err := h.b.Allow()

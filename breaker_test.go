@@ -3,8 +3,11 @@ package idempotency_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,6 +18,8 @@ import (
 
 	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/internal/faultproxy"
+	"github.com/idemkit/idempotency/internal/redistest"
 )
 
 const (
@@ -239,5 +244,80 @@ func TestBreakerProbesDoNotWarn(t *testing.T) {
 	}
 	if n := logs.FilterMessage(msgBreakerOpen).Len(); n != 1 {
 		t.Fatalf("%d lines say the breaker opened, want 1", n)
+	}
+}
+
+// The breaker never refuses a call that no caller waits for: a completion
+// is lost, and then Redis answers slower than the storage timeout, so the
+// callers' calls keep the breaker open (every probe times out); the result
+// is still stored by the background rounds, which the breaker lets through
+// and which may take what is left of the reservation.
+func TestBreakerLetsBackgroundSavesThrough(t *testing.T) {
+	in := redistest.Start(t)
+	if in.Kind() != redistest.KindRedisServer {
+		t.Skip("needs redis-server behind the latency proxy")
+	}
+	proxy, err := faultproxy.Start(in.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = proxy.Close() })
+	c, logs := breakerApp(t, "redis://"+proxy.Addr()+"/0", map[string]string{
+		"IDEMPOTENCY_ON_STORAGE_ERROR":    "raise",
+		"IDEMPOTENCY_STORAGE_TIMEOUT":     "100ms",
+		"IDEMPOTENCY_LEASE":               "2s",
+		"IDEMPOTENCY_BREAKER_FAILURES":    "1",
+		"IDEMPOTENCY_BREAKER_COOLDOWN":    "100ms",
+		"IDEMPOTENCY_KEY_PREFIX":          redistest.Prefix(t),
+		"IDEMPOTENCY_REDIS_AUTO_PIPELINE": "false",
+	})
+	key := coordinator.Call{Operation: "op", Key: "slow-save"}
+	var runs atomic.Int64
+	action := func(context.Context) (int, error) {
+		if runs.Add(1) == 1 {
+			proxy.Cut(true) // the first completion is lost, and opens the breaker
+		}
+		return 1, nil
+	}
+	if _, err := coordinator.Do(t.Context(), c, key, action); err != nil {
+		t.Fatal(err)
+	}
+	// From now on every call goes through, slower than the storage timeout.
+	proxy.SetLatency(150 * time.Millisecond)
+	proxy.Cut(false)
+	// Callers keep the breaker open until the reservation has expired: each
+	// probe times out, and the calls in between are refused.
+	var wg sync.WaitGroup
+	stop := time.Now().Add(2500 * time.Millisecond)
+	for g := range 4 {
+		wg.Go(func() {
+			for i := 0; time.Now().Before(stop); i++ {
+				_, _ = coordinator.Do(t.Context(), c, coordinator.Call{Operation: "op", Key: fmt.Sprintf("h%d-%d", g, i)}, action)
+				time.Sleep(5 * time.Millisecond)
+			}
+		})
+	}
+	wg.Wait()
+	if logs.FilterMessage(msgBreakerOpen).Len() == 0 {
+		t.Fatal("the breaker never opened")
+	}
+	proxy.SetLatency(0)
+	before := runs.Load()
+	for i := 0; ; i++ {
+		_, err := coordinator.Do(t.Context(), c, key, action)
+		if errors.Is(err, coordinator.ErrInProgress) || errors.Is(err, coordinator.ErrStorage) {
+			if i == 100 {
+				t.Fatalf("the key is still %v", err)
+			}
+			time.Sleep(20 * time.Millisecond)
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		break
+	}
+	if n := runs.Load() - before; n != 0 {
+		t.Fatalf("the action ran again (%d): the result was not stored", n)
 	}
 }

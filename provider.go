@@ -35,9 +35,10 @@ import (
 // and its database must be 0 (a cluster has no other). With Sentinel they
 // apply to the master the sentinels name, the database too, and the host is
 // ignored; the client follows the sentinels' failovers. The
-// client fails fast when Redis is down (one dial attempt per connection, a
-// dial timeout of at most IDEMPOTENCY_STORAGE_TIMEOUT) and honours context
-// deadlines (ContextTimeoutEnabled), so the storage timeout bounds every call.
+// client fails fast when Redis is down (one dial attempt per connection)
+// and honours context deadlines (ContextTimeoutEnabled), so the storage
+// timeout bounds every call; its dial timeout is the lease within
+// [IDEMPOTENCY_STORAGE_TIMEOUT, 5s], for the background saves (dialTimeout).
 // With RedisAutoPipeline set, its read and write timeouts are at most the
 // storage timeout too (a longer read_timeout or write_timeout, or one that
 // disables them, is lowered to it), since the batches of an AutoPipeliner do
@@ -66,8 +67,8 @@ func NewRedisClient(s Settings) (redis.UniversalClient, error) {
 	// ReadTimeout (5s) and ignores the context's deadline, so
 	// IDEMPOTENCY_STORAGE_TIMEOUT would not bound a call on a hung Redis.
 	opts.ContextTimeoutEnabled = true
-	if opts.DialTimeout == 0 || opts.DialTimeout > s.StorageTimeout && s.StorageTimeout > 0 {
-		opts.DialTimeout = s.StorageTimeout
+	if d := dialTimeout(s); opts.DialTimeout == 0 || opts.DialTimeout > d {
+		opts.DialTimeout = d
 	}
 	if s.RedisAutoPipeline && s.StorageTimeout > 0 {
 		// An AutoPipeliner runs its batches on a context of its own, so only
@@ -236,6 +237,11 @@ func NewStoreClient(s Settings, client redis.UniversalClient) (redisrepo.Client,
 // returns the context's error when the context is done first; the command
 // runs on in its batch, and its goroutine ends with it.
 //
+// A call that no caller waits for (coordinator.OffRequestPath: a save round
+// in the background, a renewal) goes to client directly: it may take what is
+// left of the reservation, on its own context, and the circuit breaker lets
+// it through only there (a batch runs on the pipeliner's context).
+//
 // Besides redisrepo.Client it has the optional methods the store looks for,
 // Subscribe and Pipeline, which go to client: a subscription needs a
 // connection of its own, and a pipeline is already one round trip, bounded by
@@ -252,6 +258,9 @@ var _ redisrepo.Client = (*pipelinedClient)(nil)
 // copy of cmd is what goes through the pipeliner, so that cmd is not written
 // once Process has returned; its reply is copied into cmd.
 func (p *pipelinedClient) Process(ctx context.Context, cmd redis.Cmder) error {
+	if coordinator.OffRequestPath(ctx) {
+		return p.client.Process(ctx, cmd)
+	}
 	switch c := cmd.(type) {
 	case *redis.Cmd:
 		return processCopy(ctx, p, c)
@@ -283,21 +292,33 @@ func processCopy[V any, C valueCmd[V]](ctx context.Context, p *pipelinedClient, 
 
 // Eval implements redis.Scripter, through the AutoPipeliner.
 func (p *pipelinedClient) Eval(ctx context.Context, script string, keys []string, args ...any) *redis.Cmd {
+	if coordinator.OffRequestPath(ctx) {
+		return p.client.Eval(ctx, script, keys, args...)
+	}
 	return p.bounded(ctx, func() *redis.Cmd { return p.ap.Eval(ctx, script, keys, args...) })
 }
 
 // EvalSha implements redis.Scripter, through the AutoPipeliner.
 func (p *pipelinedClient) EvalSha(ctx context.Context, sha1 string, keys []string, args ...any) *redis.Cmd {
+	if coordinator.OffRequestPath(ctx) {
+		return p.client.EvalSha(ctx, sha1, keys, args...)
+	}
 	return p.bounded(ctx, func() *redis.Cmd { return p.ap.EvalSha(ctx, sha1, keys, args...) })
 }
 
 // EvalRO implements redis.Scripter, through the AutoPipeliner.
 func (p *pipelinedClient) EvalRO(ctx context.Context, script string, keys []string, args ...any) *redis.Cmd {
+	if coordinator.OffRequestPath(ctx) {
+		return p.client.EvalRO(ctx, script, keys, args...)
+	}
 	return p.bounded(ctx, func() *redis.Cmd { return p.ap.EvalRO(ctx, script, keys, args...) })
 }
 
 // EvalShaRO implements redis.Scripter, through the AutoPipeliner.
 func (p *pipelinedClient) EvalShaRO(ctx context.Context, sha1 string, keys []string, args ...any) *redis.Cmd {
+	if coordinator.OffRequestPath(ctx) {
+		return p.client.EvalShaRO(ctx, sha1, keys, args...)
+	}
 	return p.bounded(ctx, func() *redis.Cmd { return p.ap.EvalShaRO(ctx, sha1, keys, args...) })
 }
 
@@ -478,4 +499,21 @@ func oldRedis(info string) (version string, old bool) {
 		return v, err == nil && n < 7
 	}
 	return "", false
+}
+
+// maxDialTimeout is go-redis's own default dial timeout: a connection that
+// takes longer than this is not coming.
+const maxDialTimeout = 5 * time.Second
+
+// dialTimeout is the dial timeout of the clients NewRedisClient builds: the
+// lease, within [StorageTimeout, 5s]. go-redis dials in the background and a
+// caller waits for a dial only until its own context ends, so a dial timeout
+// longer than the storage timeout holds no call longer; what it buys is a
+// connection for the background save rounds and renewals, which may use
+// what is left of a reservation, on a Redis too starved to accept within
+// the storage timeout. A dial cut short at the storage timeout there (go-redis
+// counts it, and after PoolSize of them fails every new connection at once
+// until a probe a second later) gave up saves a lease could have kept.
+func dialTimeout(s Settings) time.Duration {
+	return max(s.StorageTimeout, min(s.Lease, maxDialTimeout))
 }

@@ -194,9 +194,9 @@ func TestNewRedisClientClusterFailsFast(t *testing.T) {
 	}
 	defer client.Close()
 	o := client.(*redis.ClusterClient).Options()
-	if !o.ContextTimeoutEnabled || o.DialerRetries != 1 || o.DialTimeout != s.StorageTimeout {
-		t.Fatalf("cluster options: ContextTimeoutEnabled %v, DialerRetries %d, DialTimeout %v; want true, 1, %v",
-			o.ContextTimeoutEnabled, o.DialerRetries, o.DialTimeout, s.StorageTimeout)
+	if !o.ContextTimeoutEnabled || o.DialerRetries != 1 || o.DialTimeout != 5*time.Second {
+		t.Fatalf("cluster options: ContextTimeoutEnabled %v, DialerRetries %d, DialTimeout %v; want true, 1, 5s (the lease, at most 5s)",
+			o.ContextTimeoutEnabled, o.DialerRetries, o.DialTimeout)
 	}
 }
 
@@ -330,5 +330,36 @@ func TestOldRedis(t *testing.T) {
 		if v, old := idempotency.OldRedis(tt.info); v != tt.version || old != tt.old {
 			t.Errorf("oldRedis(%q) = %q, %v; want %q, %v", tt.info, v, old, tt.version, tt.old)
 		}
+	}
+}
+
+// The dial timeout of the client NewRedisClient builds is the lease within
+// [IDEMPOTENCY_STORAGE_TIMEOUT, 5s]; a dial_timeout in the URL is kept when it
+// is shorter.
+func TestNewRedisClientDialTimeout(t *testing.T) {
+	for _, tt := range []struct {
+		name           string
+		url            string
+		lease, storage time.Duration
+		want           time.Duration
+	}{
+		{"defaults", "redis://127.0.0.1:2/0", 30 * time.Second, 250 * time.Millisecond, 5 * time.Second},
+		{"a short lease", "redis://127.0.0.1:2/0", time.Second, 100 * time.Millisecond, time.Second},
+		{"a lease shorter than the storage timeout", "redis://127.0.0.1:2/0", 50 * time.Millisecond, 100 * time.Millisecond, 100 * time.Millisecond},
+		{"a shorter dial_timeout in the URL", "redis://127.0.0.1:2/0?dial_timeout=200ms", 30 * time.Second, 250 * time.Millisecond, 200 * time.Millisecond},
+		{"a longer dial_timeout in the URL", "redis://127.0.0.1:2/0?dial_timeout=1m", 30 * time.Second, 250 * time.Millisecond, 5 * time.Second},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s := idempotency.DefaultSettings()
+			s.RedisURL, s.Lease, s.StorageTimeout = tt.url, tt.lease, tt.storage
+			client, err := idempotency.NewRedisClient(s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer client.Close()
+			if got := client.(*redis.Client).Options().DialTimeout; got != tt.want {
+				t.Errorf("DialTimeout = %v; want %v", got, tt.want)
+			}
+		})
 	}
 }

@@ -57,9 +57,9 @@ func TestNewRedisClientSentinel(t *testing.T) {
 	if o.TLSConfig == nil || o.TLSConfig.ServerName != "" {
 		t.Errorf("TLSConfig = %+v; want TLS (rediss://), verified under each server's own name", o.TLSConfig)
 	}
-	if !o.ContextTimeoutEnabled || o.DialerRetries != 1 || o.DialTimeout != s.StorageTimeout {
-		t.Errorf("ContextTimeoutEnabled %v, DialerRetries %d, DialTimeout %v; want true, 1, %v",
-			o.ContextTimeoutEnabled, o.DialerRetries, o.DialTimeout, s.StorageTimeout)
+	if !o.ContextTimeoutEnabled || o.DialerRetries != 1 || o.DialTimeout != 5*time.Second {
+		t.Errorf("ContextTimeoutEnabled %v, DialerRetries %d, DialTimeout %v; want true, 1, 5s (the lease, at most 5s)",
+			o.ContextTimeoutEnabled, o.DialerRetries, o.DialTimeout)
 	}
 	if strings.Contains(s.String(), "sentinel-secret") || !strings.Contains(s.String(), "RedisSentinelPassword:xxxxx") {
 		t.Errorf("String() = %s; want the sentinel password masked", s)

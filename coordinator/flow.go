@@ -508,7 +508,7 @@ func (f *flow[T]) settle(ctx context.Context, ok bool) {
 // completion still on its way and destroy a result that exists. Both steps
 // are owner-checked, so a retry is safe whatever became of the first.
 func (f *flow[T]) saveLater(ctx context.Context, expiry time.Time) {
-	ctx = context.WithoutCancel(ctx)
+	ctx = offRequestPath(context.WithoutCancel(ctx))
 	f.c.background(func() {
 		lease, timeout := f.c.cfg.lease, f.c.cfg.storageTimeout
 		backoff := f.c.cfg.pollInterval
@@ -529,22 +529,27 @@ func (f *flow[T]) saveLater(ctx context.Context, expiry time.Time) {
 			if d := at.Add(timeout); d.After(end) {
 				end = d
 			}
-			cctx, cancel := context.WithDeadline(ctx, end)
-			ok, err := f.storeRenewWithin(cctx)
+			rctx, cancel := context.WithDeadline(ctx, end)
+			ok, err := f.storeRenewWithin(rctx)
+			cancel()
 			if err != nil {
-				cancel()
 				f.storageFailed(ctx, ErrorStorageRenew, MethodRenew, err)
 				continue
 			}
-			if ok { // still ours, for another lease: complete
+			if ok { // still ours, for another lease: complete, within it
 				expiry = at.Add(lease)
-				if ok, err = f.storeCompleteWithin(cctx, f.state, f.payload); err != nil {
-					cancel()
+				end = expiry
+				if d := time.Now().Add(timeout); d.After(end) {
+					end = d
+				}
+				cctx, cancel := context.WithDeadline(ctx, end)
+				ok, err = f.storeCompleteWithin(cctx, f.state, f.payload)
+				cancel()
+				if err != nil {
 					f.storageFailed(ctx, ErrorStorageSave, MethodComplete, err)
 					continue
 				}
 			}
-			cancel()
 			// Complete answered, or Renew found the key no longer our
 			// pending record: completed by a late completion of ours,
 			// another caller's, or gone.

@@ -59,7 +59,7 @@ func (r *renewer) run() {
 		r.mu.Unlock()
 		return
 	}
-	rctx, cancel := context.WithCancel(context.WithoutCancel(r.ctx))
+	rctx, cancel := context.WithCancel(offRequestPath(context.WithoutCancel(r.ctx)))
 	r.cancel, r.done = cancel, make(chan struct{})
 	r.mu.Unlock()
 	defer close(r.done)

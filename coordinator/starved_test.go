@@ -3,7 +3,9 @@ package coordinator_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -53,6 +55,43 @@ func TestStarvedSaveStoresTheResult(t *testing.T) {
 		}
 		if n := f.rec.errors(coordinator.ErrorStorageRenew); n != 0 {
 			t.Fatalf("storage_renew_error = %d, want 0", n)
+		}
+	})
+}
+
+// A background round whose renewal goes through gives its completion the
+// renewed lease: a completion slower than what was left of the old one is
+// still stored (it was cut at the old expiry, and every round after it at
+// the expiry before its renewal, so the result was never stored).
+func TestStarvedSaveCompletesWithinTheRenewedLease(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f, fs, mem := newFaulty(t, coordinator.WithLease(time.Second), coordinator.WithStorageTimeout(20*time.Millisecond),
+			coordinator.WithRenewInterval(800*time.Millisecond))
+		var completes atomic.Int64
+		fs.Before(coordinator.MethodComplete, func(ctx context.Context, k coordinator.Key) error {
+			if completes.Add(1) == 1 { // the synchronous attempt: a hung store
+				<-ctx.Done()
+				return ctx.Err()
+			}
+			return slow(600*time.Millisecond)(ctx, k)
+		})
+		fs.Before(coordinator.MethodRenew, slow(300*time.Millisecond))
+		_, err := coordinator.Do(t.Context(), f.c, call("renewed"), func(context.Context) (int, error) {
+			time.Sleep(400 * time.Millisecond) // the lease has 600ms left when it returns
+			return 1, nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.c.Close()
+		if rec := mem.Snapshot(coordinator.Key{Operation: "payment.charge", Key: "renewed"}); rec.State != coordinator.StateCompleted {
+			t.Fatalf("record is %s, want completed", rec.State)
+		}
+		if n := completes.Load(); n != 2 {
+			t.Fatalf("completions sent = %d, want 2 (the synchronous one, and one background round)", n)
+		}
+		if n := f.rec.count(coordinator.EventStored, ""); n != 1 {
+			t.Fatalf("stored events = %d, want 1", n)
 		}
 	})
 }
@@ -110,6 +149,52 @@ func TestCleanupAfterRefusedReservesIsBounded(t *testing.T) {
 		}
 		if n := f.rec.errors(coordinator.ErrorStorageRelease); n != 50 {
 			t.Fatalf("storage_release_error = %d, want 50 (8 timed out, 42 dropped)", n)
+		}
+	})
+}
+
+// The calls no caller waits for are marked (OffRequestPath): the renewals of
+// a running action and the completions retried in the background; the
+// reserve and the first, synchronous completion are not.
+func TestOffRequestPath(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f, fs, _ := newFaulty(t, coordinator.WithLease(time.Second), coordinator.WithStorageTimeout(20*time.Millisecond))
+		var mu sync.Mutex
+		marked := map[string][]bool{}
+		mark := func(m coordinator.Method) func(context.Context, coordinator.Key) error {
+			return func(ctx context.Context, _ coordinator.Key) error {
+				mu.Lock()
+				defer mu.Unlock()
+				marked[string(m)] = append(marked[string(m)], coordinator.OffRequestPath(ctx))
+				if m == coordinator.MethodComplete && len(marked[string(m)]) == 1 {
+					return errors.New("the first completion fails")
+				}
+				return nil
+			}
+		}
+		for _, m := range []coordinator.Method{coordinator.MethodReserve, coordinator.MethodRenew, coordinator.MethodComplete} {
+			fs.Before(m, mark(m))
+		}
+		_, err := coordinator.Do(t.Context(), f.c, call("marked"), func(context.Context) (int, error) {
+			time.Sleep(500 * time.Millisecond) // one renewal
+			return 1, nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.c.Close()
+		want := map[string][]bool{
+			string(coordinator.MethodReserve):  {false},
+			string(coordinator.MethodRenew):    {true, true}, // the renewer's, the save round's
+			string(coordinator.MethodComplete): {false, true},
+		}
+		for m, w := range want {
+			if !slices.Equal(marked[m], w) {
+				t.Errorf("%s: OffRequestPath = %v, want %v", m, marked[m], w)
+			}
+		}
+		if coordinator.OffRequestPath(t.Context()) {
+			t.Error("OffRequestPath of a plain context = true")
 		}
 	})
 }

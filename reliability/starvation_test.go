@@ -42,7 +42,8 @@ func startBusyLoops(t *testing.T, n int) {
 // (lease 1s, storage timeout 100ms), beside busy loops that starve the
 // callers, the coordinator and Redis of CPU. The background save rounds
 // and renewals may use what is left of the reservation, so no save is given
-// up and no key runs twice (issue 17).
+// up and no protected run is run again (issue 17); with on-storage-error run,
+// a reserve that misses the storage timeout runs unprotected, as documented.
 func TestStarvation(t *testing.T) {
 	lv := suiteLevel(t)
 	ms := []modes{{coordinator.InFlightWait, coordinator.OnStorageErrorRaise}, {coordinator.InFlightRaise, coordinator.OnStorageErrorRaise}}
@@ -76,8 +77,17 @@ func TestStarvation(t *testing.T) {
 				if lv != levelFull {
 					report = t.Logf
 				}
-				if n := o.r.extraRuns(); n > 0 {
-					report("%d keys ran twice (extra runs %s); want none", n, o.r.summary())
+				// With on-storage-error run, a reserve that misses the
+				// 100ms storage timeout runs its action unprotected: that
+				// is the mode, documented and chosen, so those extra runs
+				// (and the runs after them) are logged, not failed. What
+				// starvation must not cause is a protected run lost.
+				starved := o.r.extraRuns() - o.r.extra[reasonUnprotected] - o.r.extra[reasonAfterUnprot]
+				if n := o.r.extra[reasonUnprotected] + o.r.extra[reasonAfterUnprot]; n > 0 {
+					t.Logf("%d extra runs of unprotected calls (on-storage-error %s: a reserve missed the storage timeout)", n, m.onError)
+				}
+				if starved > 0 {
+					report("%d keys ran twice after a protected run (extra runs %s); want none", starved, o.r.summary())
 				}
 				if n := o.given; n > 0 {
 					report("%d saves given up (storage_save_error, not stored: could have expired); want none", n)

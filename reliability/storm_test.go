@@ -232,7 +232,7 @@ type backend interface {
 func newClient(t *testing.T, addrs []string, cluster bool) redis.UniversalClient {
 	t.Helper()
 	s := idempotency.DefaultSettings()
-	s.StorageTimeout = storageTimeout
+	s.StorageTimeout, s.Lease = storageTimeout, lease
 	if cluster {
 		s.RedisClusterAddrs = addrs
 	} else {
