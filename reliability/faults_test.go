@@ -64,6 +64,7 @@ const (
 	holdFor   = 400 * time.Millisecond // the held link
 	loopFor   = time.Second            // CLIENT KILL and SCRIPT FLUSH loops
 	killEvery = 50 * time.Millisecond
+	slowBy    = 150 * time.Millisecond // the slow link, each way
 )
 
 var (
@@ -174,6 +175,23 @@ var (
 			end := env.now()
 			return faultResult{start: start, end: end,
 				note: fmt.Sprintf("held %v: %d chunks, %d bytes, delivered newest first", time.Duration(end-start).Round(time.Millisecond), held.Chunks, held.Bytes)}
+		},
+	}
+
+	faultSlow = fault{
+		name: "slow-link",
+		expect: "every chunk delayed 150ms each way, beyond the storage timeout: calls time out (the breaker, " +
+			"when on, opens and refuses them at once), while the background saves, which may take what is left " +
+			"of the lease, go through; no extra run but unprotected runs (run), no lost result",
+		needs: "proxy",
+		inject: func(t *testing.T, env *faultEnv) faultResult {
+			start := env.now()
+			env.proxy.SetLatency(slowBy)
+			time.Sleep(stall)
+			env.proxy.SetLatency(0)
+			end := env.now()
+			return faultResult{start: start, end: end,
+				note: fmt.Sprintf("slowed by %v each way for %v", slowBy, time.Duration(end-start).Round(time.Millisecond))}
 		},
 	}
 

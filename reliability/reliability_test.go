@@ -162,6 +162,8 @@ func faultModes(lv level, f fault) []modes {
 		return []modes{m(wait, eRaise), m(raise, eRun)}
 	case faultFailover.name:
 		return []modes{m(wait, eRaise), m(run, eRun)}
+	case faultSlow.name:
+		return []modes{m(wait, eRaise), m(raise, eRun)}
 	case faultSentinelFailover.name:
 		return []modes{m(wait, eRaise), m(raise, eRaise)}
 	}
@@ -184,12 +186,32 @@ func TestStorms(t *testing.T) {
 // TestFaults: storms on a standalone server, each with one fault.
 func TestFaults(t *testing.T) {
 	lv := suiteLevel(t)
-	for _, f := range []fault{faultKill, faultStop, faultSleep, faultClientKill, faultScriptFlush, faultHold} {
+	for _, f := range []fault{faultKill, faultStop, faultSleep, faultClientKill, faultScriptFlush, faultHold, faultSlow} {
 		for _, m := range faultModes(lv, f) {
 			sc := scenario{backend: "standalone", modes: m, fault: f}
 			t.Run(sc.name(), func(t *testing.T) {
 				b, env := startStandalone(t, f.needs == "proxy")
 				check(t, lv, sc, b, env)
+			})
+		}
+	}
+}
+
+// TestBreaker: storms with the module's circuit breaker on the client,
+// against a dead Redis (kill -9), a hung one (SIGSTOP) and a slow one (every
+// chunk delayed past the storage timeout): the breaker opens and refuses
+// calls as storage errors, and must never cost a result. The checker's rules
+// are the same as without it: no extra run but the faults' own, no lost
+// result.
+func TestBreaker(t *testing.T) {
+	lv := suiteLevel(t)
+	for _, f := range []fault{faultKill, faultStop, faultSlow} {
+		for _, m := range faultModes(lv, f) {
+			sc := scenario{backend: "standalone", modes: m, fault: f, breaker: true}
+			t.Run(sc.name(), func(t *testing.T) {
+				b, env := startStandalone(t, f.needs == "proxy")
+				o := check(t, lv, sc, b, env)
+				t.Logf("breaker refusals: %d", o.refused)
 			})
 		}
 	}

@@ -4,6 +4,7 @@ package reliability_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"math/rand/v2"
@@ -254,10 +255,16 @@ type scenario struct {
 	// label names.
 	wrap  func(*redisrepo.Store) coordinator.Store
 	label string
+	// breaker adds the module's circuit breaker to the storm's client
+	// (idempotency.AddBreaker, the module's defaults but the storm's lease).
+	breaker bool
 }
 
 func (sc scenario) name() string {
 	name := sc.backend + "/" + sc.fault.name + "/" + sc.modes.inFlight.String() + "-" + sc.modes.onError.String()
+	if sc.breaker {
+		name = "breaker/" + name
+	}
 	if sc.label != "" {
 		name = sc.label + "/" + name
 	}
@@ -282,6 +289,9 @@ type outcome struct {
 	duration      time.Duration
 	// given is how many saves the coordinator gave up.
 	given int
+	// refused is how many calls' store failures were the breaker's
+	// refusals (idempotency.ErrBreakerOpen).
+	refused int
 }
 
 // runStorm runs sc against b and checks the history. It does not fail t on
@@ -295,6 +305,13 @@ func runStorm(t *testing.T, lv level, sc scenario, b backend, env *faultEnv) *ou
 
 	leaks := goleak.IgnoreCurrent()
 	client := b.client(t)
+	if sc.breaker {
+		bs := idempotency.DefaultSettings()
+		bs.Lease = lease // a cool-down of a tenth of it
+		if err := idempotency.AddBreaker(client, bs, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
 	var store coordinator.Store = redisrepo.New(client, redisrepo.WithKeyPrefix(prefix))
 	if sc.wrap != nil {
 		store = sc.wrap(store.(*redisrepo.Store))
@@ -341,6 +358,9 @@ func runStorm(t *testing.T, lv level, sc scenario, b backend, env *faultEnv) *ou
 		if err := cl.storeErr(); err != nil {
 			o.storeFailures++
 			lastFail = max(lastFail, cl.end)
+			if errors.Is(err, idempotency.ErrBreakerOpen) {
+				o.refused++
+			}
 			if !isTimeout(err) {
 				o.otherFailures = append(o.otherFailures, err)
 			}
