@@ -435,8 +435,8 @@ func (h *history) checkCall(r *report, c *call, byID map[int]*call) {
 	if c.panicked != nil {
 		bad("Do panicked: %v", c.panicked)
 	}
-	if lat > hangLimit {
-		bad("took %v (hang limit %v)", lat, hangLimit)
+	if limit := cmp.Or(h.hangLimit, hangLimit); lat > limit {
+		bad("took %v (hang limit %v)", lat, limit)
 	}
 	switch c.class {
 	case errOther:
@@ -444,13 +444,15 @@ func (h *history) checkCall(r *report, c *call, byID map[int]*call) {
 	case errContext:
 		bad("the caller's deadline passed (a hang): %v", c.err)
 	case errStorage:
-		if h.onError != coordinator.OnStorageErrorRaise {
+		// The final reads have a coordinator of their own, in modes wait
+		// and raise, and retry a storage error or ErrInProgress.
+		if h.onError != coordinator.OnStorageErrorRaise && !c.final {
 			bad("*StorageError in on-storage-error mode %s: %v", h.onError, c.err)
 		}
 	case errInProgress:
 		// Mode raise at once, mode wait past the wait bound; mode run
 		// never waits.
-		if h.inFlight == coordinator.InFlightRun {
+		if h.inFlight == coordinator.InFlightRun && !c.final {
 			bad("ErrInProgress in in-flight mode run: %v", c.err)
 		}
 	}

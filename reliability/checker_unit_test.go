@@ -21,7 +21,7 @@ type hcall struct {
 	id         int
 	key        string
 	start, end int64
-	how        string // "reserved", "unprotected", "run", "replay", "error", "final-ran", "final-replay"
+	how        string // "reserved", "unprotected", "run", "replay", "error", "final-ran", "final-replay", "final-storage-error"
 	ret        int    // the id of the call whose value is returned (0: its own)
 	retKey     string // the key of that call, if another
 }
@@ -57,6 +57,9 @@ func buildHistory(inFlight coordinator.InFlightMode, onError coordinator.OnStora
 			ran(true)
 		case "final-replay":
 			c.final = true
+		case "final-storage-error": // retried by the final reader
+			c.final = true
+			c.class = errStorage
 		}
 		c.value = c.own
 		if hc.ret != 0 {
@@ -99,6 +102,11 @@ func TestChecker(t *testing.T) {
 			{id: 2, key: "a", start: 5, end: 15, how: "replay", ret: 1},
 			{id: 3, key: "a", start: 1, end: 2, how: "error"},
 			{id: 4, key: "a", start: 20, end: 21, how: "final-replay", ret: 1},
+		}), true, "", ""},
+		{"a final read retried after a storage error, in mode run", buildHistory(run, eRun, []hcall{
+			{id: 1, key: "a", start: 0, end: 10, how: "run"},
+			{id: 2, key: "a", start: 20, end: 21, how: "final-storage-error"},
+			{id: 3, key: "a", start: 30, end: 31, how: "final-replay", ret: 1},
 		}), true, "", ""},
 		{"a second reserved run", buildHistory(wait, eRaise, []hcall{
 			{id: 1, key: "a", start: 0, end: 10, how: "reserved"},

@@ -52,6 +52,9 @@ type fault struct {
 	// timeout.
 	quiet  bool
 	inject func(t *testing.T, env *faultEnv) faultResult
+	// hangLimit, if set, is the longest a call may take instead of the
+	// default (hangLimit).
+	hangLimit time.Duration
 }
 
 // The faults' durations: each stall is longer than the storage timeout

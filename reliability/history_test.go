@@ -193,6 +193,8 @@ type history struct {
 	// effects counts the effects of each key's actions, as the actions
 	// counted them (the checker recounts them from the calls and compares).
 	effects map[string]int64
+	// hangLimit, if set, replaces the default hang limit.
+	hangLimit time.Duration
 }
 
 // callKey carries the *call in the context of its Do, so that the observer

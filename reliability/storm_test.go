@@ -345,7 +345,7 @@ func runStorm(t *testing.T, lv level, sc scenario, b backend, env *faultEnv) *ou
 
 	s.finalReads(t, b, prefix)
 
-	h := &history{inFlight: sc.modes.inFlight, onError: sc.modes.onError, windows: fr.windows, effects: s.effect}
+	h := &history{inFlight: sc.modes.inFlight, onError: sc.modes.onError, windows: fr.windows, effects: s.effect, hangLimit: sc.fault.hangLimit}
 	for _, cs := range s.calls {
 		h.calls = append(h.calls, cs...)
 	}
