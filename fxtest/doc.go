@@ -1,7 +1,8 @@
-// Package idemfxtest has fx options for tests of apps that use
+// Package fxtest has fx options for tests of apps that use
 // idempotency.Module: an in-memory store in place of Redis, a store that
-// fails on demand, and settings overrides. Use them with go.uber.org/fx/fxtest,
-// whose package name this one avoids:
+// fails on demand, and settings overrides. Its name is that of
+// go.uber.org/fx/fxtest, which a test usually imports too; import this one as
+// idemfxtest there:
 //
 //	import (
 //		"go.uber.org/fx"
@@ -10,7 +11,7 @@
 //		"github.com/idemkit/idempotency"
 //		"github.com/idemkit/idempotency/coordinator"
 //		"github.com/idemkit/idempotency/coordinator/memstore"
-//		"github.com/idemkit/idempotency/idemfxtest"
+//		idemfxtest "github.com/idemkit/idempotency/fxtest"
 //	)
 //
 //	var store *memstore.Store
@@ -29,4 +30,4 @@
 // app would still get a Redis store, on a Redis client of its own, that does
 // not see the in-memory records. Give a test of such an endpoint a real Redis,
 // or leave the endpoint out of the test's graph.
-package idemfxtest
+package fxtest

@@ -1,4 +1,4 @@
-package idemfxtest_test
+package fxtest_test
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/coordinator/memstore"
-	"github.com/idemkit/idempotency/idemfxtest"
+	idemfxtest "github.com/idemkit/idempotency/fxtest"
 )
 
 func Example() {

@@ -1,4 +1,4 @@
-package idemfxtest
+package fxtest
 
 import (
 	"go.uber.org/fx"
