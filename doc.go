@@ -20,8 +20,8 @@
 // Prometheus metrics and zap log lines (package observability), and the
 // coordinator (package coordinator, the engine). UseRedisClient points it at
 // the app's own Redis client instead, OverrideSettings and
-// OverrideSettingsWith change settings in code, and the package idemfxtest
-// swaps Redis out in tests.
+// OverrideSettingsWith change settings in code, and the package fxtest
+// (github.com/idemkit/idempotency/fxtest) swaps Redis out in tests.
 //
 // Every constructor Module wires is exported, so the library works without fx
 // too:

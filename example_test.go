@@ -10,7 +10,7 @@ import (
 
 	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/coordinator"
-	"github.com/idemkit/idempotency/idemfxtest"
+	"github.com/idemkit/idempotency/fxtest"
 )
 
 func Example() {
@@ -21,8 +21,8 @@ func Example() {
 		// An app leaves these two out: its settings come from the
 		// IDEMPOTENCY_* environment and its store is Redis. They keep the
 		// example self-contained.
-		idemfxtest.DefaultSettings(),
-		idemfxtest.MemoryStore(),
+		fxtest.IgnoreEnvironment(),
+		fxtest.MemoryStore(),
 		fx.Populate(&c), // an app injects *coordinator.Coordinator into its handlers
 	)
 	ctx := context.Background()
@@ -69,7 +69,7 @@ func ExampleOverrideSettings() {
 	app := fx.New(
 		fx.NopLogger,
 		idempotency.Module,
-		idemfxtest.DefaultSettings(), // an app reads the environment instead
+		fxtest.IgnoreEnvironment(), // an app reads the environment instead
 		idempotency.OverrideSettings(func(s *idempotency.Settings) {
 			s.InFlight = coordinator.InFlightRaise // fail fast rather than wait for the first caller
 		}),
@@ -88,7 +88,7 @@ func ExampleOverrideSettingsWith() {
 	app := fx.New(
 		fx.NopLogger,
 		idempotency.Module,
-		idemfxtest.DefaultSettings(), // an app reads the environment instead
+		fxtest.IgnoreEnvironment(), // an app reads the environment instead
 		fx.Supply(tenant{name: "shop"}),
 		idempotency.OverrideSettingsWith(func(t tenant, s *idempotency.Settings) {
 			s.KeyPrefix = t.name + ":idempotency:"

@@ -112,8 +112,8 @@ func UseRedisClient[C redis.UniversalClient]() fx.Option {
 
 // SettingsOverride changes the module's settings after they are loaded; an
 // app or a test provides it to the SettingsOverrides value group
-// (OverrideSettings, OverrideSettingsWith and idemfxtest.Settings do). The
-// changed settings are validated again.
+// (OverrideSettings and OverrideSettingsWith do). The changed settings are
+// validated again.
 // Overrides run in no guaranteed order, so two should not set one field.
 type SettingsOverride func(*Settings)
 
@@ -121,7 +121,7 @@ type SettingsOverride func(*Settings)
 const SettingsOverrides = "idempotency.settings"
 
 // SettingsBaseName is the fx name of an optional Settings value that Module
-// starts from instead of the environment (idemfxtest.DefaultSettings supplies
+// starts from instead of the environment (fxtest.IgnoreEnvironment supplies
 // it).
 const SettingsBaseName = "idempotency.settings.base"
 

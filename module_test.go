@@ -28,7 +28,7 @@ import (
 	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/coordinator/faultstore"
 	"github.com/idemkit/idempotency/coordinator/memstore"
-	"github.com/idemkit/idempotency/idemfxtest"
+	idemfxtest "github.com/idemkit/idempotency/fxtest"
 	"github.com/idemkit/idempotency/internal/redistest"
 	"github.com/idemkit/idempotency/redisrepo"
 )
@@ -227,9 +227,9 @@ func TestFxtestHelpers(t *testing.T) {
 	var fs *faultstore.Store
 	var s idempotency.Settings
 	app := fxtest.New(t, idempotency.Module,
-		idemfxtest.DefaultSettings(),
+		idemfxtest.IgnoreEnvironment(),
 		idemfxtest.FailingStore(),
-		idemfxtest.Settings(func(s *idempotency.Settings) { s.OnStorageError = coordinator.OnStorageErrorRaise }),
+		idempotency.OverrideSettings(func(s *idempotency.Settings) { s.OnStorageError = coordinator.OnStorageErrorRaise }),
 		regOpt, fx.Populate(&c, &fs, &s))
 	app.RequireStart()
 	defer app.RequireStop()
@@ -249,7 +249,7 @@ func TestFxtestSettingsAreValidated(t *testing.T) {
 	_, regOpt := registry()
 	var c *coordinator.Coordinator
 	app := fx.New(idempotency.Module, fx.NopLogger, idemfxtest.MemoryStore(),
-		idemfxtest.Settings(func(s *idempotency.Settings) { s.Lease = 0 }), regOpt, fx.Populate(&c))
+		idempotency.OverrideSettings(func(s *idempotency.Settings) { s.Lease = 0 }), regOpt, fx.Populate(&c))
 	if err := app.Err(); err == nil || !strings.Contains(err.Error(), "IDEMPOTENCY_LEASE") {
 		t.Fatalf("err = %v", err)
 	}

@@ -14,7 +14,7 @@ import (
 	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/coordinator/memstore"
-	"github.com/idemkit/idempotency/idemfxtest"
+	"github.com/idemkit/idempotency/fxtest"
 	"github.com/idemkit/idempotency/observability"
 )
 
@@ -34,8 +34,8 @@ func ExampleModule_tracing() {
 		fx.NopLogger,
 		fx.Provide(fx.Annotate(newTracerProvider, fx.As(fx.Self()), fx.As(new(trace.TracerProvider)))),
 		idempotency.Module,
-		idemfxtest.DefaultSettings(), // an app reads the environment instead
-		idemfxtest.MemoryStore(),     // and uses Redis
+		fxtest.IgnoreEnvironment(), // an app reads the environment instead
+		fxtest.MemoryStore(),       // and uses Redis
 		fx.Supply(zap.NewNop(), fx.Annotate(prometheus.NewRegistry(), fx.As(new(prometheus.Registerer)))),
 		fx.Populate(&c, &tp),
 	)

@@ -15,7 +15,7 @@ import (
 
 	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/coordinator"
-	"github.com/idemkit/idempotency/idemfxtest"
+	idemfxtest "github.com/idemkit/idempotency/fxtest"
 	"github.com/idemkit/idempotency/observability"
 )
 
@@ -37,7 +37,7 @@ func tracedApp(t *testing.T, opts ...fx.Option) *coordinator.Coordinator {
 	var c *coordinator.Coordinator
 	app := fxtest.New(t, append([]fx.Option{
 		idempotency.Module,
-		idemfxtest.DefaultSettings(),
+		idemfxtest.IgnoreEnvironment(),
 		idemfxtest.MemoryStore(),
 		regOpt,
 		fx.Supply(zap.NewNop()),
@@ -138,7 +138,7 @@ func TestModuleDoesNotTrace(t *testing.T) {
 	}{
 		{"no provider", func(*sdktrace.TracerProvider) []fx.Option { return nil }},
 		{"TRACING_ENABLED false", func(tp *sdktrace.TracerProvider) []fx.Option {
-			return []fx.Option{provided(tp), idemfxtest.Settings(func(s *idempotency.Settings) { s.TracingEnabled = false })}
+			return []fx.Option{provided(tp), idempotency.OverrideSettings(func(s *idempotency.Settings) { s.TracingEnabled = false })}
 		}},
 		{"provider as *sdktrace.TracerProvider only (fx matches types exactly)", func(tp *sdktrace.TracerProvider) []fx.Option {
 			return []fx.Option{fx.Supply(tp)}
@@ -167,7 +167,7 @@ func TestModuleTracingFollowsLogKeysOmitted(t *testing.T) {
 		t.Run(mode.String(), func(t *testing.T) {
 			clearEnv(t)
 			tp, sr := tracerProvider(t)
-			c := tracedApp(t, provided(tp), idemfxtest.Settings(func(s *idempotency.Settings) { s.LogKeys = mode }))
+			c := tracedApp(t, provided(tp), idempotency.OverrideSettings(func(s *idempotency.Settings) { s.LogKeys = mode }))
 			callTwice(t, tp, c)
 			a, _ := spanAttrs(t, sr, "first")
 			h, ok := a["idempotency.key_hash"]

@@ -10,7 +10,7 @@ import (
 	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/coordinator/memstore"
-	"github.com/idemkit/idempotency/idemfxtest"
+	idemfxtest "github.com/idemkit/idempotency/fxtest"
 	"github.com/idemkit/idempotency/redisrepo"
 )
 

@@ -16,7 +16,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/idemkit/idempotency/idemfxtest"
+	idemfxtest "github.com/idemkit/idempotency/fxtest"
 )
 
 // TestMain checks that a stopped app leaves no goroutine behind: HTTP
@@ -38,7 +38,7 @@ func startApp(t *testing.T) *testApp {
 		appOptions(config{Addr: "127.0.0.1:0", LogLevel: "info", EmbeddedRedis: true}),
 		// Start from the library's defaults, whatever IDEMPOTENCY_* variables
 		// the developer's shell has.
-		idemfxtest.DefaultSettings(),
+		idemfxtest.IgnoreEnvironment(),
 		fx.Replace(zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel))),
 		fx.Populate(&srv),
 	)

@@ -18,7 +18,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/idemkit/idempotency/idemfxtest"
+	idemfxtest "github.com/idemkit/idempotency/fxtest"
 	"github.com/idemkit/idempotency/idemgrpc"
 	"github.com/idemkit/idempotency/idemgrpc/internal/paymentspb"
 )
@@ -36,7 +36,7 @@ func TestApp(t *testing.T) {
 		appOptions(config{Addr: "127.0.0.1:0", EmbeddedRedis: true}),
 		// Start from the library's defaults, whatever IDEMPOTENCY_* variables
 		// the developer's shell has.
-		idemfxtest.DefaultSettings(),
+		idemfxtest.IgnoreEnvironment(),
 		fx.Replace(zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel))),
 		fx.Populate(&srv, &p),
 	)
