@@ -2,11 +2,14 @@ package idemgrpc
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
 
 	"google.golang.org/grpc/codes"
+
+	"github.com/idemkit/idempotency/coordinator"
 )
 
 // The metadata keys the interceptors speak. gRPC metadata keys are lowercase.
@@ -25,9 +28,11 @@ const (
 const DefaultRetryAfter = time.Second
 
 // An Option configures the interceptors; pass options to
-// UnaryServerInterceptor or UnaryClientInterceptor. The client interceptor
-// reads WithKeyHeader and WithMethods and ignores the others, but, like the
-// server interceptor, panics when any of them is invalid.
+// UnaryServerInterceptor or UnaryClientInterceptor. A nil Option is skipped.
+// The interceptors cannot return an error, so they panic on an invalid
+// option value, with an error that names the option, the value and what is
+// accepted (each a *coordinator.OptionError). The client interceptor reads
+// WithKeyHeader and WithMethods and ignores the others, but checks them all.
 type Option interface{ apply(*config) }
 
 type optionFunc func(*config)
@@ -177,28 +182,37 @@ func DefaultStorePolicy(code codes.Code) bool {
 	return false
 }
 
+// validate checks the options and fills in the defaults that depend on them.
+// It reports every refused value at once, each as a *coordinator.OptionError.
 func (c *config) validate() error {
+	var errs []error
+	bad := func(option, format string, args ...any) {
+		errs = append(errs, &coordinator.OptionError{Option: option, Err: fmt.Errorf(format, args...)})
+	}
 	if err := validHeader(c.header); err != nil {
-		return fmt.Errorf("WithKeyHeader(%q): %w", c.header, err)
+		bad("WithKeyHeader", "must be a metadata key of [0-9a-z_.-], not starting with \"grpc-\" nor ending in \"-bin\", got %q: %v", c.header, err)
 	}
 	if c.methods != nil {
 		if len(c.methods) == 0 {
-			return fmt.Errorf("WithMethods: no methods")
+			bad("WithMethods", "must name at least one method, got none")
 		}
 		c.methodSet = make(map[string]bool, len(c.methods))
 		for _, m := range c.methods {
 			svc, meth, ok := strings.Cut(strings.TrimPrefix(m, "/"), "/")
 			if !strings.HasPrefix(m, "/") || !ok || svc == "" || meth == "" || strings.Contains(meth, "/") {
-				return fmt.Errorf("WithMethods: %q is not a full method name (/service/method)", m)
+				bad("WithMethods", "must name full methods (/service/method), got %q", m)
 			}
 			c.methodSet[m] = true
 		}
 	}
 	if c.ttl < 0 {
-		return fmt.Errorf("WithTTL(%v): must not be negative", c.ttl)
+		bad("WithTTL", "must not be negative (0s means the coordinator's default), got %v", c.ttl)
 	}
 	if c.retryAfter <= 0 {
-		return fmt.Errorf("WithRetryAfter(%v): must be positive", c.retryAfter)
+		bad("WithRetryAfter", "must be positive, got %v", c.retryAfter)
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("idemgrpc: invalid options: %w", errors.Join(errs...))
 	}
 	if c.storePolicy == nil {
 		c.storePolicy = DefaultStorePolicy

@@ -110,7 +110,7 @@ func UnaryServerInterceptor(c *coordinator.Coordinator, opts ...Option) grpc.Una
 	}
 	cfg, err := newConfig(opts)
 	if err != nil {
-		panic("idemgrpc: " + err.Error())
+		panic(err)
 	}
 	s := &server{c: c, cfg: &cfg}
 	return s.intercept

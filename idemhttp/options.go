@@ -1,6 +1,7 @@
 package idemhttp
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -25,7 +26,10 @@ const (
 	DefaultOperation = "http"
 )
 
-// An Option configures the middleware; pass options to Middleware.
+// An Option configures the middleware; pass options to Middleware. A nil
+// Option is skipped. Middleware cannot return an error, so it panics on an
+// invalid option value, with an error that names the option, the value and
+// what is accepted (each a *coordinator.OptionError).
 type Option interface{ apply(*config) }
 
 type optionFunc func(*config)
@@ -247,9 +251,15 @@ func neverReplayed(k string) bool {
 	return strings.HasPrefix(k, http.TrailerPrefix)
 }
 
+// validate checks the options and fills in the defaults that depend on them.
+// It reports every refused value at once, each as a *coordinator.OptionError.
 func (c *config) validate() error {
+	var errs []error
+	bad := func(option, format string, args ...any) {
+		errs = append(errs, &coordinator.OptionError{Option: option, Err: fmt.Errorf(format, args...)})
+	}
 	if len(c.methods) == 0 {
-		return fmt.Errorf("WithMethods: no methods")
+		bad("WithMethods", "must name at least one method, got none")
 	}
 	c.methodSet = make(map[string]bool, len(c.methods))
 	for _, m := range c.methods {
@@ -257,31 +267,35 @@ func (c *config) validate() error {
 	}
 	if c.operation != "" {
 		if err := coordinator.ValidateOperation(c.operation); err != nil {
-			return fmt.Errorf("WithOperation: %w", err)
+			bad("WithOperation", "must be 1 to %d bytes of [A-Za-z0-9._-] (coordinator.ValidateOperation), got %q",
+				coordinator.MaxOperationLen, c.operation)
 		}
 	}
 	if c.maxBody <= 0 {
-		return fmt.Errorf("WithMaxBodyBytes(%d): must be positive", c.maxBody)
+		bad("WithMaxBodyBytes", "must be positive, got %d", c.maxBody)
 	}
 	if c.maxResponse <= 0 {
-		return fmt.Errorf("WithMaxResponseBytes(%d): must be positive", c.maxResponse)
+		bad("WithMaxResponseBytes", "must be positive, got %d", c.maxResponse)
 	}
 	if strings.ContainsFunc(c.challenge, func(r rune) bool { return r < ' ' && r != '\t' || r == 0x7f }) {
-		return fmt.Errorf("WithAuthChallenge(%q): control characters", c.challenge)
+		bad("WithAuthChallenge", "must not hold control characters, got %q", c.challenge)
 	}
 	if c.ttl < 0 {
-		return fmt.Errorf("WithTTL(%v): must not be negative", c.ttl)
+		bad("WithTTL", "must not be negative (0s means the coordinator's default), got %v", c.ttl)
 	}
 	if c.retryAfter <= 0 {
-		return fmt.Errorf("WithRetryAfter(%v): must be positive", c.retryAfter)
+		bad("WithRetryAfter", "must be positive, got %v", c.retryAfter)
 	}
 	c.replaySet = make(map[string]bool, len(c.replayHeaders))
 	for _, h := range c.replayHeaders {
 		k := http.CanonicalHeaderKey(h)
 		if neverReplayed(k) {
-			return fmt.Errorf("WithReplayHeaders: %s is never replayed", k)
+			bad("WithReplayHeaders", "must not name a header that is never replayed (see the package documentation), got %s", k)
 		}
 		c.replaySet[k] = true
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("idemhttp: invalid options: %w", errors.Join(errs...))
 	}
 	c.fpHeadersCanon = nil
 	for _, h := range c.fpHeaders {
