@@ -31,7 +31,8 @@ const (
 	DefaultMaxResultBytes = 1 << 20
 )
 
-// An Option configures a Coordinator; pass them to New.
+// An Option configures a Coordinator; pass them to New. A nil Option is
+// skipped; an invalid value makes New return an error (see OptionError).
 type Option interface{ apply(*config) }
 
 type optionFunc func(*config)

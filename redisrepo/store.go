@@ -51,11 +51,17 @@ type Store struct {
 var _ coordinator.Store = (*Store)(nil)
 
 // New returns a Store that keeps its records through client. Without options
-// the keys have the prefix DefaultKeyPrefix.
+// the keys have the prefix DefaultKeyPrefix. It panics when an option is
+// invalid (see Option).
 func New(client Client, opts ...Option) *Store {
 	s := &Store{client: client, prefix: DefaultKeyPrefix, format: Format2}
 	for _, o := range opts {
-		o.apply(s)
+		if o != nil {
+			o.apply(s)
+		}
+	}
+	if err := s.validate(); err != nil {
+		panic(err)
 	}
 	s.channel = wakeChannelPrefix + s.prefix
 	_, s.sharded = client.(*redis.ClusterClient)
