@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/idemhttp"
 )
 
 // The metadata keys the interceptors speak. gRPC metadata keys are lowercase.
@@ -103,8 +104,8 @@ func WithKeyRequired(required bool) Option {
 // its full method name. Its result must satisfy
 // coordinator.ValidateOperation; a call for which it does not fails with
 // Internal, and the handler does not run. Default (and when f is nil)
-// OperationName: "/payments.v1.Payments/Charge" becomes
-// "payments.v1.Payments.Charge".
+// idemhttp.OperationName, which maps a full method as it maps a route:
+// "/payments.v1.Payments/Charge" becomes "payments.v1.Payments.Charge".
 func WithOperation(f func(fullMethod string) string) Option {
 	return optionFunc(func(c *config) { c.operation = f })
 }
@@ -218,7 +219,7 @@ func (c *config) validate() error {
 		c.storePolicy = DefaultStorePolicy
 	}
 	if c.operation == nil {
-		c.operation = OperationName
+		c.operation = idemhttp.OperationName
 	}
 	return nil
 }

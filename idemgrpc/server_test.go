@@ -21,6 +21,7 @@ import (
 	"github.com/idemkit/idempotency/coordinator/memstore"
 	"github.com/idemkit/idempotency/idemgrpc"
 	"github.com/idemkit/idempotency/idemgrpc/internal/paymentspb"
+	"github.com/idemkit/idempotency/idemhttp"
 )
 
 func TestFirstCallRunsRetryReplays(t *testing.T) {
@@ -515,7 +516,7 @@ func TestOperationName(t *testing.T) {
 		"/Greeter/SayHello":                   "Greeter.SayHello",
 		"/" + strings.Repeat("a", 120) + "/M": strings.Repeat("a", 91) + "-",
 	} {
-		got := idemgrpc.OperationName(in)
+		got := idemhttp.OperationName(in)
 		if strings.HasSuffix(want, "-") {
 			if !strings.HasPrefix(got, want) || len(got) != coordinator.MaxOperationLen {
 				t.Errorf("OperationName(%q) = %q, want %q and 8 hex digits", in, got, want)
