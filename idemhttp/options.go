@@ -70,7 +70,7 @@ func defaultConfig() config {
 // WithMethods sets the request methods the middleware protects; requests with
 // other methods pass through untouched. Methods are compared exactly (they
 // are case-sensitive in HTTP). Default POST and PATCH. Middleware panics when
-// the list is empty.
+// the list is empty or a name is not a token (RFC 9110).
 func WithMethods(methods ...string) Option {
 	ms := slices.Clone(methods)
 	return optionFunc(func(c *config) { c.methods = ms })
@@ -141,7 +141,8 @@ func WithMaxBodyBytes(n int64) Option {
 
 // WithFingerprintHeaders adds request headers to the fingerprint, which is
 // otherwise the method, path, query and body. A key reused with another value
-// of one of these headers is refused with 422. Default none.
+// of one of these headers is refused with 422. Default none. Middleware
+// panics when a name is not a token (RFC 9110).
 func WithFingerprintHeaders(names ...string) Option {
 	ns := slices.Clone(names)
 	return optionFunc(func(c *config) { c.fpHeaders = ns })
@@ -162,7 +163,7 @@ func WithMaxResponseBytes(n int) Option {
 // WithReplayHeaders sets the response headers that are stored and replayed,
 // replacing DefaultReplayHeaders. Set-Cookie, Authorization and the other
 // headers listed in the package documentation are never stored: Middleware
-// panics when names includes one.
+// panics when names includes one, or a name that is not a token (RFC 9110).
 func WithReplayHeaders(names ...string) Option {
 	ns := slices.Clone(names)
 	return optionFunc(func(c *config) { c.replayHeaders = ns })
@@ -238,6 +239,21 @@ func DefaultStorePolicy(status int) bool {
 	return status != http.StatusTooManyRequests && status < 500
 }
 
+// isToken reports whether s is an RFC 9110 token, the syntax of methods and
+// header field names.
+func isToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return true
+}
+
 // neverReplayed reports whether the response header k (canonical) is never
 // stored, whatever the allow-list says: credentials, and headers that belong
 // to one message on one connection.
@@ -263,6 +279,9 @@ func (c *config) validate() error {
 	}
 	c.methodSet = make(map[string]bool, len(c.methods))
 	for _, m := range c.methods {
+		if !isToken(m) {
+			bad("WithMethods", "must name methods, which are tokens (RFC 9110), got %q", m)
+		}
 		c.methodSet[m] = true
 	}
 	if c.operation != "" {
@@ -289,10 +308,18 @@ func (c *config) validate() error {
 	c.replaySet = make(map[string]bool, len(c.replayHeaders))
 	for _, h := range c.replayHeaders {
 		k := http.CanonicalHeaderKey(h)
-		if neverReplayed(k) {
+		switch {
+		case neverReplayed(k):
 			bad("WithReplayHeaders", "must not name a header that is never replayed (see the package documentation), got %s", k)
+		case !isToken(h):
+			bad("WithReplayHeaders", "must name header fields, which are tokens (RFC 9110), got %q", h)
 		}
 		c.replaySet[k] = true
+	}
+	for _, h := range c.fpHeaders {
+		if !isToken(h) {
+			bad("WithFingerprintHeaders", "must name header fields, which are tokens (RFC 9110), got %q", h)
+		}
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("idemhttp: invalid options: %w", errors.Join(errs...))

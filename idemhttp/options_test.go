@@ -27,6 +27,10 @@ func TestMiddlewarePanicsOnBadConfiguration(t *testing.T) {
 		value  string // and the value it quotes
 	}{
 		{"no methods", idemhttp.WithMethods(), "WithMethods", "got none"},
+		{"empty method", idemhttp.WithMethods("POST", ""), "WithMethods", `got ""`},
+		{"method with a space", idemhttp.WithMethods("POST /x"), "WithMethods", `"POST /x"`},
+		{"fingerprint header with a colon", idemhttp.WithFingerprintHeaders("X-Account:"), "WithFingerprintHeaders", `"X-Account:"`},
+		{"empty replay header", idemhttp.WithReplayHeaders(""), "WithReplayHeaders", `got ""`},
 		{"bad operation", idemhttp.WithOperation("POST /payments"), "WithOperation", `"POST /payments"`},
 		{"zero body limit", idemhttp.WithMaxBodyBytes(0), "WithMaxBodyBytes", "got 0"},
 		{"zero response limit", idemhttp.WithMaxResponseBytes(0), "WithMaxResponseBytes", "got 0"},
