@@ -130,7 +130,7 @@ const SettingsBaseName = "idempotency.settings.base"
 //	idempotency.OverrideSettings(func(s *idempotency.Settings) { s.InFlight = coordinator.InFlightRaise })
 //
 // The changed settings are validated again. Overrides run in no guaranteed
-// order, so two should not set one field.
+// order, so two should not set one field. A nil change is skipped.
 func OverrideSettings(change func(*Settings)) fx.Option {
 	return fx.Supply(fx.Annotate(SettingsOverride(change), fx.ResultTags(`group:"`+SettingsOverrides+`"`)))
 }
@@ -142,7 +142,12 @@ func OverrideSettings(change func(*Settings)) fx.Option {
 //	idempotency.OverrideSettingsWith(func(r *EmbeddedRedis, s *idempotency.Settings) {
 //		s.RedisURL = r.URL()
 //	})
+//
+// A nil change is skipped: it asks nothing of the graph.
 func OverrideSettingsWith[D any](change func(D, *Settings)) fx.Option {
+	if change == nil {
+		return fx.Options()
+	}
 	return fx.Provide(fx.Annotate(
 		func(d D) SettingsOverride { return func(s *Settings) { change(d, s) } },
 		fx.ResultTags(`group:"`+SettingsOverrides+`"`),
@@ -170,7 +175,9 @@ func provideSettings(p settingsParams) (Settings, error) {
 		return s, nil
 	}
 	for _, o := range p.Overrides {
-		o(&s)
+		if o != nil {
+			o(&s)
+		}
 	}
 	return s, s.Validate()
 }

@@ -41,15 +41,10 @@ func New(store Store, opts ...Option) (*Coordinator, error) {
 	return c, nil
 }
 
-// Close waits until the coordinator's background work has ended: the poll
-// loops that waiting callers shared, the saves of results whose first
-// completion failed, and the releases of reservations whose Reserve timed
-// out. A poll loop exits within one storage timeout once its last waiter has
-// left; a release within one storage timeout; a save when its result is
-// stored, or when the lease may have expired (at most one lease after its
-// last confirmed renewal). Close lets an application (the fx module does it
-// on stop) or a test with goleak wait for that. It does not stop calls in
-// progress, and the Coordinator stays usable. It returns nil.
+// Close waits until the coordinator's background work (shared poll loops,
+// retried saves, releases) has ended, which takes at most one lease after a
+// save's last confirmed renewal; the fx module calls it on stop. It does not
+// stop calls in progress, the Coordinator stays usable, and it returns nil.
 func (c *Coordinator) Close() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -82,13 +77,10 @@ func (c *Coordinator) backgroundLocked(f func()) {
 	}()
 }
 
-// ReportUnprotected reports to the Observer that the caller runs an action
-// of operation without protection because it has no idempotency key (an
-// EventUnprotected with Method MethodNone), so that metrics and logs count
-// what Do never saw. The HTTP middleware calls it for a request without an
-// Idempotency-Key header when the header is optional. It reports nothing
-// when the kill switch is off, or when operation is not a valid operation
-// name.
+// ReportUnprotected reports an EventUnprotected (Method MethodNone) for an
+// action of operation that runs without a key, so that metrics count what Do
+// never saw; it reports nothing when the kill switch is off or operation is
+// invalid.
 func (c *Coordinator) ReportUnprotected(ctx context.Context, operation string) {
 	if !c.cfg.enabled || ValidateOperation(operation) != nil {
 		return
@@ -96,7 +88,6 @@ func (c *Coordinator) ReportUnprotected(ctx context.Context, operation string) {
 	c.obs.Observe(ctx, Event{Kind: EventUnprotected, Key: Key{Operation: operation}, Method: MethodNone})
 }
 
-// Enabled reports whether the coordinator protects calls (see WithEnabled).
-// A caller that does extra work only for protected calls (the HTTP
-// middleware fingerprints the request body) can skip it when this is false.
+// Enabled reports whether the coordinator protects calls (WithEnabled), so
+// that an adapter can skip work such as fingerprinting when it does not.
 func (c *Coordinator) Enabled() bool { return c.cfg.enabled }

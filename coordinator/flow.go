@@ -57,8 +57,8 @@ func (c *Coordinator) check(call Call) (time.Duration, error) {
 		return 0, invalid("TTL %v is negative", call.TTL)
 	}
 	// The operator's per-operation TTL wins over the call's, which wins over
-	// the default, as in the library we port: an operator can shorten a TTL
-	// that a service hard-codes.
+	// the default, as in the Python idempotency-kit: an operator can shorten
+	// a TTL that a service hard-codes.
 	ttl, ok := c.cfg.operationTTLs[call.Operation]
 	switch {
 	case ok:
@@ -277,7 +277,8 @@ func (f *flow[T]) readable(ctx context.Context, rec Record) bool {
 // keep decides what the record of the action that ran holds: its encoded
 // result, or, when that cannot be kept (the codec failed or panicked, or the
 // result is over the size limit), a not-replayable record with the reason,
-// so that the action is never run again for the key (DESIGN §3.1, step 8).
+// so that the action is never run again for the key (docs/architecture.md,
+// "One call", step 9).
 func (f *flow[T]) keep(ctx context.Context) {
 	var why string
 	switch {

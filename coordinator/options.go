@@ -31,7 +31,8 @@ const (
 	DefaultMaxResultBytes = 1 << 20
 )
 
-// An Option configures a Coordinator; pass them to New.
+// An Option configures a Coordinator; pass them to New. A nil Option is
+// skipped; an invalid value makes New return an error (see OptionError).
 type Option interface{ apply(*config) }
 
 type optionFunc func(*config)
@@ -154,13 +155,11 @@ func WithMaxResultBytes(n int) Option { return optionFunc(func(c *config) { c.ma
 // Default NopObserver; nil also means NopObserver.
 func WithObserver(o Observer) Option { return optionFunc(func(c *config) { c.observer = o }) }
 
-// OptionError is an option value that New refuses (observability.New
-// reports its own options' errors as OptionErrors too). New reports every
-// refused value at once, each as an *OptionError, joined with errors.Join and
-// wrapped; walk them with errors.As or by unwrapping. Err names any other
-// option it depends on by that option's name too ("must be shorter than
-// WithLease (30s)"), so that the fx module can name the environment
-// variables instead.
+// OptionError is an option value that a constructor refuses, in this package
+// and in every adapter (docs/user-guide.md, "Options"); all refusals come at
+// once, joined with errors.Join. Err names any option it depends on by name
+// ("must be shorter than WithLease (30s)"), so that the fx module can name
+// the environment variables instead.
 type OptionError struct {
 	// Option is the name of the option that set the refused value, e.g.
 	// "WithLease".

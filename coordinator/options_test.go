@@ -119,3 +119,16 @@ func TestModesParse(t *testing.T) {
 		t.Error("zero values do not print as the defaults")
 	}
 }
+
+// A nil option is skipped, and an invalid one after it is still refused
+// (docs/user-guide.md, "Options").
+func TestNewSkipsNilOptions(t *testing.T) {
+	if _, err := coordinator.New(memstore.New(), nil); err != nil {
+		t.Fatalf("New(store, nil): %v", err)
+	}
+	_, err := coordinator.New(memstore.New(), nil, coordinator.WithLease(0), nil)
+	var oe *coordinator.OptionError
+	if !errors.As(err, &oe) || oe.Option != "WithLease" || !strings.Contains(err.Error(), "got 0s") {
+		t.Fatalf("err = %v; want an *OptionError of WithLease naming the value", err)
+	}
+}

@@ -42,7 +42,7 @@ func TestCodecPanicAfterTheActionRanIsNotRaised(t *testing.T) {
 			}
 			v, p, err := do()
 			if p != nil {
-				t.Fatalf("Do panicked after the action ran (charged %d): %v; DESIGN §3.1.7: nothing raises after the action ran", charged, p)
+				t.Fatalf("Do panicked after the action ran (charged %d): %v; docs/architecture.md, One call, step 8: nothing raises after the action ran", charged, p)
 			}
 			if err != nil || v.ID != "ch_1" {
 				t.Fatalf("Do = %+v, %v", v, err)

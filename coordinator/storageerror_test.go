@@ -15,7 +15,7 @@ import (
 )
 
 // The tests in this file are the rows of the storage-failure table
-// (DESIGN §3.4), each in both on-storage-error modes, on the in-memory store
+// (docs/architecture.md, "When the store fails"), each in both on-storage-error modes, on the in-memory store
 // behind a wrapper that fails on demand.
 
 var storageModes = []coordinator.OnStorageErrorMode{coordinator.OnStorageErrorRun, coordinator.OnStorageErrorRaise}

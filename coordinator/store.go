@@ -5,10 +5,9 @@ import (
 	"time"
 )
 
-// Key names one idempotent operation instance in a Store: the operation and
-// the caller's idempotency key. Both have been validated by the coordinator
-// before a Store sees them (see ValidateOperation and ValidateKey), so a Store
-// may use them verbatim, e.g. as "{prefix}{Operation}:{Key}".
+// Key names one operation instance in a Store; the coordinator validates both
+// fields first (ValidateOperation, ValidateKey), so a Store may use them
+// verbatim.
 type Key struct {
 	Operation string
 	Key       string

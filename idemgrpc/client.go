@@ -30,7 +30,7 @@ import (
 func UnaryClientInterceptor(opts ...Option) grpc.UnaryClientInterceptor {
 	cfg, err := newConfig(opts)
 	if err != nil {
-		panic("idemgrpc: " + err.Error())
+		panic(err)
 	}
 	header := cfg.header
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, callOpts ...grpc.CallOption) error {

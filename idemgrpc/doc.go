@@ -26,7 +26,7 @@
 // visible ASCII characters, used as sent. A call without it passes through
 // unprotected unless WithKeyRequired(true). It is stored under an operation
 // named after the method ("/payments.v1.Payments/Charge" →
-// "payments.v1.Payments.Charge", OperationName; WithOperation) and scoped to
+// "payments.v1.Payments.Charge", idemhttp.OperationName; WithOperation) and scoped to
 // the caller by WithKeyScope: the stored key is a hash of the scope followed
 // by the client's key, as in idemhttp. The fingerprint is the SHA-256 of the
 // full method and the request's deterministic protobuf encoding; the same

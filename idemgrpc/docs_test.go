@@ -18,6 +18,7 @@ import (
 
 	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/idemgrpc"
+	"github.com/idemkit/idempotency/idemhttp"
 )
 
 // docTable returns the rows (cells trimmed, header and rule dropped) of the
@@ -204,7 +205,7 @@ func TestDocStorePolicyTable(t *testing.T) {
 func TestDocOperationTable(t *testing.T) {
 	for _, row := range docTable(t, "## Operation names") {
 		in, want := strings.Trim(row[0], "`"), strings.Trim(row[1], "`")
-		if got := idemgrpc.OperationName(in); got != want {
+		if got := idemhttp.OperationName(in); got != want {
 			t.Errorf("OperationName(%q) = %q, docs/grpc.md says %q", in, got, want)
 		}
 	}

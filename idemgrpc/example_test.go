@@ -22,6 +22,7 @@ import (
 	"github.com/idemkit/idempotency/coordinator/memstore"
 	"github.com/idemkit/idempotency/idemgrpc"
 	"github.com/idemkit/idempotency/idemgrpc/internal/paymentspb"
+	"github.com/idemkit/idempotency/idemhttp"
 )
 
 // chargeService is the service of the examples: every charge it makes gets
@@ -308,8 +309,10 @@ func ExampleNewKey() {
 	// Output: 36 4 4
 }
 
-func ExampleOperationName() {
-	fmt.Println(idemgrpc.OperationName(paymentspb.Payments_Charge_FullMethodName))
+// The default operation of a call is its full method mapped by
+// idemhttp.OperationName: use these names in IDEMPOTENCY_OPERATION_TTLS.
+func ExampleWithOperation_default() {
+	fmt.Println(idemhttp.OperationName(paymentspb.Payments_Charge_FullMethodName))
 	// Output: payments.v1.Payments.Charge
 }
 

@@ -6,18 +6,7 @@ import (
 	"encoding/hex"
 
 	"github.com/idemkit/idempotency/coordinator"
-	"github.com/idemkit/idempotency/idemhttp"
 )
-
-// OperationName maps a full gRPC method name to an operation name that
-// satisfies coordinator.ValidateOperation, as idemhttp.OperationName maps a
-// route pattern: every run of bytes outside [A-Za-z0-9_-] becomes one dot
-// and dots at either end are dropped, so "/payments.v1.Payments/Charge"
-// becomes "payments.v1.Payments.Charge". A name longer than
-// coordinator.MaxOperationLen is cut and ends in "-" and 8 hex digits of the
-// SHA-256 of fullMethod. It is the server interceptor's default operation
-// name (see WithOperation); use its results in IDEMPOTENCY_OPERATION_TTLS.
-func OperationName(fullMethod string) string { return idemhttp.OperationName(fullMethod) }
 
 // NewKey returns a fresh idempotency key: a random (version 4) UUID from
 // crypto/rand, such as "1b4e28ba-2fa1-4d3b-883f-0016d3cca427". The client

@@ -2,11 +2,15 @@ package idemgrpc
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
 
 	"google.golang.org/grpc/codes"
+
+	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/idemhttp"
 )
 
 // The metadata keys the interceptors speak. gRPC metadata keys are lowercase.
@@ -25,9 +29,11 @@ const (
 const DefaultRetryAfter = time.Second
 
 // An Option configures the interceptors; pass options to
-// UnaryServerInterceptor or UnaryClientInterceptor. The client interceptor
-// reads WithKeyHeader and WithMethods and ignores the others, but, like the
-// server interceptor, panics when any of them is invalid.
+// UnaryServerInterceptor or UnaryClientInterceptor. A nil Option is skipped.
+// The interceptors cannot return an error, so they panic on an invalid
+// option value, with an error that names the option, the value and what is
+// accepted (each a *coordinator.OptionError). The client interceptor reads
+// WithKeyHeader and WithMethods and ignores the others, but checks them all.
 type Option interface{ apply(*config) }
 
 type optionFunc func(*config)
@@ -98,8 +104,8 @@ func WithKeyRequired(required bool) Option {
 // its full method name. Its result must satisfy
 // coordinator.ValidateOperation; a call for which it does not fails with
 // Internal, and the handler does not run. Default (and when f is nil)
-// OperationName: "/payments.v1.Payments/Charge" becomes
-// "payments.v1.Payments.Charge".
+// idemhttp.OperationName, which maps a full method as it maps a route:
+// "/payments.v1.Payments/Charge" becomes "payments.v1.Payments.Charge".
 func WithOperation(f func(fullMethod string) string) Option {
 	return optionFunc(func(c *config) { c.operation = f })
 }
@@ -177,34 +183,43 @@ func DefaultStorePolicy(code codes.Code) bool {
 	return false
 }
 
+// validate checks the options and fills in the defaults that depend on them.
+// It reports every refused value at once, each as a *coordinator.OptionError.
 func (c *config) validate() error {
+	var errs []error
+	bad := func(option, format string, args ...any) {
+		errs = append(errs, &coordinator.OptionError{Option: option, Err: fmt.Errorf(format, args...)})
+	}
 	if err := validHeader(c.header); err != nil {
-		return fmt.Errorf("WithKeyHeader(%q): %w", c.header, err)
+		bad("WithKeyHeader", "must be a metadata key of [0-9a-z_.-], not starting with \"grpc-\" nor ending in \"-bin\", got %q: %v", c.header, err)
 	}
 	if c.methods != nil {
 		if len(c.methods) == 0 {
-			return fmt.Errorf("WithMethods: no methods")
+			bad("WithMethods", "must name at least one method, got none")
 		}
 		c.methodSet = make(map[string]bool, len(c.methods))
 		for _, m := range c.methods {
 			svc, meth, ok := strings.Cut(strings.TrimPrefix(m, "/"), "/")
 			if !strings.HasPrefix(m, "/") || !ok || svc == "" || meth == "" || strings.Contains(meth, "/") {
-				return fmt.Errorf("WithMethods: %q is not a full method name (/service/method)", m)
+				bad("WithMethods", "must name full methods (/service/method), got %q", m)
 			}
 			c.methodSet[m] = true
 		}
 	}
 	if c.ttl < 0 {
-		return fmt.Errorf("WithTTL(%v): must not be negative", c.ttl)
+		bad("WithTTL", "must not be negative (0s means the coordinator's default), got %v", c.ttl)
 	}
 	if c.retryAfter <= 0 {
-		return fmt.Errorf("WithRetryAfter(%v): must be positive", c.retryAfter)
+		bad("WithRetryAfter", "must be positive, got %v", c.retryAfter)
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("idemgrpc: invalid options: %w", errors.Join(errs...))
 	}
 	if c.storePolicy == nil {
 		c.storePolicy = DefaultStorePolicy
 	}
 	if c.operation == nil {
-		c.operation = OperationName
+		c.operation = idemhttp.OperationName
 	}
 	return nil
 }

@@ -80,7 +80,7 @@ var errNotStored = errors.New("idemgrpc: outcome not stored by the store policy"
 // unprotected, reported with c.ReportUnprotected, or is refused with
 // InvalidArgument under WithKeyRequired(true). The key is scoped to the
 // caller by WithKeyScope and stored under the operation that WithOperation
-// names (OperationName of the full method by default); the request is
+// names (idemhttp.OperationName of the full method by default); the request is
 // fingerprinted by its method and its deterministic protobuf encoding.
 //
 // The handler runs inside the coordinator. Its response, or its error status
@@ -110,7 +110,7 @@ func UnaryServerInterceptor(c *coordinator.Coordinator, opts ...Option) grpc.Una
 	}
 	cfg, err := newConfig(opts)
 	if err != nil {
-		panic("idemgrpc: " + err.Error())
+		panic(err)
 	}
 	s := &server{c: c, cfg: &cfg}
 	return s.intercept

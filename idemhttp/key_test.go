@@ -278,32 +278,3 @@ func TestOperationFromRoute(t *testing.T) {
 		}
 	})
 }
-
-func TestMiddlewarePanicsOnBadConfiguration(t *testing.T) {
-	c, _ := newCoordinator(t)
-	for _, tc := range []struct {
-		name string
-		c    *coordinator.Coordinator
-		opt  idemhttp.Option
-	}{
-		{"nil coordinator", nil, nil},
-		{"no methods", c, idemhttp.WithMethods()},
-		{"bad operation", c, idemhttp.WithOperation("POST /payments")},
-		{"zero body limit", c, idemhttp.WithMaxBodyBytes(0)},
-		{"zero response limit", c, idemhttp.WithMaxResponseBytes(0)},
-		{"negative TTL", c, idemhttp.WithTTL(-1)},
-		{"Set-Cookie replayed", c, idemhttp.WithReplayHeaders("Content-Type", "set-cookie")},
-		{"Authorization replayed", c, idemhttp.WithReplayHeaders("Authorization")},
-		{"trailer replayed", c, idemhttp.WithReplayHeaders(http.TrailerPrefix + "X-Checksum")},
-		{"challenge with a newline", c, idemhttp.WithAuthChallenge("Bearer\r\nX-Evil: 1")},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			defer func() {
-				if recover() == nil {
-					t.Fatal("Middleware did not panic")
-				}
-			}()
-			idemhttp.Middleware(tc.c, tc.opt)
-		})
-	}
-}

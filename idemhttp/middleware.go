@@ -49,7 +49,8 @@ var errNotStored = errors.New("idemhttp: response not stored by the store policy
 //
 // A handler that panics has sent nothing (unless it streamed); the key is
 // released and the panic goes on to net/http. Middleware panics when c is nil
-// or an option is invalid, as http.ServeMux.Handle does for a bad pattern.
+// or an option is invalid (see Option), as http.ServeMux.Handle does for a
+// bad pattern.
 func Middleware(c *coordinator.Coordinator, opts ...Option) func(http.Handler) http.Handler {
 	if c == nil {
 		panic("idemhttp: Middleware: coordinator is nil")
@@ -61,7 +62,7 @@ func Middleware(c *coordinator.Coordinator, opts ...Option) func(http.Handler) h
 		}
 	}
 	if err := cfg.validate(); err != nil {
-		panic("idemhttp: " + err.Error())
+		panic(err)
 	}
 	return func(next http.Handler) http.Handler {
 		return &handler{c: c, cfg: &cfg, codec: codec{replay: cfg.replaySet}, next: next}

@@ -8,12 +8,14 @@ import (
 	"github.com/idemkit/idempotency/coordinator"
 )
 
-// OperationName maps s, typically a ServeMux pattern, to an operation name
-// that satisfies coordinator.ValidateOperation: every run of bytes outside
+// OperationName maps s, a ServeMux pattern or a full gRPC method name (the
+// default operation of package idemgrpc), to an operation name that
+// satisfies coordinator.ValidateOperation: every run of bytes outside
 // [A-Za-z0-9_-] (dots, slashes, spaces, braces) becomes one dot, and dots at
 // either end are dropped. So "POST /payments/{id}" becomes
 // "POST.payments.id", "POST /files/{path...}" "POST.files.path" and
-// "POST /{$}" "POST". A name longer than coordinator.MaxOperationLen is cut
+// "POST /{$}" "POST", "/payments.v1.Payments/Charge"
+// "payments.v1.Payments.Charge". A name longer than coordinator.MaxOperationLen is cut
 // and ends in "-" and 8 hex digits of the SHA-256 of s, so it stays distinct.
 // OperationName returns "" when s has no letter, digit, "_" or "-".
 //

@@ -1,6 +1,7 @@
 package idemhttp
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -25,7 +26,10 @@ const (
 	DefaultOperation = "http"
 )
 
-// An Option configures the middleware; pass options to Middleware.
+// An Option configures the middleware; pass options to Middleware. A nil
+// Option is skipped. Middleware cannot return an error, so it panics on an
+// invalid option value, with an error that names the option, the value and
+// what is accepted (each a *coordinator.OptionError).
 type Option interface{ apply(*config) }
 
 type optionFunc func(*config)
@@ -66,7 +70,7 @@ func defaultConfig() config {
 // WithMethods sets the request methods the middleware protects; requests with
 // other methods pass through untouched. Methods are compared exactly (they
 // are case-sensitive in HTTP). Default POST and PATCH. Middleware panics when
-// the list is empty.
+// the list is empty or a name is not a token (RFC 9110).
 func WithMethods(methods ...string) Option {
 	ms := slices.Clone(methods)
 	return optionFunc(func(c *config) { c.methods = ms })
@@ -137,7 +141,8 @@ func WithMaxBodyBytes(n int64) Option {
 
 // WithFingerprintHeaders adds request headers to the fingerprint, which is
 // otherwise the method, path, query and body. A key reused with another value
-// of one of these headers is refused with 422. Default none.
+// of one of these headers is refused with 422. Default none. Middleware
+// panics when a name is not a token (RFC 9110).
 func WithFingerprintHeaders(names ...string) Option {
 	ns := slices.Clone(names)
 	return optionFunc(func(c *config) { c.fpHeaders = ns })
@@ -158,7 +163,7 @@ func WithMaxResponseBytes(n int) Option {
 // WithReplayHeaders sets the response headers that are stored and replayed,
 // replacing DefaultReplayHeaders. Set-Cookie, Authorization and the other
 // headers listed in the package documentation are never stored: Middleware
-// panics when names includes one.
+// panics when names includes one, or a name that is not a token (RFC 9110).
 func WithReplayHeaders(names ...string) Option {
 	ns := slices.Clone(names)
 	return optionFunc(func(c *config) { c.replayHeaders = ns })
@@ -234,6 +239,21 @@ func DefaultStorePolicy(status int) bool {
 	return status != http.StatusTooManyRequests && status < 500
 }
 
+// isToken reports whether s is an RFC 9110 token, the syntax of methods and
+// header field names.
+func isToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return true
+}
+
 // neverReplayed reports whether the response header k (canonical) is never
 // stored, whatever the allow-list says: credentials, and headers that belong
 // to one message on one connection.
@@ -247,41 +267,62 @@ func neverReplayed(k string) bool {
 	return strings.HasPrefix(k, http.TrailerPrefix)
 }
 
+// validate checks the options and fills in the defaults that depend on them.
+// It reports every refused value at once, each as a *coordinator.OptionError.
 func (c *config) validate() error {
+	var errs []error
+	bad := func(option, format string, args ...any) {
+		errs = append(errs, &coordinator.OptionError{Option: option, Err: fmt.Errorf(format, args...)})
+	}
 	if len(c.methods) == 0 {
-		return fmt.Errorf("WithMethods: no methods")
+		bad("WithMethods", "must name at least one method, got none")
 	}
 	c.methodSet = make(map[string]bool, len(c.methods))
 	for _, m := range c.methods {
+		if !isToken(m) {
+			bad("WithMethods", "must name methods, which are tokens (RFC 9110), got %q", m)
+		}
 		c.methodSet[m] = true
 	}
 	if c.operation != "" {
 		if err := coordinator.ValidateOperation(c.operation); err != nil {
-			return fmt.Errorf("WithOperation: %w", err)
+			bad("WithOperation", "must be 1 to %d bytes of [A-Za-z0-9._-] (coordinator.ValidateOperation), got %q",
+				coordinator.MaxOperationLen, c.operation)
 		}
 	}
 	if c.maxBody <= 0 {
-		return fmt.Errorf("WithMaxBodyBytes(%d): must be positive", c.maxBody)
+		bad("WithMaxBodyBytes", "must be positive, got %d", c.maxBody)
 	}
 	if c.maxResponse <= 0 {
-		return fmt.Errorf("WithMaxResponseBytes(%d): must be positive", c.maxResponse)
+		bad("WithMaxResponseBytes", "must be positive, got %d", c.maxResponse)
 	}
 	if strings.ContainsFunc(c.challenge, func(r rune) bool { return r < ' ' && r != '\t' || r == 0x7f }) {
-		return fmt.Errorf("WithAuthChallenge(%q): control characters", c.challenge)
+		bad("WithAuthChallenge", "must not hold control characters, got %q", c.challenge)
 	}
 	if c.ttl < 0 {
-		return fmt.Errorf("WithTTL(%v): must not be negative", c.ttl)
+		bad("WithTTL", "must not be negative (0s means the coordinator's default), got %v", c.ttl)
 	}
 	if c.retryAfter <= 0 {
-		return fmt.Errorf("WithRetryAfter(%v): must be positive", c.retryAfter)
+		bad("WithRetryAfter", "must be positive, got %v", c.retryAfter)
 	}
 	c.replaySet = make(map[string]bool, len(c.replayHeaders))
 	for _, h := range c.replayHeaders {
 		k := http.CanonicalHeaderKey(h)
-		if neverReplayed(k) {
-			return fmt.Errorf("WithReplayHeaders: %s is never replayed", k)
+		switch {
+		case neverReplayed(k):
+			bad("WithReplayHeaders", "must not name a header that is never replayed (see the package documentation), got %s", k)
+		case !isToken(h):
+			bad("WithReplayHeaders", "must name header fields, which are tokens (RFC 9110), got %q", h)
 		}
 		c.replaySet[k] = true
+	}
+	for _, h := range c.fpHeaders {
+		if !isToken(h) {
+			bad("WithFingerprintHeaders", "must name header fields, which are tokens (RFC 9110), got %q", h)
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("idemhttp: invalid options: %w", errors.Join(errs...))
 	}
 	c.fpHeadersCanon = nil
 	for _, h := range c.fpHeaders {

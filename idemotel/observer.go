@@ -30,7 +30,7 @@ var _ coordinator.Observer = (*Observer)(nil)
 
 // New returns an Observer configured by opts: the key's hash on spans, no
 // store spans, and the caller's span's provider for store spans, unless an
-// option says otherwise. Nil options are ignored.
+// option says otherwise.
 func New(opts ...Option) *Observer {
 	c := defaultConfig()
 	for _, o := range opts {

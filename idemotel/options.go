@@ -2,7 +2,9 @@ package idemotel
 
 import "go.opentelemetry.io/otel/trace"
 
-// An Option configures an Observer; pass them to New.
+// An Option configures an Observer; pass them to New. A nil Option is
+// skipped. Every option value is accepted (nil means the default), so New
+// cannot fail.
 type Option interface{ apply(*config) }
 
 type optionFunc func(*config)

@@ -18,7 +18,9 @@ const DefaultOperationLimit = 50
 // real operation.
 const OtherOperation = "~other"
 
-// An Option configures an Observer; pass them to New.
+// An Option configures an Observer; pass them to New. A nil Option is
+// skipped; an invalid value makes New return an error, each refused option
+// as a *coordinator.OptionError.
 type Option interface{ apply(*config) }
 
 type optionFunc func(*config)

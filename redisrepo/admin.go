@@ -45,12 +45,9 @@ type Info struct {
 // maxBatch is the most keys one Inspect or Forget script call takes.
 const maxBatch = 512
 
-// Inspect describes the records under keys, in the order of keys, without
-// their results (Get returns a result). It reads what is there and changes
-// nothing. On Redis Cluster it groups the keys by hash slot, so keys on
-// different nodes do not fail with CROSSSLOT, and sends the groups in one
-// pipeline: one round trip per node. It returns an error, and no Info, when
-// a call to Redis fails.
+// Inspect describes the records under keys, in their order and without their
+// results, and changes nothing; on Redis Cluster it takes one round trip per
+// node. It returns an error, and no Info, when a call to Redis fails.
 func (s *Store) Inspect(ctx context.Context, keys ...coordinator.Key) ([]Info, error) {
 	if len(keys) == 0 {
 		return nil, nil
@@ -109,12 +106,11 @@ func decodeInfo(in *Info, a []any) error {
 }
 
 // Forget deletes the records under keys, whoever owns them and whatever
-// their state, and returns how many it deleted. A completed key is then
-// absent, so a client may retry it: use it after a manual fix. Forgetting a
-// pending key lets a second caller run while the first still runs (its
-// completion is then refused as a lost lease). On Redis Cluster it groups the
-// keys by hash slot as Inspect does. It returns an error when a call to Redis
-// fails; keys of the batches that went through before are deleted.
+// their state, and returns how many it deleted: a completed key can then be
+// retried, and a forgotten pending key lets a second caller run while the
+// first still runs (whose completion is then refused as a lost lease). It
+// returns an error when a call to Redis fails; the batches sent before stay
+// deleted.
 func (s *Store) Forget(ctx context.Context, keys ...coordinator.Key) (int, error) {
 	if len(keys) == 0 {
 		return 0, nil

@@ -163,7 +163,7 @@ type outcome struct {
 // TestFrozenMasterWeakensNoOtherWait: while one master of three is frozen
 // (SIGSTOP), waiters of another process on the other masters' keys get the
 // holder's result before it thaws, with no run and no storage error, in both
-// storage-error modes (issue 17). They poll only every 20s, so the sharded
+// storage-error modes. They poll only every 20s, so the sharded
 // wake-up must carry their waits; each master is frozen in turn, so a
 // wake-up through any one node fails a round. Callers on the frozen
 // master's keys share the waiters' client; in mode raise none of them runs

@@ -1,12 +1,19 @@
 package redisrepo
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/idemkit/idempotency/coordinator"
+)
 
 // DefaultKeyPrefix is the prefix of every Redis key the Store writes unless
 // WithKeyPrefix says otherwise.
 const DefaultKeyPrefix = "idempotency:"
 
-// An Option configures a Store; pass them to New.
+// An Option configures a Store; pass them to New. A nil Option is skipped.
+// New cannot return an error, so it panics on an invalid option value, with
+// an error that names the option, the value and what is accepted (a
+// *coordinator.OptionError).
 type Option interface{ apply(*Store) }
 
 type optionFunc func(*Store)
@@ -42,12 +49,20 @@ const (
 
 // WithRecordFormat sets the format of the records the Store writes: Format2
 // (the default) or Format1, for the length of a rolling upgrade from a
-// release before format 2 (see Format1). It panics on any other value, a
+// release before format 2 (see Format1). New panics on any other value, a
 // programming error; idempotency.Settings checks IDEMPOTENCY_RECORD_FORMAT
 // before it gets here.
 func WithRecordFormat(f RecordFormat) Option {
-	if f != Format1 && f != Format2 {
-		panic(fmt.Sprintf("redisrepo: WithRecordFormat(%d): the record format is 1 or 2", int(f)))
-	}
 	return optionFunc(func(s *Store) { s.format = f })
+}
+
+// validate checks the options New applied to s.
+func (s *Store) validate() error {
+	if s.format != Format1 && s.format != Format2 {
+		return fmt.Errorf("redisrepo: invalid options: %w", &coordinator.OptionError{
+			Option: "WithRecordFormat",
+			Err:    fmt.Errorf("must be Format1 (1) or Format2 (2), got %d", int(s.format)),
+		})
+	}
+	return nil
 }

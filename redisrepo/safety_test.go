@@ -15,7 +15,7 @@ import (
 	"github.com/idemkit/idempotency/redisrepo"
 )
 
-// The safety edges of issue 9 on a real Redis, with the network between one
+// The safety edges of docs/architecture.md ("The lease and its renewal") on a real Redis, with the network between one
 // instance and Redis broken by a fault proxy. These tests run on the real
 // clock (Redis's expiry is real); their margins are a tenth of a lease.
 

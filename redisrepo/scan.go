@@ -105,26 +105,15 @@ type Counts struct {
 // Completed).
 func (c Counts) Total() int { return c.Pending + c.Completed + c.Unreadable }
 
-// Count counts the records under the Store's prefix by operation and state,
-// and returns the counts by operation name. With operations, it counts
-// those operations only, and each of them is in the map, with zero counts
-// when it has no record; without, every operation that has a record is.
+// Count counts the records under the Store's prefix by operation and state.
+// With operations it counts those only, each in the map even without a
+// record; without, every operation that has a record. It walks the keyspace
+// as ScanKeys does, reading each record's state but never its result, so the
+// counts are no snapshot; with an empty prefix, or one that other data
+// shares, keys that only look like records are counted too.
 //
-// It walks the keyspace as ScanKeys does (on Redis Cluster, every master),
-// and reads the first two bytes of each record, its format and state, with
-// one pipeline of GETRANGE per SCAN reply, and the version and state fields
-// of a format 1 record (a HASH) with a second one; it never reads a result.
-// A Redis key under the prefix is a record when the rest is an operation, a
-// colon and a key (the operation cannot hold a colon; the key can). With an
-// empty prefix, or one that other data shares, keys that only look like
-// records are counted too, as unreadable or as records of their operation.
-// The counts are not a snapshot: see ScanKeys.
-//
-// It returns an error wrapping a *coordinator.InvalidRequestError when an
-// operation is not valid, an error when a call to Redis fails or a
-// cluster's slots move during the walk (see ScanKeys: the counts could
-// leave records out), and an error when the Store's client cannot be
-// walked (see ScanKeys).
+// It returns the errors of ScanKeys, and one wrapping a
+// *coordinator.InvalidRequestError when an operation is not valid.
 func (s *Store) Count(ctx context.Context, operations ...string) (map[string]Counts, error) {
 	counts := make(map[string]Counts)
 	wanted := make(map[string]bool, len(operations)) // read on several goroutines: never written after this

@@ -51,11 +51,17 @@ type Store struct {
 var _ coordinator.Store = (*Store)(nil)
 
 // New returns a Store that keeps its records through client. Without options
-// the keys have the prefix DefaultKeyPrefix.
+// the keys have the prefix DefaultKeyPrefix. It panics when an option is
+// invalid (see Option).
 func New(client Client, opts ...Option) *Store {
 	s := &Store{client: client, prefix: DefaultKeyPrefix, format: Format2}
 	for _, o := range opts {
-		o.apply(s)
+		if o != nil {
+			o.apply(s)
+		}
+	}
+	if err := s.validate(); err != nil {
+		panic(err)
 	}
 	s.channel = wakeChannelPrefix + s.prefix
 	_, s.sharded = client.(*redis.ClusterClient)
@@ -69,13 +75,10 @@ func (s *Store) Key(key coordinator.Key) string {
 	return s.prefix + key.Operation + ":" + key.Key
 }
 
-// LoadScripts loads the Lua scripts of the rare paths (format 1 records,
-// heals, Inspect, Forget) into the script cache of the server (on a cluster,
-// of every master), so that their first call costs one round trip and not
-// two (EVALSHA, NOSCRIPT, EVAL). The common paths do not need it: they are
-// plain commands or scripts sent whole. Calling it is optional: a script
-// that is not cached falls back to EVAL by itself, which caches it. It
-// returns an error when Redis fails.
+// LoadScripts loads the Lua scripts of the rare paths (format 1, heals,
+// Inspect, Forget) into the script cache of every master, so that their first
+// call takes one round trip, not two; it is optional, and returns an error
+// when Redis fails.
 func (s *Store) LoadScripts(ctx context.Context) error {
 	for _, sc := range scripts {
 		if err := sc.Load(ctx, s.client).Err(); err != nil {

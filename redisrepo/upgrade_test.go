@@ -2,7 +2,6 @@ package redisrepo_test
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -156,13 +155,4 @@ func TestRollingUpgradeWithFormat1(t *testing.T) {
 			t.Errorf("%d runs, want 1", k.n.Load())
 		}
 	})
-}
-
-func TestWithRecordFormatPanicsOnAnUnknownFormat(t *testing.T) {
-	defer func() {
-		if p := recover(); p == nil || !strings.Contains(fmt.Sprint(p), "1 or 2") {
-			t.Errorf("WithRecordFormat(3): recovered %v, want a panic naming the formats", p)
-		}
-	}()
-	redisrepo.WithRecordFormat(3)
 }

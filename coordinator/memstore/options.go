@@ -2,7 +2,8 @@ package memstore
 
 import "time"
 
-// Option configures a Store; pass options to New.
+// Option configures a Store; pass options to New. A nil Option is skipped.
+// Every option value is accepted, so New cannot fail.
 type Option interface{ apply(*config) }
 
 type optionFunc func(*config)

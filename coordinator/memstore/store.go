@@ -50,7 +50,9 @@ var _ coordinator.Store = (*Store)(nil)
 func New(opts ...Option) *Store {
 	c := config{now: time.Now}
 	for _, o := range opts {
-		o.apply(&c)
+		if o != nil {
+			o.apply(&c)
+		}
 	}
 	if c.now == nil {
 		c.now = time.Now
