@@ -41,6 +41,20 @@ var (
 // goredisProbe is go-redis's, not ours: see TestMain.
 var goredisProbe = goleak.IgnoreAnyFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).tryDial")
 
+// verifyNoLeaks is goleak.VerifyNone with the patience of a loaded machine:
+// a goroutine that ends a few seconds after a client closed (a dial or a
+// batch on a hung Redis finishing its timeout) is not a leak, and goleak's
+// own retries wait less than half a second in all.
+func verifyNoLeaks(t *testing.T, opts ...goleak.Option) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if goleak.Find(opts...) == nil {
+			return
+		}
+	}
+	goleak.VerifyNone(t, opts...)
+}
+
 // batchHook counts the store commands that a client sends in pipelines: an
 // AutoPipeliner sends its batches through the client's pipeline hooks. The
 // commands that go-redis pipelines when it opens a connection (CLIENT
@@ -140,7 +154,7 @@ func TestModuleWithAutoPipeline(t *testing.T) {
 			}
 			t.Setenv("IDEMPOTENCY_KEY_PREFIX", redistest.Prefix(t))
 			t.Setenv("IDEMPOTENCY_REDIS_AUTO_PIPELINE", "true")
-			defer goleak.VerifyNone(t, goleak.IgnoreCurrent(), goredisProbe) // the shared servers run on
+			defer verifyNoLeaks(t, goleak.IgnoreCurrent(), goredisProbe) // the shared servers run on
 
 			_, regOpt := registry()
 			var c *coordinator.Coordinator
@@ -196,7 +210,7 @@ func TestNewStoreClientBatches(t *testing.T) {
 				}
 				s.KeyPrefix = redistest.Prefix(t)
 				s.RedisAutoPipeline = on
-				defer goleak.VerifyNone(t, goleak.IgnoreCurrent(), goredisProbe)
+				defer verifyNoLeaks(t, goleak.IgnoreCurrent(), goredisProbe)
 
 				client, err := idempotency.NewRedisClient(s)
 				if err != nil {
@@ -245,7 +259,7 @@ func TestModuleWithAutoPipelineOverTheAppsClient(t *testing.T) {
 	t.Setenv("IDEMPOTENCY_KEY_PREFIX", redistest.Prefix(t))
 	t.Setenv("IDEMPOTENCY_REDIS_AUTO_PIPELINE", "true")
 	opts := redistest.ServerOptions(t)
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent(), goredisProbe)
+	defer verifyNoLeaks(t, goleak.IgnoreCurrent(), goredisProbe)
 
 	opts.ContextTimeoutEnabled = true
 	client := redis.NewClient(opts)
@@ -398,7 +412,7 @@ func TestHungRedisWithAutoPipeline(t *testing.T) {
 	s.StorageTimeout = 100 * time.Millisecond
 	s.OnStorageError = coordinator.OnStorageErrorRaise
 	s.RedisAutoPipeline = true
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent(), goredisProbe)
+	defer verifyNoLeaks(t, goleak.IgnoreCurrent(), goredisProbe)
 
 	client, err := idempotency.NewRedisClient(s)
 	if err != nil {
@@ -472,7 +486,7 @@ func TestModuleWithAutoPipelineStopsInTimeOnAHungRedis(t *testing.T) {
 	// Without the breaker, which would refuse most calls before they reach
 	// the hung pipeline: the worst case.
 	t.Setenv("IDEMPOTENCY_BREAKER_FAILURES", "0")
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent(), goredisProbe)
+	defer verifyNoLeaks(t, goleak.IgnoreCurrent(), goredisProbe)
 
 	_, regOpt := registry()
 	var c *coordinator.Coordinator

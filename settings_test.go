@@ -684,7 +684,7 @@ func TestOperationTTLsText(t *testing.T) {
 // switch through the calls it does not make. TestModesReachTheCoordinator
 // checks the modes by their behaviour.
 func TestCoordinatorOptions(t *testing.T) {
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent()) // shared test Redis servers may be running
+	defer verifyNoLeaks(t, goleak.IgnoreCurrent()) // shared test Redis servers may be running
 
 	s := idempotency.DefaultSettings()
 	s.InFlight = coordinator.InFlightRaise
