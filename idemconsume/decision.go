@@ -72,9 +72,9 @@ const (
 	// failed in mode "run", or the coordinator's in-flight mode is "run").
 	// The handler did not run.
 	ReasonStorage Reason = "storage_error"
-	// ReasonCancelled (Retry): the context ended (the consumer stops) before
+	// ReasonCanceled (Retry): the context ended (the consumer stops) before
 	// or while the handler ran.
-	ReasonCancelled Reason = "cancelled"
+	ReasonCanceled Reason = "canceled"
 	// ReasonHandlerError (Retry): the handler returned an error (or
 	// panicked) on a delivery before the MaxDeliveries'th; the key was
 	// released, so the next delivery runs it again.
