@@ -93,6 +93,7 @@ var Module = fx.Module("idempotency",
 		provideRedisStore,
 		provideStore,
 		provideCoordinator,
+		provideConsumerDeps, // only for ConsumeStream: an unexported type
 	),
 	fx.Provide(fx.Private, provideObserver, provideLogger),
 )

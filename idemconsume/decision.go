@@ -123,3 +123,26 @@ type Decision struct {
 
 // String returns the action and the reason, e.g. "retry (in_progress)".
 func (d Decision) String() string { return d.Action.String() + " (" + string(d.Reason) + ")" }
+
+// Reasons returns every Reason that Process decides with, for metric labels.
+func Reasons() []Reason {
+	return []Reason{
+		ReasonProcessed, ReasonUnprotected, ReasonDuplicate,
+		ReasonInProgress, ReasonLeaseLost, ReasonStorage, ReasonCanceled, ReasonHandlerError, ReasonInvalidRequest,
+		ReasonPermanent, ReasonMaxDeliveries, ReasonBadMessage, ReasonKeyReuse,
+	}
+}
+
+// Action returns the Action that r goes with, as the constants' comments
+// say; 0 for a Reason that is not one of Reasons.
+func (r Reason) Action() Action {
+	switch r {
+	case ReasonProcessed, ReasonUnprotected, ReasonDuplicate:
+		return Ack
+	case ReasonInProgress, ReasonLeaseLost, ReasonStorage, ReasonCanceled, ReasonHandlerError, ReasonInvalidRequest:
+		return Retry
+	case ReasonPermanent, ReasonMaxDeliveries, ReasonBadMessage, ReasonKeyReuse:
+		return DeadLetter
+	}
+	return 0
+}
