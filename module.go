@@ -84,6 +84,9 @@ const ObserversGroup = "idempotency.observers"
 // *prometheus.Registry must also provide it as a prometheus.Registerer
 // (fx.As) for Module to find it.
 //
+// A Redis Streams consumer runs with the app's lifecycle with one more
+// option, ConsumeStream.
+//
 // Building Module in many apps in one process (one fxtest app per test) is
 // fine: metrics registered by an earlier app are reused, not registered
 // twice.
