@@ -255,7 +255,8 @@ func (c *Consumer) Start(ctx context.Context) error {
 // dead-lettered, or left pending) as their decisions say. When ctx ends
 // first, the handlers' context is canceled (their entries stay pending, and
 // are claimed later) and Stop returns ctx's error without waiting longer;
-// the workers then end within WithAckTimeout. Stop returns the error that
+// the workers then end within WithAckTimeout, and a second Stop waits for
+// them (Start refuses until then). Stop returns the error that
 // ended Run early, if any, and nil when the Consumer is not running.
 func (c *Consumer) Stop(ctx context.Context) error {
 	c.mu.Lock()
