@@ -11,6 +11,8 @@ import (
 	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/fxtest"
+	"github.com/idemkit/idempotency/idemconsume"
+	"github.com/idemkit/idempotency/idemconsume/redisstream"
 )
 
 func Example() {
@@ -170,4 +172,22 @@ func ExampleRedisLogsMode() {
 	// zap
 	// off
 	// unknown go-redis log mode "stderr": accepted values are zap, off, keep
+}
+
+// One option runs a Redis Streams consumer with the app's lifecycle, through
+// the module's coordinator, logged and counted on the module's logger and
+// registerer (docs/consumers.md).
+func ExampleConsumeStream() {
+	credit := func(ctx context.Context, m idemconsume.Message) error {
+		return nil // credit m.Fields["account"] with m.Fields["amount"]
+	}
+	app := fx.New(
+		idempotency.Module,
+		idempotency.ConsumeStream(idempotency.StreamConsumer{
+			Stream: "orders", Group: "billing", Operation: "billing.credit", Handler: credit,
+			Processor: []idemconsume.Option{idemconsume.WithMaxDeliveries(5)},
+			Consumer:  []redisstream.Option{redisstream.WithWorkers(4)},
+		}),
+	)
+	_ = app // app.Run() until SIGTERM; it needs a Redis at IDEMPOTENCY_REDIS_URL
 }

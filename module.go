@@ -5,6 +5,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/fx"
 	"go.uber.org/zap"
@@ -69,17 +70,22 @@ const ObserversGroup = "idempotency.observers"
 // standard error unstructured, to that logger (IDEMPOTENCY_REDIS_LOGS,
 // SetRedisLogger), until it stops: go-redis has one logger per process.
 //
-// When the graph has a trace.TracerProvider, Module also records every call
-// on the OpenTelemetry span of its context, as events and attributes
-// (package idemotel; NewTracingObserver), unless IDEMPOTENCY_TRACING_ENABLED
-// is false. Without one, it does nothing about tracing.
+// Module also records every call on the OpenTelemetry span of its context,
+// as events and attributes (package idemotel; NewTracingObserver), unless
+// IDEMPOTENCY_TRACING_ENABLED is false. As instrumentation libraries do, it
+// uses the graph's trace.TracerProvider, else the global one
+// (otel.GetTracerProvider), so an app that only calls otel.SetTracerProvider
+// gets the events too. The events land on the span of the call's context
+// whichever provider started it; an app that provides the SDK's
+// *sdktrace.TracerProvider to fx provides it as the interface too
+// (fx.As(new(trace.TracerProvider))) for Module to find it.
 //
 // Note that fx matches types exactly: an app that provides a
 // *prometheus.Registry must also provide it as a prometheus.Registerer
-// (fx.As) for Module to find it, and an app that provides the SDK's
-// *sdktrace.TracerProvider must also provide it as a trace.TracerProvider:
+// (fx.As) for Module to find it.
 //
-//	fx.Provide(fx.Annotate(newTracerProvider, fx.As(fx.Self()), fx.As(new(trace.TracerProvider))))
+// A Redis Streams consumer runs with the app's lifecycle with one more
+// option, ConsumeStream.
 //
 // Building Module in many apps in one process (one fxtest app per test) is
 // fine: metrics registered by an earlier app are reused, not registered
@@ -90,6 +96,7 @@ var Module = fx.Module("idempotency",
 		provideRedisStore,
 		provideStore,
 		provideCoordinator,
+		provideConsumerDeps, // only for ConsumeStream: an unexported type
 	),
 	fx.Provide(fx.Private, provideObserver, provideLogger),
 )
@@ -291,15 +298,21 @@ func provideObserver(p observerParams) (coordinator.Observer, error) {
 		return nil, err
 	}
 	list := []coordinator.Observer{obs}
-	if p.Tracing != nil && p.Settings.TracingEnabled {
-		list = append(list, NewTracingObserver(p.Settings, p.Tracing))
+	if p.Settings.TracingEnabled {
+		tp := p.Tracing
+		if tp == nil {
+			// The global provider delegates to one the app sets later, too.
+			tp = otel.GetTracerProvider()
+		}
+		list = append(list, NewTracingObserver(p.Settings, tp))
 	}
 	return observability.Multi(append(list, p.Extra...)...), nil
 }
 
 // NewTracingObserver returns the Observer that records calls on the
-// OpenTelemetry span of their context, as Module adds it when the graph has
-// a trace.TracerProvider: idemotel.New with tp for its spans, and with the
+// OpenTelemetry span of their context, as Module adds it when tracing is on
+// (tp: the graph's provider, else otel.GetTracerProvider): idemotel.New with
+// tp for its own spans, and with the
 // key's hash on spans unless IDEMPOTENCY_LOG_KEYS is omitted (keys appear in
 // spans only as a hash, whatever the mode). It does not look at
 // TracingEnabled: Module does. Store spans are off; for them, set

@@ -29,6 +29,7 @@ import (
 	"github.com/idemkit/idempotency/coordinator/faultstore"
 	"github.com/idemkit/idempotency/coordinator/memstore"
 	idemfxtest "github.com/idemkit/idempotency/fxtest"
+	"github.com/idemkit/idempotency/idemconsume"
 	"github.com/idemkit/idempotency/internal/redistest"
 	"github.com/idemkit/idempotency/redisrepo"
 )
@@ -284,8 +285,14 @@ func TestTwoAppsInOneProcess(t *testing.T) {
 func TestEveryDocumentedMetricIsScraped(t *testing.T) {
 	clearEnv(t)
 	t.Setenv("IDEMPOTENCY_OPERATION_TTLS", "payment.charge:24h")
+	t.Setenv("IDEMPOTENCY_REDIS_URL", "redis://"+redistest.ServerOptions(t).Addr+"/0") // the consumer's
 	reg, regOpt := registry()
-	app := fxtest.New(t, idempotency.Module, idemfxtest.MemoryStore(), regOpt, fx.Invoke(func(*coordinator.Coordinator) {}))
+	consumer := idempotency.ConsumeStream(idempotency.StreamConsumer{
+		Stream: redistest.Prefix(t) + "orders", Group: "billing", Operation: "billing.credit",
+		Handler: func(context.Context, idemconsume.Message) error { return nil },
+	})
+	app := fxtest.New(t, idempotency.Module, idemfxtest.MemoryStore(), regOpt, fx.Supply(zap.NewNop()), consumer,
+		fx.Invoke(func(*coordinator.Coordinator) {}))
 	app.RequireStart()
 	defer app.RequireStop()
 	for _, name := range documentedMetrics(t) {

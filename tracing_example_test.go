@@ -18,9 +18,10 @@ import (
 	"github.com/idemkit/idempotency/observability"
 )
 
-// Module records calls on their spans when the app provides a
-// trace.TracerProvider. fx matches types exactly: the SDK's provider must be
-// provided as the interface too.
+// Module records calls on their spans, with the app's trace.TracerProvider
+// from the graph, as here, or else the global one (otel.SetTracerProvider).
+// fx matches types exactly: the SDK's provider is provided as the interface
+// too.
 func ExampleModule_tracing() {
 	sr := tracetest.NewSpanRecorder() // in an app: an exporter, e.g. OTLP, in a batch processor
 	newTracerProvider := func(lc fx.Lifecycle) *sdktrace.TracerProvider {

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"go.opentelemetry.io/otel"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
@@ -129,17 +130,26 @@ func testTraces(t *testing.T, tp trace.TracerProvider, sr *tracetest.SpanRecorde
 	}
 }
 
-// Without a trace.TracerProvider in the graph, or with tracing off, or with
-// the provider only as its concrete type, spans are left alone.
-func TestModuleDoesNotTrace(t *testing.T) {
+// An app that only sets the global provider (otel.SetTracerProvider), as
+// OpenTelemetry's getting-started guides do, gets the events.
+func TestModuleTracesWithTheGlobalProvider(t *testing.T) {
+	clearEnv(t)
+	tp, sr := tracerProvider(t)
+	prev := otel.GetTracerProvider()
+	otel.SetTracerProvider(tp)
+	t.Cleanup(func() { otel.SetTracerProvider(prev) })
+	testTraces(t, otel.GetTracerProvider(), sr, tracedApp(t))
+}
+
+// The events land on the span of the call's context whatever provider
+// started it, so a provider that fx does not see as trace.TracerProvider
+// (docs/testing.md) loses nothing.
+func TestModuleTracesSpansOfAnyProvider(t *testing.T) {
 	for _, tt := range []struct {
 		name string
 		opts func(*sdktrace.TracerProvider) []fx.Option
 	}{
-		{"no provider", func(*sdktrace.TracerProvider) []fx.Option { return nil }},
-		{"TRACING_ENABLED false", func(tp *sdktrace.TracerProvider) []fx.Option {
-			return []fx.Option{provided(tp), idempotency.OverrideSettings(func(s *idempotency.Settings) { s.TracingEnabled = false })}
-		}},
+		{"no provider in the graph", func(*sdktrace.TracerProvider) []fx.Option { return nil }},
 		{"provider as *sdktrace.TracerProvider only (fx matches types exactly)", func(tp *sdktrace.TracerProvider) []fx.Option {
 			return []fx.Option{fx.Supply(tp)}
 		}},
@@ -150,6 +160,31 @@ func TestModuleDoesNotTrace(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			clearEnv(t)
 			tp, sr := tracerProvider(t)
+			testTraces(t, tp, sr, tracedApp(t, tt.opts(tp)...))
+		})
+	}
+}
+
+// IDEMPOTENCY_TRACING_ENABLED=false leaves spans alone, with a provider in
+// the graph or a global one.
+func TestModuleDoesNotTraceWhenTracingIsOff(t *testing.T) {
+	off := idempotency.OverrideSettings(func(s *idempotency.Settings) { s.TracingEnabled = false })
+	for _, tt := range []struct {
+		name   string
+		global bool
+		opts   func(*sdktrace.TracerProvider) []fx.Option
+	}{
+		{"provider in the graph", false, func(tp *sdktrace.TracerProvider) []fx.Option { return []fx.Option{provided(tp), off} }},
+		{"global provider", true, func(*sdktrace.TracerProvider) []fx.Option { return []fx.Option{off} }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			clearEnv(t)
+			tp, sr := tracerProvider(t)
+			if tt.global {
+				prev := otel.GetTracerProvider()
+				otel.SetTracerProvider(tp)
+				t.Cleanup(func() { otel.SetTracerProvider(prev) })
+			}
 			c := tracedApp(t, tt.opts(tp)...)
 			callTwice(t, tp, c)
 			for _, name := range []string{"first", "second"} {

@@ -72,9 +72,9 @@ const (
 	// failed in mode "run", or the coordinator's in-flight mode is "run").
 	// The handler did not run.
 	ReasonStorage Reason = "storage_error"
-	// ReasonCancelled (Retry): the context ended (the consumer stops) before
+	// ReasonCanceled (Retry): the context ended (the consumer stops) before
 	// or while the handler ran.
-	ReasonCancelled Reason = "cancelled"
+	ReasonCanceled Reason = "canceled"
 	// ReasonHandlerError (Retry): the handler returned an error (or
 	// panicked) on a delivery before the MaxDeliveries'th; the key was
 	// released, so the next delivery runs it again.
@@ -123,3 +123,26 @@ type Decision struct {
 
 // String returns the action and the reason, e.g. "retry (in_progress)".
 func (d Decision) String() string { return d.Action.String() + " (" + string(d.Reason) + ")" }
+
+// Reasons returns every Reason that Process decides with, for metric labels.
+func Reasons() []Reason {
+	return []Reason{
+		ReasonProcessed, ReasonUnprotected, ReasonDuplicate,
+		ReasonInProgress, ReasonLeaseLost, ReasonStorage, ReasonCanceled, ReasonHandlerError, ReasonInvalidRequest,
+		ReasonPermanent, ReasonMaxDeliveries, ReasonBadMessage, ReasonKeyReuse,
+	}
+}
+
+// Action returns the Action that r goes with, as the constants' comments
+// say; 0 for a Reason that is not one of Reasons.
+func (r Reason) Action() Action {
+	switch r {
+	case ReasonProcessed, ReasonUnprotected, ReasonDuplicate:
+		return Ack
+	case ReasonInProgress, ReasonLeaseLost, ReasonStorage, ReasonCanceled, ReasonHandlerError, ReasonInvalidRequest:
+		return Retry
+	case ReasonPermanent, ReasonMaxDeliveries, ReasonBadMessage, ReasonKeyReuse:
+		return DeadLetter
+	}
+	return 0
+}

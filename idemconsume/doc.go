@@ -35,7 +35,7 @@
 //	done before: redelivery, producer's copy      Ack         duplicate
 //	another consumer holds the key                Retry       in_progress (RetryAfter)
 //	store down before the handler, mode "raise"   Retry       storage_error
-//	context ended (the consumer stops)            Retry       cancelled
+//	context ended (the consumer stops)            Retry       canceled
 //	handler failed after its reservation was lost Retry       lease_lost
 //	handler error (or panic), delivery < max      Retry       handler_error
 //	TTL refused by the coordinator's bounds       Retry       invalid_request
@@ -49,7 +49,7 @@
 //
 // A handler error releases the key (the coordinator stores no failure), so
 // the next delivery runs the handler again. A Retry is not a failure: an
-// adapter should not count in_progress, storage_error or cancelled as
+// adapter should not count in_progress, storage_error or canceled as
 // handler errors, nor back off as from one.
 //
 // # Ordering, and the window that remains

@@ -62,3 +62,19 @@ func (e *PanicError) Unwrap() error {
 	err, _ := e.Value.(error)
 	return err
 }
+
+// CommandError is a broker command that failed in an adapter (a Redis
+// Streams XACK, say), as the adapter reports it to its error hook; its
+// Command is a small fixed set per adapter, fit for a metric label.
+type CommandError struct {
+	// Command names the command, lower case: "xack", "xreadgroup", ...
+	Command string
+	// Err is the failure, with the adapter's context.
+	Err error
+}
+
+// Error implements error.
+func (e *CommandError) Error() string { return e.Err.Error() }
+
+// Unwrap returns Err.
+func (e *CommandError) Unwrap() error { return e.Err }

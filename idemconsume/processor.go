@@ -177,7 +177,7 @@ func (p *Processor) Process(ctx context.Context, msg Message, handle Handler) De
 	case errors.Is(err, coordinator.ErrInvalidRequest):
 		return Decision{Action: Retry, Reason: ReasonInvalidRequest, Key: key, Err: err}
 	case ctx.Err() != nil, errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		return Decision{Action: Retry, Reason: ReasonCancelled, Key: key, Err: err}
+		return Decision{Action: Retry, Reason: ReasonCanceled, Key: key, Err: err}
 	}
 	// Do returns no other error; were a store to pass one through, the
 	// message waits rather than being lost.
@@ -198,7 +198,7 @@ func (p *Processor) failed(ctx context.Context, msg Message, key string, err err
 		d.Action, d.Reason = DeadLetter, ReasonPermanent
 	case ctx.Err() != nil:
 		// The consumer stops: the handler was interrupted, not wrong.
-		d.Reason = ReasonCancelled
+		d.Reason = ReasonCanceled
 	case msg.Deliveries >= p.cfg.maxDeliveries:
 		d.Action, d.Reason = DeadLetter, ReasonMaxDeliveries
 	default:

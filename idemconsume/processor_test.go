@@ -202,7 +202,7 @@ func TestStorageErrorModes(t *testing.T) {
 	}
 }
 
-func TestCancelled(t *testing.T) {
+func TestCanceled(t *testing.T) {
 	p := newProcessor(t, newCoordinator(t, nil), idemconsume.WithMaxDeliveries(1))
 	ctx, cancel := context.WithCancel(t.Context())
 	// Cancelled while the handler runs, on what would be the last delivery:
@@ -211,9 +211,9 @@ func TestCancelled(t *testing.T) {
 		cancel()
 		return ctx.Err()
 	})
-	check(t, d, idemconsume.Retry, idemconsume.ReasonCancelled)
+	check(t, d, idemconsume.Retry, idemconsume.ReasonCanceled)
 	// Cancelled before.
-	check(t, p.Process(ctx, msg("2-0", 1), (&counter{}).handle), idemconsume.Retry, idemconsume.ReasonCancelled)
+	check(t, p.Process(ctx, msg("2-0", 1), (&counter{}).handle), idemconsume.Retry, idemconsume.ReasonCanceled)
 }
 
 func TestBadMessages(t *testing.T) {

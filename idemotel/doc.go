@@ -14,8 +14,8 @@
 //	}
 //	c, err := coordinator.New(store, coordinator.WithObserver(observability.Multi(obs, idemotel.New())))
 //
-// The fx module idempotency.Module does this itself when the app's graph
-// provides a trace.TracerProvider (see idempotency.Module).
+// The fx module idempotency.Module does this itself, with the graph's
+// trace.TracerProvider or the global one (see idempotency.Module).
 //
 // # Attributes and events
 //

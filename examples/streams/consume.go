@@ -27,8 +27,8 @@ import (
 // has run. A consumer killed between the two leaves a reservation that
 // expires, and the order's redelivery runs the handler again: without the
 // condition that would credit the order twice. With it, the second credit
-// is refused (and counted in the fenced key), so the ledger is exactly-once
-// wherever the kill lands. The idempotency layer still does the rest: the
+// is refused (and counted in the fenced key), so the ledger has one credit
+// per order wherever the kill lands. The idempotency layer still does the rest: the
 // producer's copies, the redeliveries after a lost acknowledgement and the
 // orders claimed from a dead consumer never reach the slow part of the
 // handler, and a consumer never runs an order that another is running.

@@ -1,7 +1,10 @@
 // Command streams credits accounts from a Redis stream with idemkit's
-// idemconsume/redisstream consumer: every order message is credited exactly
-// once, although the producer publishes some orders twice, acknowledgements
-// get lost, and the consumer may be killed at any moment.
+// idemconsume/redisstream consumer: every order message is credited once,
+// although the producer publishes some orders twice, acknowledgements get
+// lost, and the consumer may be killed at any moment. The idempotency layer
+// is not exactly-once by itself (see docs/consumers.md): a consumer killed
+// between the credit and the completion of the order's record runs it again,
+// and the credit's own check on the ledger refuses the second credit.
 //
 // Run it with
 //
@@ -36,7 +39,6 @@ import (
 
 	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/coordinator"
-	"github.com/idemkit/idempotency/redisrepo"
 )
 
 func main() {
@@ -63,7 +65,8 @@ func run(ctx context.Context, args []string) error {
 	if len(args) > 0 && args[0] != "" && args[0][0] != '-' {
 		cmd, args = args[0], args[1:]
 	}
-	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
+	// "Usage of streams demo:", not "Usage of demo:".
+	fs := flag.NewFlagSet("streams "+cmd, flag.ContinueOnError)
 	var o options
 	o.common(fs)
 	switch cmd {
@@ -82,7 +85,7 @@ func run(ctx context.Context, args []string) error {
 		return err
 	}
 
-	app, err := open(ctx, cmd == "demo")
+	app, err := open(ctx, cmd == "demo", o.prefix)
 	if err != nil {
 		return err
 	}
@@ -122,7 +125,7 @@ type options struct {
 }
 
 func (o *options) common(fs *flag.FlagSet) {
-	fs.StringVar(&o.prefix, "prefix", "streams-example:", "prefix of every Redis key of the example (the stream, the ledger)")
+	fs.StringVar(&o.prefix, "prefix", "streams-example:", "prefix of every Redis key of the example: the stream, the ledger, and the idempotency records (before IDEMPOTENCY_KEY_PREFIX)")
 }
 
 func (o *options) produceFlags(fs *flag.FlagSet) {
@@ -175,8 +178,9 @@ type app struct {
 // open connects to the Redis of IDEMPOTENCY_REDIS_URL, or, for the demo when
 // it is unset, to an embedded one; and builds the coordinator from the
 // IDEMPOTENCY_* settings, without fx: the library's constructors are all
-// exported.
-func open(ctx context.Context, demo bool) (*app, error) {
+// exported. The idempotency records are under prefix too, so that a run
+// with another -prefix starts from nothing.
+func open(ctx context.Context, demo bool, prefix string) (*app, error) {
 	s, err := idempotency.LoadSettings()
 	if err != nil {
 		return nil, err
@@ -209,7 +213,8 @@ func open(ctx context.Context, demo bool) (*app, error) {
 		closeAll()
 		return nil, fmt.Errorf("ping redis: %w", err)
 	}
-	store := redisrepo.New(rdb, redisrepo.WithKeyPrefix(s.KeyPrefix))
+	s.KeyPrefix = prefix + s.KeyPrefix
+	store := idempotency.NewStore(s, rdb)
 	c, err := coordinator.New(store, s.CoordinatorOptions()...)
 	if err != nil {
 		closeAll()

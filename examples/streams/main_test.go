@@ -48,7 +48,7 @@ func TestKilledMidStream(t *testing.T) {
 	bin := build(t)
 	env := []string{
 		"IDEMPOTENCY_REDIS_URL=redis://" + opts.Addr + "/" + strconv.Itoa(opts.DB),
-		"IDEMPOTENCY_KEY_PREFIX=" + prefix + "idem:",
+		"IDEMPOTENCY_KEY_PREFIX=idem:", // after -prefix: the records are under prefix+"idem:"
 		// A killed consumer's reservations outlive it by a lease: keep it short.
 		"IDEMPOTENCY_LEASE=3s",
 	}

@@ -66,6 +66,17 @@ type Consumer struct {
 	group  string
 	handle idemconsume.Handler
 	cfg    config
+
+	mu      sync.Mutex
+	running *running // of Start, until Stop
+}
+
+// running is a Run that Start began: stop ends its reads, abort its
+// handlers' context, and done is closed with err set once it has returned.
+type running struct {
+	stop, abort context.CancelFunc
+	done        chan struct{}
+	err         error
 }
 
 // New returns a Consumer of the group of stream that processes each entry
@@ -163,7 +174,11 @@ func (c *Consumer) DeadLetterStream() string { return c.cfg.deadStream }
 // (WRONGTYPE), the user may not run the command (NOPERM, NOAUTH).
 // Run may be called again once it has returned, but not twice at once:
 // both would read under the same consumer names.
-func (c *Consumer) Run(ctx context.Context) error {
+func (c *Consumer) Run(ctx context.Context) error { return c.run(ctx, ctx) }
+
+// run is Run with two contexts: when ctx ends, the workers stop reading and
+// take no further entry; handlers run on hctx, and see it end.
+func (c *Consumer) run(ctx, hctx context.Context) error {
 	for backoff := time.Duration(0); ; {
 		err := c.createGroup(ctx)
 		if err == nil {
@@ -185,7 +200,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		if c.cfg.workers > 1 {
 			w.name = c.cfg.name + "-" + strconv.Itoa(i)
 		}
-		wg.Go(func() { w.run(ctx) })
+		wg.Go(func() { w.run(ctx, hctx) })
 	}
 	wg.Wait()
 	return nil
@@ -196,15 +211,98 @@ func (c *Consumer) Run(ctx context.Context) error {
 func (c *Consumer) createGroup(ctx context.Context) error {
 	err := c.client.XGroupCreateMkStream(ctx, c.stream, c.group, c.cfg.startID).Err()
 	if err != nil && !strings.HasPrefix(err.Error(), "BUSYGROUP") {
-		return fmt.Errorf("redisstream: create group %q of stream %q: %w", c.group, c.stream, err)
+		return cmdErr(CommandGroupCreate, fmt.Errorf("redisstream: create group %q of stream %q: %w", c.group, c.stream, err))
 	}
 	return nil
 }
 
-func (c *Consumer) reportError(ctx context.Context, err error) {
-	if c.cfg.onError != nil {
-		c.cfg.onError(ctx, err)
+// Start begins consuming in the background, for a lifecycle such as fx's
+// (fx.StartStopHook(consumer.Start, consumer.Stop)), and returns once the
+// group exists. It returns the error of creating the group when retrying
+// cannot cure it (see Run), or ctx's error when ctx ends first; while Redis
+// cannot be reached it returns nil and Run's retries take over. It returns
+// an error when the Consumer was started and not stopped.
+func (c *Consumer) Start(ctx context.Context) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.running != nil {
+		return errors.New("redisstream: Start: the consumer is running; Stop it first")
 	}
+	if err := c.createGroup(ctx); err != nil && !transient(err) {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	// The consumer outlives Start's context, and keeps its values.
+	base := context.WithoutCancel(ctx)
+	rctx, stop := context.WithCancel(base)
+	hctx, abort := context.WithCancel(base)
+	r := &running{stop: stop, abort: abort, done: make(chan struct{})}
+	go func() {
+		defer close(r.done)
+		r.err = c.run(rctx, hctx)
+		if r.err != nil {
+			c.reportError(rctx, r.err)
+		}
+	}()
+	c.running = r
+	return nil
+}
+
+// Stop stops what Start began: the workers read no further entries, the
+// handlers running finish, and their entries are acknowledged (or
+// dead-lettered, or left pending) as their decisions say. When ctx ends
+// first, the handlers' context is canceled (their entries stay pending, and
+// are claimed later) and Stop returns ctx's error without waiting longer;
+// the workers then end within WithAckTimeout, and a second Stop waits for
+// them (Start refuses until then). Stop returns the error that
+// ended Run early, if any, and nil when the Consumer is not running.
+func (c *Consumer) Stop(ctx context.Context) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	r := c.running
+	if r == nil {
+		return nil
+	}
+	r.stop()
+	select {
+	case <-r.done:
+	case <-ctx.Done():
+		r.abort()
+		return fmt.Errorf("redisstream: stop consumer %q of stream %q: %w", c.cfg.name, c.stream, ctx.Err())
+	}
+	r.abort()
+	c.running = nil
+	return r.err
+}
+
+func (c *Consumer) reportError(ctx context.Context, err error) {
+	for _, f := range c.cfg.onError {
+		f(ctx, err)
+	}
+}
+
+// The commands of the *idemconsume.CommandError values that a Consumer
+// reports to WithOnError.
+const (
+	CommandGroupCreate = "xgroup_create"
+	CommandReadGroup   = "xreadgroup"
+	CommandAutoClaim   = "xautoclaim"
+	CommandPending     = "xpending"
+	CommandAck         = "xack"
+	CommandAdd         = "xadd"
+)
+
+// Commands returns the commands a Consumer reports errors of, for metric
+// labels.
+func Commands() []string {
+	return []string{CommandGroupCreate, CommandReadGroup, CommandAutoClaim, CommandPending, CommandAck, CommandAdd}
+}
+
+// cmdErr returns err as the *idemconsume.CommandError of command.
+func cmdErr(command string, err error) error {
+	return &idemconsume.CommandError{Command: command, Err: err}
 }
 
 // Back-off of a worker whose stream commands fail.
@@ -223,7 +321,7 @@ type worker struct {
 	backoff time.Duration
 }
 
-func (w *worker) run(ctx context.Context) {
+func (w *worker) run(ctx, hctx context.Context) {
 	for ctx.Err() == nil {
 		batch, err := w.next(ctx)
 		if err != nil {
@@ -244,7 +342,7 @@ func (w *worker) run(ctx context.Context) {
 			if ctx.Err() != nil {
 				return // the rest stay pending, and are claimed later
 			}
-			w.c.process(ctx, m)
+			w.c.process(hctx, m)
 		}
 	}
 }
@@ -259,7 +357,7 @@ func (w *worker) next(ctx context.Context) ([]idemconsume.Message, error) {
 			Group: c.group, Consumer: w.name, Streams: []string{c.stream, w.history}, Count: c.cfg.batch, Block: -1,
 		}).Result()
 		if err != nil && !errors.Is(err, redis.Nil) {
-			return nil, fmt.Errorf("redisstream: XREADGROUP %s of own pending entries: %w", c.stream, err)
+			return nil, cmdErr(CommandReadGroup, fmt.Errorf("redisstream: XREADGROUP %s of own pending entries: %w", c.stream, err))
 		}
 		msgs := entries(streams)
 		if len(msgs) == 0 {
@@ -275,7 +373,7 @@ func (w *worker) next(ctx context.Context) ([]idemconsume.Message, error) {
 			Start: cmp.Or(w.cursor, "0-0"), Count: c.cfg.batch,
 		}).Result()
 		if err != nil {
-			return nil, fmt.Errorf("redisstream: XAUTOCLAIM %s: %w", c.stream, err)
+			return nil, cmdErr(CommandAutoClaim, fmt.Errorf("redisstream: XAUTOCLAIM %s: %w", c.stream, err))
 		}
 		w.cursor = cursor
 		if cursor == "0-0" || cursor == "" {
@@ -283,6 +381,9 @@ func (w *worker) next(ctx context.Context) ([]idemconsume.Message, error) {
 			w.cursor, w.claimAt = "", now.Add(c.cfg.claimInterval)
 		}
 		if len(msgs) > 0 {
+			for _, f := range c.cfg.onClaim {
+				f(ctx, len(msgs))
+			}
 			return w.counted(ctx, msgs), nil
 		}
 		if w.cursor != "" {
@@ -294,7 +395,7 @@ func (w *worker) next(ctx context.Context) ([]idemconsume.Message, error) {
 		Block: min(c.cfg.block, max(time.Until(w.claimAt), time.Millisecond)),
 	}).Result()
 	if err != nil && !errors.Is(err, redis.Nil) {
-		return nil, fmt.Errorf("redisstream: XREADGROUP %s: %w", c.stream, err)
+		return nil, cmdErr(CommandReadGroup, fmt.Errorf("redisstream: XREADGROUP %s: %w", c.stream, err))
 	}
 	msgs := entries(streams)
 	out := make([]idemconsume.Message, len(msgs))
@@ -318,7 +419,7 @@ func (w *worker) counted(ctx context.Context, msgs []redis.XMessage) []idemconsu
 		Start: msgs[0].ID, End: msgs[len(msgs)-1].ID, Count: int64(len(msgs)) + 100,
 	}).Result()
 	if err != nil {
-		c.reportError(ctx, fmt.Errorf("redisstream: XPENDING %s: %w", c.stream, err))
+		c.reportError(ctx, cmdErr(CommandPending, fmt.Errorf("redisstream: XPENDING %s: %w", c.stream, err)))
 	}
 	for _, p := range pend {
 		counts[p.ID] = p.RetryCount
@@ -331,7 +432,7 @@ func (w *worker) counted(ctx context.Context, msgs []redis.XMessage) []idemconsu
 				Stream: c.stream, Group: c.group, Consumer: w.name, Start: m.ID, End: m.ID, Count: 1,
 			}).Result()
 			if err != nil {
-				c.reportError(ctx, fmt.Errorf("redisstream: XPENDING %s %s: %w", c.stream, m.ID, err))
+				c.reportError(ctx, cmdErr(CommandPending, fmt.Errorf("redisstream: XPENDING %s %s: %w", c.stream, m.ID, err)))
 			} else if len(one) == 1 {
 				n = one[0].RetryCount
 			}
@@ -358,13 +459,13 @@ func (c *Consumer) process(ctx context.Context, msg idemconsume.Message) {
 	switch d.Action {
 	case idemconsume.Ack:
 		if err := c.client.XAck(actx, c.stream, c.group, msg.ID).Err(); err != nil {
-			c.reportError(ctx, fmt.Errorf("redisstream: XACK %s %s: %w", c.stream, msg.ID, err))
+			c.reportError(ctx, cmdErr(CommandAck, fmt.Errorf("redisstream: XACK %s %s: %w", c.stream, msg.ID, err)))
 		}
 	case idemconsume.DeadLetter:
 		c.deadLetter(actx, ctx, msg, d)
 	}
-	if c.cfg.onDecision != nil {
-		c.cfg.onDecision(ctx, msg, d)
+	for _, f := range c.cfg.onDecision {
+		f(ctx, msg, d)
 	}
 }
 
@@ -391,11 +492,11 @@ func (c *Consumer) deadLetter(actx, ctx context.Context, msg idemconsume.Message
 		FieldDeadDeliveries, strconv.FormatInt(msg.Deliveries, 10),
 	)
 	if err := c.client.XAdd(actx, &redis.XAddArgs{Stream: c.cfg.deadStream, Values: values}).Err(); err != nil {
-		c.reportError(ctx, fmt.Errorf("redisstream: XADD %s (dead letter of %s): %w", c.cfg.deadStream, msg.ID, err))
+		c.reportError(ctx, cmdErr(CommandAdd, fmt.Errorf("redisstream: XADD %s (dead letter of %s): %w", c.cfg.deadStream, msg.ID, err)))
 		return
 	}
 	if err := c.client.XAck(actx, c.stream, c.group, msg.ID).Err(); err != nil {
-		c.reportError(ctx, fmt.Errorf("redisstream: XACK %s %s: %w", c.stream, msg.ID, err))
+		c.reportError(ctx, cmdErr(CommandAck, fmt.Errorf("redisstream: XACK %s %s: %w", c.stream, msg.ID, err)))
 	}
 }
 

@@ -6,6 +6,12 @@
 //	consumer, _ := redisstream.New(rdb, p, "orders", "billing", credit, redisstream.WithWorkers(4))
 //	err := consumer.Run(ctx) // until ctx ends
 //
+// For a lifecycle, Start and Stop run it in the background instead
+// (fx.StartStopHook(consumer.Start, consumer.Stop)); in an fx app,
+// idempotency.ConsumeStream does all of it, with logs and metrics. The hooks
+// WithOnDecision, WithOnError and WithOnClaim add up, and fit the methods of
+// an observability.ConsumerObserver.
+//
 // Run creates the group (XGROUP CREATE ... MKSTREAM) and reads entries with
 // XREADGROUP. An entry whose decision is Ack is acknowledged (XACK), after
 // its effect; one whose decision is Retry stays pending; one whose decision

@@ -397,18 +397,22 @@ func (lostAcks) XAck(ctx context.Context, _, _ string, _ ...string) *redis.IntCm
 	return cmd
 }
 
-// A failed stream command is reported, and the entry stays pending to be
-// claimed again.
+// A failed stream command is reported as an *idemconsume.CommandError, and
+// the entry stays pending to be claimed again.
 func ExampleWithOnError() {
 	d := newDemo("order-1")
 	defer d.close()
 	consumer, _ := redisstream.New(lostAcks{d.rdb}, d.p, "orders", "billing", credit,
 		redisstream.WithBlock(10*time.Millisecond), d.stopAfter(1, false),
-		redisstream.WithOnError(func(_ context.Context, err error) { fmt.Println(errors.Unwrap(err)) }))
+		redisstream.WithOnError(func(_ context.Context, err error) {
+			if ce := (*idemconsume.CommandError)(nil); errors.As(err, &ce) {
+				fmt.Println(ce.Command, errors.Unwrap(ce.Err))
+			}
+		}))
 	_ = consumer.Run(d.ctx)
 	pending, _ := d.rdb.XPending(context.Background(), "orders", "billing").Result()
 	fmt.Println("pending:", pending.Count)
 	// Output:
-	// connection reset
+	// xack connection reset
 	// pending: 1
 }

@@ -58,8 +58,9 @@ type config struct {
 	ackTimeout    time.Duration
 	startID       string
 	deadStream    string
-	onDecision    func(context.Context, idemconsume.Message, idemconsume.Decision)
-	onError       func(context.Context, error)
+	onDecision    []func(context.Context, idemconsume.Message, idemconsume.Decision)
+	onError       []func(context.Context, error)
+	onClaim       []func(context.Context, int)
 }
 
 func defaultConfig() config {
@@ -134,22 +135,45 @@ func WithDeadLetterStream(name string) Option {
 	return optionFunc(func(c *config) { c.deadStream = name })
 }
 
-// WithOnDecision sets a function called with every delivery's decision once
+// WithOnDecision adds a function called with every delivery's decision once
 // the Consumer has acted on it (acknowledged, dead-lettered, or left it
-// pending): for logs and metrics. It runs on the worker's goroutine and
-// delays the next entry while it runs. Default nil.
+// pending): for logs and metrics (observability.ConsumerObserver.OnDecision).
+// It runs on the worker's goroutine and delays the next entry while it runs.
+// Each WithOnDecision adds one, called in order; a nil f adds none.
 func WithOnDecision(f func(ctx context.Context, msg idemconsume.Message, d idemconsume.Decision)) Option {
-	return optionFunc(func(c *config) { c.onDecision = f })
+	return optionFunc(func(c *config) {
+		if f != nil {
+			c.onDecision = append(c.onDecision, f)
+		}
+	})
 }
 
-// WithOnError sets a function called with each failed stream command
+// WithOnError adds a function called with each failed stream command
 // (creating the group, reading, claiming, reading delivery counts,
-// acknowledging, dead-lettering): the Consumer retries after a back-off
-// (group creation, reads, claims), processes the entry with an unknown
-// delivery count (XPENDING), or leaves the entry pending to be claimed again
-// (acks, dead-letters), and tells no one else. Default nil.
+// acknowledging, dead-lettering), an *idemconsume.CommandError whose Command
+// is one of Commands: the Consumer retries after a back-off (group creation,
+// reads, claims), processes the entry with an unknown delivery count
+// (XPENDING), or leaves the entry pending to be claimed again (acks,
+// dead-letters), and tells no one else. Each WithOnError adds one, called
+// in order; a nil f adds none.
 func WithOnError(f func(ctx context.Context, err error)) Option {
-	return optionFunc(func(c *config) { c.onError = f })
+	return optionFunc(func(c *config) {
+		if f != nil {
+			c.onError = append(c.onError, f)
+		}
+	})
+}
+
+// WithOnClaim adds a function called with the number of entries that a
+// worker claimed from other consumers, or from itself after a Retry
+// (XAUTOCLAIM), before it processes them. Each WithOnClaim adds one, called
+// in order; a nil f adds none.
+func WithOnClaim(f func(ctx context.Context, n int)) Option {
+	return optionFunc(func(c *config) {
+		if f != nil {
+			c.onClaim = append(c.onClaim, f)
+		}
+	})
 }
 
 func (c *config) validate() error {

@@ -219,6 +219,20 @@ var layout = []spec{
 			{expr: `histogram_quantile(0.5, sum by (le, operation) (rate(idempotency_wait_duration_seconds_bucket{` + ops + `}` + ri + `)))`, legend: "p50 {{operation}}"},
 			{expr: `histogram_quantile(0.99, sum by (le, operation) (rate(idempotency_wait_duration_seconds_bucket{` + ops + `}` + ri + `)))`, legend: "p99 {{operation}}"},
 		}},
+
+	{kind: "row", title: "Consumers"},
+	{title: "Consumer deliveries by decision", unit: "ops", w: 12,
+		description: "Deliveries queue consumers processed, by decision (ack, retry, dead_letter) and reason. in_progress, storage_error and canceled retries are not failures.",
+		queries:     []query{{expr: `sum by (operation, decision, reason) (rate(idempotency_consumer_deliveries_total{` + ops + `}` + ri + `))`, legend: "{{operation}} {{decision}} {{reason}}"}}},
+	{title: "Consumer dead letters", unit: "short", w: 12,
+		description: "Messages dead-lettered in each interval, by reason: they wait in the dead-letter stream.",
+		queries:     []query{{expr: `sum by (operation, reason) (increase(idempotency_consumer_dead_letters_total{` + ops + `}` + ri + `))`, legend: "{{operation}} {{reason}}"}}},
+	{title: "Consumer command errors", unit: "ops", w: 12,
+		description: "Broker commands of queue consumers that failed, by command (xreadgroup, xautoclaim, xack, xadd, ...).",
+		queries:     []query{{expr: `sum by (operation, command) (rate(idempotency_consumer_errors_total{` + ops + `}` + ri + `))`, legend: "{{operation}} {{command}}"}}},
+	{title: "Consumer claims", unit: "ops", w: 12,
+		description: "Messages claimed from consumers that left them pending (a dead consumer, or a Retry): redeliveries.",
+		queries:     []query{{expr: `sum by (operation) (rate(idempotency_consumer_claims_total{` + ops + `}` + ri + `))`, legend: "{{operation}}"}}},
 }
 
 // metricRef finds the library's metric names in an expression: idempotency_

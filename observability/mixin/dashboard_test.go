@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/idemconsume"
 	"github.com/idemkit/idempotency/observability"
 	"github.com/idemkit/idempotency/observability/mixin"
 )
@@ -142,6 +143,10 @@ func TestDashboardContents(t *testing.T) {
 		"Lease lost by operation":                  `error_type="lease_lost"`,
 		"Errors by type":                           "sum by (error_type) (rate(idempotency_errors_total",
 		"Unprotected runs":                         "idempotency_unprotected_total",
+		"Consumer deliveries by decision":          "sum by (operation, decision, reason) (rate(idempotency_consumer_deliveries_total",
+		"Consumer dead letters":                    "idempotency_consumer_dead_letters_total",
+		"Consumer command errors":                  "sum by (operation, command) (rate(idempotency_consumer_errors_total",
+		"Consumer claims":                          "idempotency_consumer_claims_total",
 	} {
 		if !strings.Contains(exprs[title], want) {
 			t.Errorf("panel %q: query %q does not contain %q", title, exprs[title], want)
@@ -181,6 +186,14 @@ func TestSchemaIsTheDocumentedOne(t *testing.T) {
 		waitOutcomes = append(waitOutcomes, string(o))
 	}
 	ops := str(mixin.Operations, []string{observability.OtherOperation})
+	consumerOp := []string{mixin.ConsumerOperation}
+	var reasons, deadReasons []string
+	for _, r := range idemconsume.Reasons() {
+		reasons = append(reasons, string(r))
+		if r.Action() == idemconsume.DeadLetter {
+			deadReasons = append(deadReasons, string(r))
+		}
+	}
 	want := map[string]map[string][]string{
 		"idempotency_requests_total":                 {"operation": ops, "outcome": str(mixin.RequestOutcomes())},
 		"idempotency_errors_total":                   {"operation": ops, "error_type": str(errorTypes)},
@@ -189,6 +202,10 @@ func TestSchemaIsTheDocumentedOne(t *testing.T) {
 		"idempotency_wait_duration_seconds_count":    {"operation": ops, "outcome": str(waitOutcomes)},
 		"idempotency_storage_duration_seconds_count": {"method": str(methods()), "result": str(mixin.StorageResults)},
 		"idempotency_storage_refusals_total":         {"operation": ops, "reason": str(mixin.RefusalReasons)},
+		"idempotency_consumer_deliveries_total":      {"operation": consumerOp, "decision": str([]string{"ack", "retry", "dead_letter"}), "reason": str(reasons)},
+		"idempotency_consumer_dead_letters_total":    {"operation": consumerOp, "reason": str(deadReasons)},
+		"idempotency_consumer_claims_total":          {"operation": consumerOp},
+		"idempotency_consumer_errors_total":          {"operation": consumerOp, "command": str(mixin.ConsumerCommands, []string{"unknown"})},
 	}
 	for name, labels := range want {
 		se, ok := s.Series[name]
@@ -220,8 +237,8 @@ func TestSchemaIsTheDocumentedOne(t *testing.T) {
 			}
 		}
 	}
-	if n := len(s.Series); n != 11 {
-		t.Errorf("%d series names, want 5 counters and 2 histograms of 3: %v", n, s.Names())
+	if n := len(s.Series); n != 15 {
+		t.Errorf("%d series names, want 9 counters and 2 histograms of 3: %v", n, s.Names())
 	}
 }
 

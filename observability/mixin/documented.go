@@ -1,12 +1,14 @@
 package mixin
 
 import (
+	"errors"
 	"fmt"
 	"sort"
 	"strconv"
 	"strings"
 
 	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/idemconsume"
 	"github.com/idemkit/idempotency/observability"
 )
 
@@ -121,7 +123,48 @@ var documented = map[string]map[string]domain{
 		"operation": operationDomain,
 		"reason":    enum(RefusalReasons),
 	},
+	"idempotency_consumer_deliveries_total": {
+		"operation": operationDomain,
+		"decision":  enum([]string{idemconsume.Ack.String(), idemconsume.Retry.String(), idemconsume.DeadLetter.String()}),
+		"reason":    enum(idemconsume.Reasons()),
+	},
+	"idempotency_consumer_dead_letters_total": {
+		"operation": operationDomain,
+		"reason":    enum(deadLetterReasons()),
+	},
+	"idempotency_consumer_claims_total": {
+		"operation": operationDomain,
+	},
+	"idempotency_consumer_errors_total": {
+		"operation": operationDomain,
+		"command":   commandDomain,
+	},
 }
+
+// deadLetterReasons are the reasons that go with idemconsume.DeadLetter.
+func deadLetterReasons() []idemconsume.Reason {
+	var out []idemconsume.Reason
+	for _, r := range idemconsume.Reasons() {
+		if r.Action() == idemconsume.DeadLetter {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// commandDomain is the command label of consumer_errors_total: an adapter's
+// commands, lower case (redisstream.Commands), or "unknown".
+var commandDomain = domain{check: func(v string) error {
+	for _, r := range v {
+		if (r < 'a' || r > 'z') && r != '_' {
+			return fmt.Errorf("command %q is not a lower-case command name", v)
+		}
+	}
+	if v == "" {
+		return errors.New("command is empty")
+	}
+	return nil
+}}
 
 // baseName returns the key of documented for a series name: the name from
 // "idempotency_" on, without _bucket, _sum or _count. ok is false for a name

@@ -104,6 +104,15 @@ func formatLe(f float64) string { return strconv.FormatFloat(f, 'g', -1, 64) }
 // counted under observability.OtherOperation.
 var Operations = []string{"payment.charge", "order.create"}
 
+// ConsumerOperation and ConsumerCommands are the operation and the broker
+// commands of the queue consumer whose metrics LibrarySchema registers (a
+// sample of redisstream.Commands, which the mixin does not import: it would
+// bring go-redis into its module graph).
+var (
+	ConsumerOperation = "billing.credit"
+	ConsumerCommands  = []string{"xreadgroup", "xautoclaim", "xack", "xadd"}
+)
+
 // LibrarySchema runs a coordinator with an observer that registers its
 // metrics, prefixed with namespace, on a new registry, drives calls through
 // it until every metric has series (a miss and a stored result, a hit, a
@@ -145,6 +154,11 @@ func LibrarySchema(namespace string) (*Schema, error) {
 	c.ReportUnprotected(ctx, Operations[1]) // no key: method none
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("mixin: drive the coordinator: %w", err)
+	}
+	// A queue consumer's metrics, whose series exist from the start.
+	if _, err := observability.NewConsumerObserver(ConsumerOperation, ConsumerCommands,
+		observability.WithRegisterer(reg), observability.WithNamespace(namespace)); err != nil {
+		return nil, err
 	}
 	return SchemaFromGatherer(reg)
 }
