@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/idemkey"
 	"github.com/idemkit/idempotency/redisrepo"
 )
 
@@ -30,8 +31,8 @@ const usageText = `idemctl: the operator tool of idemkit's idempotency records i
 
 Usage:
   idemctl check [flags]                                  print the settings, check Redis (Cluster, Sentinel)
-  idemctl lookup [flags] <operation> <key>...            describe keys (-json, -result)
-  idemctl forget [flags] <operation> <key>...            forget keys
+  idemctl lookup [flags] <operation> <key>...            describe keys (-scope, -json, -result)
+  idemctl forget [flags] <operation> <key>...            forget keys (-scope)
   idemctl forget [flags] -operation <op> -all [-yes]     forget every record of an operation
   idemctl count [flags] [operation...]                   count records per operation and state
 
@@ -261,9 +262,39 @@ func plural(n int, what string) string {
 	return fmt.Sprintf("%d %ss", n, what)
 }
 
-// parseKeys returns the keys of operation, or the first error of
-// coordinator.ValidateOperation and ValidateKey.
-func parseKeys(operation string, keys []string) ([]coordinator.Key, error) {
+// scopeFlag is the -scope flag of lookup and forget.
+type scopeFlag struct {
+	value string
+	set   bool // given, "" included: the empty scope is a scope
+}
+
+func (f *scopeFlag) String() string { return f.value }
+
+func (f *scopeFlag) Set(v string) error {
+	f.value, f.set = v, true
+	return nil
+}
+
+// addScopeFlag adds -scope to fs.
+func addScopeFlag(fs *flag.FlagSet) *scopeFlag {
+	f := &scopeFlag{}
+	fs.Var(f, "scope", "the `scope` the middleware or interceptor scoped the keys to (what its WithKeyScope hook returned, e.g. the tenant): the keys are looked up as idemkey.Scoped(scope, key) stores them")
+	return f
+}
+
+// key returns the key the coordinator sees for the client's key k: k
+// itself, or idemkey.Scoped under -scope.
+func (f *scopeFlag) key(k string) string {
+	if !f.set {
+		return k
+	}
+	return idemkey.Scoped(f.value, k)
+}
+
+// parseKeys returns the keys of operation, scoped by scope, or the first
+// error of coordinator.ValidateOperation and ValidateKey (of the keys as
+// given).
+func parseKeys(operation string, keys []string, scope *scopeFlag) ([]coordinator.Key, error) {
 	if err := coordinator.ValidateOperation(operation); err != nil {
 		return nil, err
 	}
@@ -272,7 +303,7 @@ func parseKeys(operation string, keys []string) ([]coordinator.Key, error) {
 		if err := coordinator.ValidateKey(k); err != nil {
 			return nil, fmt.Errorf("key %d (%s): %w", i+1, strconv.QuoteToASCII(k), err)
 		}
-		out[i] = coordinator.Key{Operation: operation, Key: k}
+		out[i] = coordinator.Key{Operation: operation, Key: scope.key(k)}
 	}
 	return out, nil
 }
