@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"unicode"
@@ -40,8 +41,8 @@ It reads the IDEMPOTENCY_* environment variables, as the module does
 (https://github.com/idemkit/idempotency/blob/main/docs/configuration.md).
 Every command takes -redis-url, -cluster-addrs and -key-prefix, which
 override IDEMPOTENCY_REDIS_URL, IDEMPOTENCY_REDIS_CLUSTER_ADDRS and
-IDEMPOTENCY_KEY_PREFIX. Flags may come before or after the arguments; put
--- before a key that starts with '-'. "idemctl <command> -h" lists a
+IDEMPOTENCY_KEY_PREFIX, and may come before the command too. Flags may come
+before or after the arguments; put -- before a key that starts with '-'. "idemctl <command> -h" lists a
 command's flags.
 
 A forgotten key lets the next call with it run its action AGAIN.
@@ -84,7 +85,16 @@ func (a *app) run(ctx context.Context, args []string) int {
 		fmt.Fprint(a.stderr, usageText)
 		return exitUsage
 	}
-	cmd, args := args[0], args[1:]
+	pre, args, err := leadingFlags(args)
+	if err != nil {
+		fmt.Fprintf(a.stderr, "idemctl: %v\n\n%s", err, usageText)
+		return exitUsage
+	}
+	if len(args) == 0 {
+		fmt.Fprintf(a.stderr, "idemctl: no command after %s\n\n%s", strings.Join(pre, " "), usageText)
+		return exitUsage
+	}
+	cmd, args := args[0], append(pre, args[1:]...)
 	switch cmd {
 	case "check":
 		return a.check(ctx, args)
@@ -102,16 +112,40 @@ func (a *app) run(ctx context.Context, args []string) int {
 	return exitUsage
 }
 
-// isTerminal reports whether r is a terminal: a character device (which
-// /dev/null is too: a prompt then reads nothing, and the operator has not
-// confirmed).
+// isTerminal reports whether r is a terminal, where an operator can answer
+// a prompt: not a pipe, a file or /dev/null (isTerminalFile).
 func isTerminal(r io.Reader) bool {
 	f, ok := r.(*os.File)
-	if !ok {
-		return false
+	return ok && isTerminalFile(f)
+}
+
+// overridingFlags are the flags of every command that override a variable:
+// they may come before the command too.
+var overridingFlags = []string{"redis-url", "cluster-addrs", "key-prefix"}
+
+// leadingFlags splits the overriding flags before the command ("idemctl
+// -redis-url X lookup ...") from the rest of args, so that they can be
+// handed to the command. Another flag there is an error; -h and its
+// spellings are left to the command switch.
+func leadingFlags(args []string) (flags, rest []string, err error) {
+	for len(args) > 0 && strings.HasPrefix(args[0], "-") {
+		switch args[0] {
+		case "-h", "-help", "--help":
+			return flags, args, nil
+		}
+		name, _, hasValue := strings.Cut(strings.TrimLeft(args[0], "-"), "=")
+		switch {
+		case !slices.Contains(overridingFlags, name):
+			return nil, nil, fmt.Errorf("flag %s before the command: only -redis-url, -cluster-addrs and -key-prefix may come before it", args[0])
+		case hasValue:
+			flags, args = append(flags, args[0]), args[1:]
+		case len(args) < 2:
+			return nil, nil, fmt.Errorf("flag %s needs a value", args[0])
+		default:
+			flags, args = append(flags, args[0], args[1]), args[2:]
+		}
 	}
-	fi, err := f.Stat()
-	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+	return flags, args, nil
 }
 
 // overrides are the flags every command has, which override variables.
