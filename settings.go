@@ -385,8 +385,14 @@ func variables() []string {
 	return strings.Fields(b.String())
 }
 
-// closest returns the name in names with the least edit distance to name.
+// closest returns the name in names most likely meant by name: the DEFAULT_
+// variant of it when there is one (IDEMPOTENCY_TTL means
+// IDEMPOTENCY_DEFAULT_TTL more likely than the MIN_TTL it is as close to),
+// else the name with the least edit distance.
 func closest(name string, names []string) string {
+	if d := EnvPrefix + "_DEFAULT_" + strings.TrimPrefix(name, EnvPrefix+"_"); slices.Contains(names, d) {
+		return d
+	}
 	best, bestDist := "", -1
 	for _, n := range names {
 		if d := editDistance(name, n); bestDist < 0 || d < bestDist {
