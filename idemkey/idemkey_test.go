@@ -3,7 +3,6 @@ package idemkey_test
 import (
 	"crypto/sha256"
 	"encoding/hex"
-	"fmt"
 	"strings"
 	"testing"
 
@@ -36,11 +35,4 @@ func TestScoped(t *testing.T) {
 	if idemkey.Scoped("tenant:42", "k") == idemkey.Scoped("user:42", "k") {
 		t.Error("two scopes share a key")
 	}
-}
-
-func ExampleScoped() {
-	// The key that idemhttp and idemgrpc store for the client key
-	// "order-42" of a caller whose WithKeyScope hook returned "shop_1".
-	fmt.Println(idemkey.Scoped("shop_1", "order-42"))
-	// Output: 6c5c138982bb9a55010eaa1cbc9b329c:order-42
 }
