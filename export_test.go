@@ -9,7 +9,7 @@ import (
 // Internals for the tests of package idempotency_test.
 var (
 	// OptionVariables is optionVariables: option name to variable name,
-	// without the prefix.
+	// without the prefix, read from the Settings fields' option tags.
 	OptionVariables = optionVariables
 	// Variables is variables: the names of the variables LoadSettings reads.
 	Variables = variables

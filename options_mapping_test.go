@@ -372,8 +372,8 @@ func settingsOptions(t *testing.T, pkg string, funcs ...string) map[string]bool 
 
 // TestEveryOptionIsMappedOrDeliberatelyUnset is the drift guard: a new
 // option of coordinator or observability must either get a variable (a
-// Settings field, set by CoordinatorOptions or observerOptions, and an entry
-// in optionVariables) or be added to unsetOptions on purpose. Otherwise its
+// Settings field with an option tag naming it, set by CoordinatorOptions or
+// observerOptions) or be added to unsetOptions on purpose. Otherwise its
 // errors would reach the user as "(option WithX)".
 func TestEveryOptionIsMappedOrDeliberatelyUnset(t *testing.T) {
 	coordOpts, coordNamed := declaredOptions(t, "coordinator")
@@ -396,7 +396,7 @@ func TestEveryOptionIsMappedOrDeliberatelyUnset(t *testing.T) {
 		case mapped && unset:
 			t.Errorf("%s is both mapped to IDEMPOTENCY_%s and listed as not set by Settings", opt, idempotency.OptionVariables[opt])
 		case !mapped && !unset:
-			t.Errorf("%s has no variable in optionVariables (settings.go) and is not in unsetOptions: give it a Settings field or list it", opt)
+			t.Errorf("%s has no variable (no Settings field's option tag names it) and is not in unsetOptions: give it a Settings field or list it", opt)
 		}
 	}
 	for opt := range idempotency.OptionVariables {

@@ -43,7 +43,7 @@ const EnvPrefix = "IDEMPOTENCY"
 type Settings struct {
 	// Enabled (ENABLED, default true) is the kill switch: false makes every
 	// call just run its action, with nothing read, written or counted.
-	Enabled bool `split_words:"true" default:"true" desc:"kill switch: false runs every action unprotected, with nothing read, written or counted"`
+	Enabled bool `split_words:"true" option:"WithEnabled" default:"true" desc:"kill switch: false runs every action unprotected, with nothing read, written or counted"`
 
 	// RedisURL (REDIS_URL, default redis://localhost:6379/0) is the Redis
 	// server: redis:// or rediss:// (TLS), with an optional user and
@@ -105,15 +105,15 @@ type Settings struct {
 	// DefaultTTL (DEFAULT_TTL, default 1h) is how long a completed record is
 	// kept when neither the call nor OperationTTLS gives a TTL. It must lie
 	// within MinTTL and MaxTTL.
-	DefaultTTL time.Duration `split_words:"true" default:"1h" desc:"how long a result is kept when neither the call nor IDEMPOTENCY_OPERATION_TTLS says"`
+	DefaultTTL time.Duration `split_words:"true" option:"WithDefaultTTL" default:"1h" desc:"how long a result is kept when neither the call nor IDEMPOTENCY_OPERATION_TTLS says"`
 
 	// MinTTL (MIN_TTL, default 1s) is the shortest accepted record TTL; at
 	// least 1ms.
-	MinTTL time.Duration `split_words:"true" default:"1s" desc:"shortest accepted record TTL (at least 1ms)"`
+	MinTTL time.Duration `split_words:"true" option:"WithMinTTL" default:"1s" desc:"shortest accepted record TTL (at least 1ms)"`
 
 	// MaxTTL (MAX_TTL, default 720h, 30 days) is the longest accepted record
 	// TTL; not shorter than MinTTL.
-	MaxTTL time.Duration `split_words:"true" default:"720h" desc:"longest accepted record TTL"`
+	MaxTTL time.Duration `split_words:"true" option:"WithMaxTTL" default:"720h" desc:"longest accepted record TTL"`
 
 	// OperationTTLS (OPERATION_TTLS, default empty) sets record TTLs per
 	// operation, e.g. "payment.charge:24h,order.create:1h"; a call's own TTL
@@ -123,38 +123,38 @@ type Settings struct {
 	// The field is spelled TTLS, not TTLs, because envconfig's split_words
 	// would turn "TTLs" into OPERATION_TT_LS, and an explicit envconfig tag
 	// would also read an unprefixed OPERATION_TTLS variable.
-	OperationTTLS OperationTTLs `split_words:"true" default:"" desc:"per-operation record TTLs: payment.charge:24h,order.create:1h"`
+	OperationTTLS OperationTTLs `split_words:"true" option:"WithOperationTTLs,WithOperations" default:"" desc:"per-operation record TTLs: payment.charge:24h,order.create:1h"`
 
 	// InFlight (IN_FLIGHT, default wait) is what a second caller does while
 	// the first holds the key: wait, raise or run. Empty means wait.
-	InFlight coordinator.InFlightMode `split_words:"true" default:"wait" desc:"a second caller while the first holds the key: wait, raise or run (empty: wait)"`
+	InFlight coordinator.InFlightMode `split_words:"true" option:"WithInFlight" default:"wait" desc:"a second caller while the first holds the key: wait, raise or run (empty: wait)"`
 
 	// Lease (LEASE, default 30s) is how long a reservation outlives a caller
 	// that stopped renewing it (crashed); at least 1ms.
-	Lease time.Duration `split_words:"true" default:"30s" desc:"reservation lease, renewed while the action runs (at least 1ms)"`
+	Lease time.Duration `split_words:"true" option:"WithLease" default:"30s" desc:"reservation lease, renewed while the action runs (at least 1ms)"`
 
 	// RenewInterval (RENEW_INTERVAL, default 0s) is how often a running
 	// action's lease is renewed; 0 means Lease/3. It must be shorter than the
 	// lease.
-	RenewInterval time.Duration `split_words:"true" default:"0s" desc:"how often a running action's lease is renewed; 0s: lease/3"`
+	RenewInterval time.Duration `split_words:"true" option:"WithRenewInterval" default:"0s" desc:"how often a running action's lease is renewed; 0s: lease/3"`
 
 	// WaitTimeout (WAIT_TIMEOUT, default 0s) bounds how long a caller in
 	// mode wait waits for another caller's result; 0 means one Lease. A
 	// caller never waits past its context's deadline.
-	WaitTimeout time.Duration `split_words:"true" default:"0s" desc:"how long a second caller waits for the first one's result (mode wait); 0s: one lease"`
+	WaitTimeout time.Duration `split_words:"true" option:"WithWaitTimeout" default:"0s" desc:"how long a second caller waits for the first one's result (mode wait); 0s: one lease"`
 
 	// PollInterval (POLL_INTERVAL, default 10ms) is a waiter's first
 	// interval between reads; it backs off from there. Positive.
-	PollInterval time.Duration `split_words:"true" default:"10ms" desc:"a waiting caller's first interval between reads; it backs off from there"`
+	PollInterval time.Duration `split_words:"true" option:"WithPollInterval" default:"10ms" desc:"a waiting caller's first interval between reads; it backs off from there"`
 
 	// OnStorageError (ON_STORAGE_ERROR, default run) is what a call does when
 	// the store fails before the action ran: run it unprotected, or raise a
 	// *coordinator.StorageError. Empty means run.
-	OnStorageError coordinator.OnStorageErrorMode `split_words:"true" default:"run" desc:"when the store fails before the action ran: run (unprotected) or raise (empty: run)"`
+	OnStorageError coordinator.OnStorageErrorMode `split_words:"true" option:"WithOnStorageError" default:"run" desc:"when the store fails before the action ran: run (unprotected) or raise (empty: run)"`
 
 	// StorageTimeout (STORAGE_TIMEOUT, default 1s) bounds every store call.
 	// Positive.
-	StorageTimeout time.Duration `split_words:"true" default:"1s" desc:"timeout of each store call"`
+	StorageTimeout time.Duration `split_words:"true" option:"WithStorageTimeout" default:"1s" desc:"timeout of each store call"`
 
 	// BreakerFailures (BREAKER_FAILURES, default 5) is how many consecutive
 	// connection failures (a dial error, a timeout; not an error reply of
@@ -176,7 +176,7 @@ type Settings struct {
 	// MaxResultBytes (MAX_RESULT_BYTES, default 1048576, 1 MiB) is the
 	// largest encoded result that is stored; a larger one is returned but not
 	// stored. Positive.
-	MaxResultBytes int `split_words:"true" default:"1048576" desc:"largest encoded result that is stored, in bytes"`
+	MaxResultBytes int `split_words:"true" option:"WithMaxResultBytes" default:"1048576" desc:"largest encoded result that is stored, in bytes"`
 
 	// MetricsEnabled (METRICS_ENABLED, default true) turns the Prometheus
 	// metrics on or off.
@@ -185,7 +185,7 @@ type Settings struct {
 	// MetricsNamespace (METRICS_NAMESPACE, default empty) is prepended to
 	// every metric name: "shop" gives shop_idempotency_... . Empty or a
 	// Prometheus name without colons ([a-zA-Z_][a-zA-Z0-9_]*).
-	MetricsNamespace string `split_words:"true" default:"" desc:"prefix of every metric name, e.g. shop gives shop_idempotency_..."`
+	MetricsNamespace string `split_words:"true" option:"WithNamespace" default:"" desc:"prefix of every metric name, e.g. shop gives shop_idempotency_..."`
 
 	// TracingEnabled (TRACING_ENABLED, default true) records every call on
 	// the OpenTelemetry span of its context (package idemotel) when the
@@ -197,7 +197,7 @@ type Settings struct {
 	// log lines: hashed (a digest that correlates the lines of one key
 	// without writing it), plain, or omitted. Empty means hashed. Keys may
 	// carry user or tenant identifiers, hence the default.
-	LogKeys observability.LogKeysMode `split_words:"true" default:"hashed" desc:"how keys appear in log lines: hashed, plain or omitted (empty: hashed)"`
+	LogKeys observability.LogKeysMode `split_words:"true" option:"WithLogKeys" default:"hashed" desc:"how keys appear in log lines: hashed, plain or omitted (empty: hashed)"`
 
 	// RedisLogs (REDIS_LOGS, default zap) is where go-redis's own log lines
 	// go: zap, the module's logger; off, nowhere; keep, wherever go-redis's
@@ -385,8 +385,14 @@ func variables() []string {
 	return strings.Fields(b.String())
 }
 
-// closest returns the name in names with the least edit distance to name.
+// closest returns the name in names most likely meant by name: the DEFAULT_
+// variant of it when there is one (IDEMPOTENCY_TTL means
+// IDEMPOTENCY_DEFAULT_TTL more likely than the MIN_TTL it is as close to),
+// else the name with the least edit distance.
 func closest(name string, names []string) string {
+	if d := EnvPrefix + "_DEFAULT_" + strings.TrimPrefix(name, EnvPrefix+"_"); slices.Contains(names, d) {
+		return d
+	}
 	best, bestDist := "", -1
 	for _, n := range names {
 		if d := editDistance(name, n); bestDist < 0 || d < bestDist {
@@ -532,26 +538,41 @@ func (s Settings) sentinelErrors() []error {
 	return errs
 }
 
-// optionVariables names the variable behind each option that Settings sets,
-// by the option's name as a *coordinator.OptionError from coordinator.New or
-// observability.New reports it.
-var optionVariables = map[string]string{
-	"WithEnabled":        "ENABLED",
-	"WithInFlight":       "IN_FLIGHT",
-	"WithOnStorageError": "ON_STORAGE_ERROR",
-	"WithLease":          "LEASE",
-	"WithRenewInterval":  "RENEW_INTERVAL",
-	"WithWaitTimeout":    "WAIT_TIMEOUT",
-	"WithPollInterval":   "POLL_INTERVAL",
-	"WithStorageTimeout": "STORAGE_TIMEOUT",
-	"WithDefaultTTL":     "DEFAULT_TTL",
-	"WithMinTTL":         "MIN_TTL",
-	"WithMaxTTL":         "MAX_TTL",
-	"WithOperationTTLs":  "OPERATION_TTLS",
-	"WithMaxResultBytes": "MAX_RESULT_BYTES",
-	"WithNamespace":      "METRICS_NAMESPACE",
-	"WithLogKeys":        "LOG_KEYS",
-	"WithOperations":     "OPERATION_TTLS",
+// optionTag is the struct tag of a Settings field that names the options
+// (comma-separated) of coordinator or observability that carry its value:
+// Validate reports their errors under the field's variable. A new option
+// with a variable needs only its field, with this tag, and its line in
+// CoordinatorOptions or observerOptions.
+const optionTag = "option"
+
+// optionVariables names the variable (without the prefix) behind each option
+// that Settings sets, by the option's name as a *coordinator.OptionError from
+// coordinator.New or observability.New reports it; it is read from the fields'
+// option tags.
+var optionVariables = func() map[string]string {
+	m := map[string]string{}
+	t := reflect.TypeFor[Settings]()
+	for i := range t.NumField() {
+		f := t.Field(i)
+		tag, ok := f.Tag.Lookup(optionTag)
+		if !ok {
+			continue
+		}
+		v := strings.TrimPrefix(fieldVariable(f), EnvPrefix+"_")
+		for opt := range strings.SplitSeq(tag, ",") {
+			m[opt] = v
+		}
+	}
+	return m
+}()
+
+// fieldVariable returns the variable of a Settings field, as envconfig
+// derives it (IDEMPOTENCY_LEASE for Lease).
+func fieldVariable(f reflect.StructField) string {
+	one := reflect.New(reflect.StructOf([]reflect.StructField{{Name: f.Name, Type: f.Type, Tag: f.Tag}}))
+	var b strings.Builder
+	_ = envconfig.Usagef(EnvPrefix, one.Interface(), &b, "{{range .}}{{usage_key .}}{{end}}")
+	return b.String()
 }
 
 // optionNames replaces the option names in an option's error message with

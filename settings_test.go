@@ -497,6 +497,14 @@ func TestLoadSettingsUnknownVariables(t *testing.T) {
 			env:     env("REDIS_AUTOPIPELINE", "true"),
 			wantErr: []string{"IDEMPOTENCY_REDIS_AUTOPIPELINE: unknown variable; did you mean IDEMPOTENCY_REDIS_AUTO_PIPELINE? (every variable: https://github.com/idemkit/idempotency/blob/main/docs/configuration.md)"},
 		},
+		{
+			// As close to MIN_TTL and MAX_TTL, but the default is what a
+			// bare TTL most likely means.
+			name:    "TTL without DEFAULT_",
+			env:     env("TTL", "24h"),
+			wantErr: []string{"IDEMPOTENCY_TTL: unknown variable; did you mean IDEMPOTENCY_DEFAULT_TTL? (every variable: https://github.com/idemkit/idempotency/blob/main/docs/configuration.md)"},
+			hidden:  []string{"24h"},
+		},
 		{name: "a test variable", env: env("TEST_ANYTHING", "1")},
 		{name: "the bare test prefix", env: env("TEST_", "1")},
 		{name: "lowercase is another variable", env: map[string]string{"idempotency_lease": "0s", "Idempotency_Leases": "0s"}},

@@ -28,9 +28,10 @@
 // named after the method ("/payments.v1.Payments/Charge" →
 // "payments.v1.Payments.Charge", idemhttp.OperationName; WithOperation) and scoped to
 // the caller by WithKeyScope: the stored key is a hash of the scope followed
-// by the client's key, as in idemhttp. The fingerprint is the SHA-256 of the
-// full method and the request's deterministic protobuf encoding; the same
-// key with another request is refused with FailedPrecondition.
+// by the client's key (idemkey.Scoped), as in idemhttp. The fingerprint is
+// the SHA-256 of the full method and the request's deterministic protobuf
+// encoding; the same key with another request is refused with
+// FailedPrecondition.
 //
 // # Outcomes
 //

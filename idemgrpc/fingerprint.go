@@ -1,12 +1,9 @@
 package idemgrpc
 
 import (
-	"crypto/sha256"
-	"encoding/binary"
-	"encoding/hex"
-	"hash"
-
 	"google.golang.org/protobuf/proto"
+
+	"github.com/idemkit/idempotency/internal/wire"
 )
 
 // fingerprint returns the lowercase hex SHA-256 over the full method name
@@ -18,21 +15,8 @@ func fingerprint(fullMethod string, req proto.Message) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	h := sha256.New()
-	field(h, "idemgrpc/1")
-	field(h, fullMethod)
-	count(h, len(b))
-	h.Write(b)
-	return hex.EncodeToString(h.Sum(nil)), nil
-}
-
-func field(h hash.Hash, s string) {
-	count(h, len(s))
-	h.Write([]byte(s))
-}
-
-func count(h hash.Hash, n int) {
-	var b [8]byte
-	binary.BigEndian.PutUint64(b[:], uint64(n))
-	h.Write(b[:])
+	h := wire.NewHash("idemgrpc/1")
+	h.String(fullMethod)
+	h.Bytes(b)
+	return h.Sum(), nil
 }

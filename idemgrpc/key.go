@@ -2,10 +2,7 @@ package idemgrpc
 
 import (
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/hex"
-
-	"github.com/idemkit/idempotency/coordinator"
 )
 
 // NewKey returns a fresh idempotency key: a random (version 4) UUID from
@@ -29,23 +26,4 @@ func NewKey() string {
 	s[23] = '-'
 	hex.Encode(s[24:], b[10:])
 	return string(s[:])
-}
-
-// scopeHashLen is the length of the scope's hash in a scoped key: 32 hex
-// digits, 128 bits.
-const scopeHashLen = 32
-
-// scopedKey derives the key the coordinator sees from the caller's scope and
-// the client's key, exactly as idemhttp does: the first 128 bits of
-// SHA-256(scope) in hex, then ":" and the client's key, or, when that would
-// pass coordinator.MaxKeyLen, "#" and the SHA-256 of the client's key in
-// hex. The scope itself never reaches the store or the logs.
-func scopedKey(scope, key string) string {
-	s := sha256.Sum256([]byte(scope))
-	prefix := hex.EncodeToString(s[:scopeHashLen/2])
-	if len(prefix)+1+len(key) <= coordinator.MaxKeyLen {
-		return prefix + ":" + key
-	}
-	k := sha256.Sum256([]byte(key))
-	return prefix + "#" + hex.EncodeToString(k[:])
 }

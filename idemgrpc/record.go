@@ -1,8 +1,6 @@
 package idemgrpc
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 
@@ -14,6 +12,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoregistry"
 
 	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/internal/wire"
 )
 
 // outcome is what a handler returned: recorded live, or decoded from the
@@ -51,10 +50,9 @@ func statusOf(err error) *status.Status {
 // then runs the handler again and replaces it.
 const envelopeVersion = 1
 
-// envelope is the first line of a stored outcome; the protobuf encoding
-// follows the newline: of the response message when Code is 0 (OK), of the
-// google.rpc.Status otherwise. JSON keeps the record readable in redis-cli;
-// the raw protobuf keeps it compact.
+// envelope is the first line of a stored outcome (wire.Frame); the protobuf
+// encoding follows the newline: of the response message when Code is 0 (OK),
+// of the google.rpc.Status otherwise.
 type envelope struct {
 	V int `json:"v"`
 	// Code is the status code: 0 for a response.
@@ -112,23 +110,20 @@ func (codec) Encode(o *outcome) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("idemgrpc: encode outcome: %w", err)
 	}
-	meta, err := json.Marshal(e)
+	b, err := wire.Frame(e, body)
 	if err != nil {
 		return nil, fmt.Errorf("idemgrpc: encode outcome: %w", err)
 	}
-	b := make([]byte, 0, len(meta)+1+len(body))
-	b = append(b, meta...)
-	b = append(b, '\n')
-	return append(b, body...), nil
+	return b, nil
 }
 
 func (c codec) Decode(b []byte) (*outcome, error) {
-	meta, body, ok := bytes.Cut(b, []byte{'\n'})
-	if !ok {
-		return nil, errors.New("idemgrpc: stored outcome has no envelope")
-	}
 	var e envelope
-	if err := json.Unmarshal(meta, &e); err != nil {
+	body, err := wire.Unframe(b, &e)
+	switch {
+	case errors.Is(err, wire.ErrNoEnvelope):
+		return nil, errors.New("idemgrpc: stored outcome has no envelope")
+	case err != nil:
 		return nil, fmt.Errorf("idemgrpc: stored outcome envelope: %w", err)
 	}
 	if e.V != envelopeVersion {

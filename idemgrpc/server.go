@@ -21,6 +21,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/idemkey"
 )
 
 // ErrorDomain is the domain of the google.rpc.ErrorInfo detail that every
@@ -186,7 +187,7 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 			return nil, refusal(codes.Unauthenticated, ReasonCallerUnknown, 0,
 				"the caller could not be identified, so the idempotency key cannot be scoped to it")
 		}
-		key = scopedKey(scope, key)
+		key = idemkey.Scoped(scope, key)
 	}
 	op := s.cfg.operation(info.FullMethod)
 	if err := coordinator.ValidateOperation(op); err != nil {

@@ -28,8 +28,8 @@
 //     route's handler inside the mux (mux.Handle(pattern, idem(h))), not when
 //     it wraps the whole mux.
 //   - The scope comes from WithKeyScope (a tenant or user ID). The stored key
-//     is a hash of the scope followed by the client's key, so two callers who
-//     send the same key never see each other's response. Without the hook all
+//     is a hash of the scope followed by the client's key (idemkey.Scoped), so
+//     two callers who send the same key never see each other's response. Without the hook all
 //     callers share one key space: set it on any API with more than one
 //     client. Callers with equal scopes share one key space too, the empty
 //     scope included: return typed scopes ("tenant:42", "user:42").

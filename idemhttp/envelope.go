@@ -1,14 +1,13 @@
 package idemhttp
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"slices"
 
 	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/internal/wire"
 )
 
 // response is a handler's response: recorded live, or decoded from the store.
@@ -49,8 +48,7 @@ type response struct {
 const envelopeVersion = 1
 
 // envelope is the first line of a stored response; the raw body follows the
-// newline. JSON keeps the record readable in redis-cli; the raw body keeps it
-// compact (no base64).
+// newline (wire.Frame).
 //
 // Only the allow-listed headers the handler set are stored, relative to the
 // headers outer middleware had set before it ran (those are set again on
@@ -84,23 +82,20 @@ func (c codec) Encode(r *response) ([]byte, error) {
 		return nil, fmt.Errorf("idemhttp: the response was sent but not stored: %s", r.unstorable)
 	}
 	add, replace := c.delta(r.outer, r.header)
-	meta, err := json.Marshal(envelope{V: envelopeVersion, Status: r.status, Header: add, Replace: replace})
+	b, err := wire.Frame(envelope{V: envelopeVersion, Status: r.status, Header: add, Replace: replace}, r.body)
 	if err != nil {
 		return nil, fmt.Errorf("idemhttp: encode response: %w", err)
 	}
-	b := make([]byte, 0, len(meta)+1+len(r.body))
-	b = append(b, meta...)
-	b = append(b, '\n')
-	return append(b, r.body...), nil
+	return b, nil
 }
 
 func (c codec) Decode(b []byte) (*response, error) {
-	meta, body, ok := bytes.Cut(b, []byte{'\n'})
-	if !ok {
-		return nil, errors.New("idemhttp: stored response has no envelope")
-	}
 	var e envelope
-	if err := json.Unmarshal(meta, &e); err != nil {
+	body, err := wire.Unframe(b, &e)
+	switch {
+	case errors.Is(err, wire.ErrNoEnvelope):
+		return nil, errors.New("idemhttp: stored response has no envelope")
+	case err != nil:
 		return nil, fmt.Errorf("idemhttp: stored response envelope: %w", err)
 	}
 	if e.V != envelopeVersion {

@@ -1,11 +1,9 @@
 package idemhttp
 
 import (
-	"crypto/sha256"
-	"encoding/binary"
-	"encoding/hex"
-	"hash"
 	"net/http"
+
+	"github.com/idemkit/idempotency/internal/wire"
 )
 
 // fingerprint returns the lowercase hex SHA-256 over the request's method,
@@ -13,31 +11,18 @@ import (
 // length-prefixed, so no two different requests share an encoding; the query
 // is taken as sent, so reordered parameters are another request.
 func fingerprint(r *http.Request, headers []string, body []byte) string {
-	h := sha256.New()
-	field(h, "idemhttp/1")
-	field(h, r.Method)
-	field(h, r.URL.EscapedPath())
-	field(h, r.URL.RawQuery)
+	h := wire.NewHash("idemhttp/1")
+	h.String(r.Method)
+	h.String(r.URL.EscapedPath())
+	h.String(r.URL.RawQuery)
 	for _, name := range headers {
-		field(h, name)
+		h.String(name)
 		vs := r.Header.Values(name)
-		count(h, len(vs))
+		h.Count(len(vs))
 		for _, v := range vs {
-			field(h, v)
+			h.String(v)
 		}
 	}
-	count(h, len(body))
-	h.Write(body)
-	return hex.EncodeToString(h.Sum(nil))
-}
-
-func field(h hash.Hash, s string) {
-	count(h, len(s))
-	h.Write([]byte(s))
-}
-
-func count(h hash.Hash, n int) {
-	var b [8]byte
-	binary.BigEndian.PutUint64(b[:], uint64(n))
-	h.Write(b[:])
+	h.Bytes(body)
+	return h.Sum()
 }

@@ -1,8 +1,6 @@
 package idemhttp
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"strings"
 
@@ -147,24 +145,4 @@ func isDigit(c byte) bool   { return '0' <= c && c <= '9' }
 // isTChar reports whether c is an RFC 9110 tchar.
 func isTChar(c byte) bool {
 	return isAlpha(c) || isDigit(c) || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
-}
-
-// scopeHashLen is the length of the scope's hash in a scoped key: 32 hex
-// digits, 128 bits.
-const scopeHashLen = 32
-
-// scopedKey derives the key the coordinator sees from the caller's scope and
-// the client's key: the first 128 bits of SHA-256(scope) in hex, then ":" and
-// the client's key, or, when that would pass coordinator.MaxKeyLen, "#" and
-// the SHA-256 of the client's key in hex. The result always satisfies
-// coordinator.ValidateKey; the scope itself (an e-mail address, a tenant
-// name) never reaches the store or the logs.
-func scopedKey(scope, key string) string {
-	s := sha256.Sum256([]byte(scope))
-	prefix := hex.EncodeToString(s[:scopeHashLen/2])
-	if len(prefix)+1+len(key) <= coordinator.MaxKeyLen {
-		return prefix + ":" + key
-	}
-	k := sha256.Sum256([]byte(key))
-	return prefix + "#" + hex.EncodeToString(k[:])
 }

@@ -1,13 +1,18 @@
 package idemhttp_test
 
 import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 
 	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/coordinator/memstore"
 	"github.com/idemkit/idempotency/idemhttp"
+	"github.com/idemkit/idempotency/idemkey"
 )
 
 func TestInvalidKeyIs400(t *testing.T) {
@@ -277,4 +282,38 @@ func TestOperationFromRoute(t *testing.T) {
 			t.Fatalf("operations = %q, want [v1.payments]", got)
 		}
 	})
+}
+
+// The record of a scoped request is stored under idemkey.Scoped of the
+// scope and the client's key, with a fingerprint whose encoding is pinned:
+// a change to either would make every retry across an upgrade run again or
+// be refused as a reuse.
+func TestStoredKeyAndFingerprint(t *testing.T) {
+	store := memstore.New()
+	c, _ := newCoordinatorOn(t, store)
+	var p payments
+	mux := route("POST /payments", &p, idemhttp.Middleware(c,
+		idemhttp.WithKeyScope(func(*http.Request) (string, error) { return "shop_1", nil }),
+		idemhttp.WithFingerprintHeaders("X-Account")))
+	if w := send(mux, "POST", "/payments?a=1", "order-42", `{}`, "X-Account", "acct_1"); w.Code != http.StatusCreated {
+		t.Fatalf("status %d, want 201", w.Code)
+	}
+	rec, err := store.Get(t.Context(), coordinator.Key{Operation: "POST.payments", Key: idemkey.Scoped("shop_1", "order-42")})
+	if err != nil || rec.State != coordinator.StateCompleted {
+		t.Fatalf("record under idemkey.Scoped(shop_1, order-42): %+v, %v; want a completed one", rec, err)
+	}
+	var enc []byte
+	field := func(s string) { enc = binary.BigEndian.AppendUint64(enc, uint64(len(s))); enc = append(enc, s...) }
+	field("idemhttp/1")
+	field("POST")
+	field("/payments")
+	field("a=1")
+	field("X-Account")
+	enc = binary.BigEndian.AppendUint64(enc, 1)
+	field("acct_1")
+	field("{}")
+	want := sha256.Sum256(enc)
+	if rec.Fingerprint != hex.EncodeToString(want[:]) {
+		t.Errorf("fingerprint %s, want %x", rec.Fingerprint, want)
+	}
 }

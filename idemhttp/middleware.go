@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/idemkey"
 )
 
 // errNotStored is the action's error for a response that the store policy
@@ -120,7 +121,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				"The caller could not be identified, so the idempotency key cannot be scoped to it.", err))
 			return
 		}
-		key = scopedKey(scope, key)
+		key = idemkey.Scoped(scope, key)
 	}
 	body, ok := h.readBody(w, r)
 	if !ok {

@@ -8,6 +8,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/internal/metricname"
 )
 
 // Observer turns the coordinator's events into Prometheus metrics and zap log
@@ -77,8 +78,8 @@ func newConfig(opts []Option) (config, error) {
 	if c.logKeys, err = c.logKeys.parse(); err != nil {
 		bad("WithLogKeys", err)
 	}
-	if !validNamespace(c.namespace) {
-		bad("WithNamespace", fmt.Errorf("%q is not a Prometheus name; use letters, digits and underscores, not starting with a digit", c.namespace))
+	if err := metricname.CheckNamespace(c.namespace); err != nil {
+		bad("WithNamespace", err)
 	}
 	if c.operationLimit < 1 {
 		bad("WithOperationLimit", fmt.Errorf("must be at least 1, got %d", c.operationLimit))
@@ -95,18 +96,6 @@ func newConfig(opts []Option) (config, error) {
 		return config{}, fmt.Errorf("observability: invalid options: %w", errors.Join(errs...))
 	}
 	return c, nil
-}
-
-// validNamespace reports whether ns is "" or a classic Prometheus metric name
-// without colons, which stay reserved for recording rules.
-func validNamespace(ns string) bool {
-	for i := 0; i < len(ns); i++ {
-		c := ns[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || c == '_' || i > 0 && '0' <= c && c <= '9') {
-			return false
-		}
-	}
-	return true
 }
 
 // Observe records e as metrics and writes it as a log line. The coordinator

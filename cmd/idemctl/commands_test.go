@@ -483,6 +483,14 @@ func TestIsTerminal(t *testing.T) {
 	if isTerminal(f) || isTerminal(strings.NewReader("")) {
 		t.Error("a file or a reader is a terminal")
 	}
+	null, err := os.Open(os.DevNull)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer null.Close()
+	if isTerminal(null) {
+		t.Errorf("%s, a character device, is a terminal", os.DevNull)
+	}
 }
 
 // A server older than Redis 7.0 fails check: every call of the store would

@@ -6,8 +6,8 @@
 // (idempotency.LoadSettings); a few flags override them. Usage:
 //
 //	idemctl check                              settings (secrets masked), Redis, Cluster or Sentinel health
-//	idemctl lookup [-json] [-result] <operation> <key>...
-//	idemctl forget <operation> <key>...        forget keys: a retry runs the action again
+//	idemctl lookup [-scope S] [-json] [-result] <operation> <key>...
+//	idemctl forget [-scope S] <operation> <key>...  forget keys: a retry runs the action again
 //	idemctl forget -operation <op> -all [-yes] forget every record of an operation
 //	idemctl count [-json] [operation...]       records per operation and state
 //

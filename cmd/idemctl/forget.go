@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/idemkit/idempotency/coordinator"
@@ -20,6 +21,7 @@ func (a *app) forget(ctx context.Context, args []string) int {
 	all := fs.Bool("all", false, "forget every record of the operation (-operation), found with SCAN")
 	operation := fs.String("operation", "", "the `operation` (instead of the first argument)")
 	yes := fs.Bool("yes", false, "with -all: do not ask for a confirmation (required when stdin is not a terminal)")
+	scope := addScopeFlag(fs)
 	rest, err := parse(fs, o, args)
 	if err != nil {
 		return parseStatus(err)
@@ -36,8 +38,10 @@ func (a *app) forget(ctx context.Context, args []string) int {
 		return a.usageError(fs, "want an operation and at least one key, or -operation and -all")
 	case *yes && !*all:
 		return a.usageError(fs, "-yes goes with -all only")
+	case scope.set && *all:
+		return a.usageError(fs, "-scope goes with keys, not with -all (which forgets the records of every scope)")
 	}
-	keys, err := parseKeys(*operation, rest)
+	keys, err := parseKeys(*operation, rest, scope)
 	if err != nil {
 		return a.usageError(fs, "%v", err)
 	}
@@ -56,7 +60,11 @@ func (a *app) forget(ctx context.Context, args []string) int {
 	if err != nil {
 		return a.fail("forget", fmt.Errorf("%w (%d forgotten before the error)", err, n))
 	}
-	fmt.Fprintf(a.stdout, "forgot %d of %s of %s (%d absent)\n", n, plural(len(keys), "key"), *operation, len(keys)-n)
+	in := ""
+	if scope.set {
+		in = " in scope " + strconv.QuoteToASCII(scope.value)
+	}
+	fmt.Fprintf(a.stdout, "forgot %d of %s of %s%s (%d absent)\n", n, plural(len(keys), "key"), *operation, in, len(keys)-n)
 	fmt.Fprintln(a.stderr, forgetWarning)
 	return exitOK
 }

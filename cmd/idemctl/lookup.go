@@ -25,8 +25,12 @@ const (
 // lookupEntry is what lookup reports of one key; its JSON form is lookup
 // -json's.
 type lookupEntry struct {
-	Operation   string     `json:"operation"`
+	Operation string `json:"operation"`
+	// Key is the key as given; StoredKey, with -scope, the scoped key the
+	// coordinator sees (idemkey.Scoped), and Scope the scope.
 	Key         string     `json:"key"`
+	Scope       *string    `json:"scope,omitempty"`
+	StoredKey   string     `json:"stored_key,omitempty"`
 	RedisKey    string     `json:"redis_key"`
 	State       string     `json:"state"`
 	TTLMillis   *int64     `json:"ttl_ms"` // null when absent, -1 without an expiry
@@ -48,6 +52,7 @@ func (a *app) lookup(ctx context.Context, args []string) int {
 	fs, o := a.newFlagSet("lookup", "lookup [flags] <operation> <key>...")
 	asJSON := fs.Bool("json", false, "print a JSON array, one object per key")
 	withResult := fs.Bool("result", false, "print the stored result of a completed record too")
+	scope := addScopeFlag(fs)
 	format := fs.String("result-format", formatAuto, "how to print a result: auto (text if printable UTF-8, else quoted, else base64), text (quoted when not printable), hex or base64")
 	rest, err := parse(fs, o, args)
 	if err != nil {
@@ -61,7 +66,7 @@ func (a *app) lookup(ctx context.Context, args []string) int {
 	if len(rest) < 2 {
 		return a.usageError(fs, "want an operation and at least one key")
 	}
-	keys, err := parseKeys(rest[0], rest[1:])
+	keys, err := parseKeys(rest[0], rest[1:], scope)
 	if err != nil {
 		return a.usageError(fs, "%v", err)
 	}
@@ -74,6 +79,11 @@ func (a *app) lookup(ctx context.Context, args []string) int {
 	entries, err := c.describe(ctx, keys, *withResult, *format, *asJSON)
 	if err != nil {
 		return a.fail("lookup", err)
+	}
+	if scope.set {
+		for i := range entries {
+			entries[i].Key, entries[i].StoredKey, entries[i].Scope = rest[1+i], entries[i].Key, &scope.value
+		}
 	}
 	if *asJSON {
 		enc := json.NewEncoder(a.stdout)
@@ -155,7 +165,12 @@ func entryOf(in redisrepo.Info) lookupEntry {
 // terminal.
 func (a *app) printEntry(e lookupEntry) {
 	line := func(label, value string) { fmt.Fprintf(a.stdout, "  %-11s  %s\n", label, value) }
-	fmt.Fprintf(a.stdout, "%s %s\n", e.Operation, e.Key)
+	if e.Scope == nil {
+		fmt.Fprintf(a.stdout, "%s %s\n", e.Operation, e.Key)
+	} else {
+		fmt.Fprintf(a.stdout, "%s %s (scope %s)\n", e.Operation, e.Key, strconv.QuoteToASCII(*e.Scope))
+		line("stored key", e.StoredKey)
+	}
 	line("redis key", safe(e.RedisKey))
 	line("state", e.State)
 	if e.State == coordinator.StateAbsent.String() {

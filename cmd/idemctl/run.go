@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"unicode"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/idemkey"
 	"github.com/idemkit/idempotency/redisrepo"
 )
 
@@ -30,8 +32,8 @@ const usageText = `idemctl: the operator tool of idemkit's idempotency records i
 
 Usage:
   idemctl check [flags]                                  print the settings, check Redis (Cluster, Sentinel)
-  idemctl lookup [flags] <operation> <key>...            describe keys (-json, -result)
-  idemctl forget [flags] <operation> <key>...            forget keys
+  idemctl lookup [flags] <operation> <key>...            describe keys (-scope, -json, -result)
+  idemctl forget [flags] <operation> <key>...            forget keys (-scope)
   idemctl forget [flags] -operation <op> -all [-yes]     forget every record of an operation
   idemctl count [flags] [operation...]                   count records per operation and state
 
@@ -39,8 +41,8 @@ It reads the IDEMPOTENCY_* environment variables, as the module does
 (https://github.com/idemkit/idempotency/blob/main/docs/configuration.md).
 Every command takes -redis-url, -cluster-addrs and -key-prefix, which
 override IDEMPOTENCY_REDIS_URL, IDEMPOTENCY_REDIS_CLUSTER_ADDRS and
-IDEMPOTENCY_KEY_PREFIX. Flags may come before or after the arguments; put
--- before a key that starts with '-'. "idemctl <command> -h" lists a
+IDEMPOTENCY_KEY_PREFIX, and may come before the command too. Flags may come
+before or after the arguments; put -- before a key that starts with '-'. "idemctl <command> -h" lists a
 command's flags.
 
 A forgotten key lets the next call with it run its action AGAIN.
@@ -83,7 +85,16 @@ func (a *app) run(ctx context.Context, args []string) int {
 		fmt.Fprint(a.stderr, usageText)
 		return exitUsage
 	}
-	cmd, args := args[0], args[1:]
+	pre, args, err := leadingFlags(args)
+	if err != nil {
+		fmt.Fprintf(a.stderr, "idemctl: %v\n\n%s", err, usageText)
+		return exitUsage
+	}
+	if len(args) == 0 {
+		fmt.Fprintf(a.stderr, "idemctl: no command after %s\n\n%s", strings.Join(pre, " "), usageText)
+		return exitUsage
+	}
+	cmd, args := args[0], append(pre, args[1:]...)
 	switch cmd {
 	case "check":
 		return a.check(ctx, args)
@@ -101,16 +112,40 @@ func (a *app) run(ctx context.Context, args []string) int {
 	return exitUsage
 }
 
-// isTerminal reports whether r is a terminal: a character device (which
-// /dev/null is too: a prompt then reads nothing, and the operator has not
-// confirmed).
+// isTerminal reports whether r is a terminal, where an operator can answer
+// a prompt: not a pipe, a file or /dev/null (isTerminalFile).
 func isTerminal(r io.Reader) bool {
 	f, ok := r.(*os.File)
-	if !ok {
-		return false
+	return ok && isTerminalFile(f)
+}
+
+// overridingFlags are the flags of every command that override a variable:
+// they may come before the command too.
+var overridingFlags = []string{"redis-url", "cluster-addrs", "key-prefix"}
+
+// leadingFlags splits the overriding flags before the command ("idemctl
+// -redis-url X lookup ...") from the rest of args, so that they can be
+// handed to the command. Another flag there is an error; -h and its
+// spellings are left to the command switch.
+func leadingFlags(args []string) (flags, rest []string, err error) {
+	for len(args) > 0 && strings.HasPrefix(args[0], "-") {
+		switch args[0] {
+		case "-h", "-help", "--help":
+			return flags, args, nil
+		}
+		name, _, hasValue := strings.Cut(strings.TrimLeft(args[0], "-"), "=")
+		switch {
+		case !slices.Contains(overridingFlags, name):
+			return nil, nil, fmt.Errorf("flag %s before the command: only -redis-url, -cluster-addrs and -key-prefix may come before it", args[0])
+		case hasValue:
+			flags, args = append(flags, args[0]), args[1:]
+		case len(args) < 2:
+			return nil, nil, fmt.Errorf("flag %s needs a value", args[0])
+		default:
+			flags, args = append(flags, args[0], args[1]), args[2:]
+		}
 	}
-	fi, err := f.Stat()
-	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+	return flags, args, nil
 }
 
 // overrides are the flags every command has, which override variables.
@@ -261,9 +296,39 @@ func plural(n int, what string) string {
 	return fmt.Sprintf("%d %ss", n, what)
 }
 
-// parseKeys returns the keys of operation, or the first error of
-// coordinator.ValidateOperation and ValidateKey.
-func parseKeys(operation string, keys []string) ([]coordinator.Key, error) {
+// scopeFlag is the -scope flag of lookup and forget.
+type scopeFlag struct {
+	value string
+	set   bool // given, "" included: the empty scope is a scope
+}
+
+func (f *scopeFlag) String() string { return f.value }
+
+func (f *scopeFlag) Set(v string) error {
+	f.value, f.set = v, true
+	return nil
+}
+
+// addScopeFlag adds -scope to fs.
+func addScopeFlag(fs *flag.FlagSet) *scopeFlag {
+	f := &scopeFlag{}
+	fs.Var(f, "scope", "the `scope` the middleware or interceptor scoped the keys to (what its WithKeyScope hook returned, e.g. the tenant): the keys are looked up as idemkey.Scoped(scope, key) stores them")
+	return f
+}
+
+// key returns the key the coordinator sees for the client's key k: k
+// itself, or idemkey.Scoped under -scope.
+func (f *scopeFlag) key(k string) string {
+	if !f.set {
+		return k
+	}
+	return idemkey.Scoped(f.value, k)
+}
+
+// parseKeys returns the keys of operation, scoped by scope, or the first
+// error of coordinator.ValidateOperation and ValidateKey (of the keys as
+// given).
+func parseKeys(operation string, keys []string, scope *scopeFlag) ([]coordinator.Key, error) {
 	if err := coordinator.ValidateOperation(operation); err != nil {
 		return nil, err
 	}
@@ -272,7 +337,7 @@ func parseKeys(operation string, keys []string) ([]coordinator.Key, error) {
 		if err := coordinator.ValidateKey(k); err != nil {
 			return nil, fmt.Errorf("key %d (%s): %w", i+1, strconv.QuoteToASCII(k), err)
 		}
-		out[i] = coordinator.Key{Operation: operation, Key: k}
+		out[i] = coordinator.Key{Operation: operation, Key: scope.key(k)}
 	}
 	return out, nil
 }

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"regexp"
+
+	"github.com/idemkit/idempotency/internal/metricname"
 )
 
 // DashboardUID is the uid of the generated dashboard; importing it again
@@ -244,8 +246,8 @@ var metricRef = regexp.MustCompile(`(^|[^A-Za-z0-9_:])(idempotency_)`)
 // "" for the names without one (the committed dashboard.json), "shop" for
 // shop_idempotency_requests_total and so on.
 func Dashboard(namespace string) ([]byte, error) {
-	if !validNamespace(namespace) {
-		return nil, fmt.Errorf("mixin: %q is not a metric name prefix", namespace)
+	if err := metricname.CheckNamespace(namespace); err != nil {
+		return nil, fmt.Errorf("mixin: %w", err)
 	}
 	prefix := func(s string) string {
 		if namespace == "" {
@@ -383,16 +385,4 @@ func panelStyle(kind string, s spec) (*fieldConfig, any) {
 		"legend":  map[string]any{"calcs": []string{}, "displayMode": "list", "placement": "bottom", "showLegend": true},
 		"tooltip": map[string]any{"mode": "multi", "sort": "desc"},
 	}
-}
-
-// validNamespace reports whether ns is "" or a metric name prefix that
-// observability.WithNamespace accepts.
-func validNamespace(ns string) bool {
-	for i := 0; i < len(ns); i++ {
-		c := ns[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || c == '_' || i > 0 && '0' <= c && c <= '9') {
-			return false
-		}
-	}
-	return true
 }

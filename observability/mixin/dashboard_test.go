@@ -77,8 +77,19 @@ func TestNamespacedDashboard(t *testing.T) {
 	if errs := c.CheckDashboard(readFile(t, "dashboard.json")); len(errs) == 0 {
 		t.Error("the dashboard without namespace passed against a shop_ registry")
 	}
-	if _, err := mixin.Dashboard("9shop"); err == nil {
-		t.Error("Dashboard accepted namespace 9shop")
+	// The namespaces observability.WithNamespace refuses, and only those.
+	for _, ns := range []string{"9shop", "my-app", "shop:api"} {
+		if _, err := mixin.Dashboard(ns); err == nil || !strings.Contains(err.Error(), "is not a Prometheus name") {
+			t.Errorf("Dashboard(%q) = %v, want the refusal observability.WithNamespace gives", ns, err)
+		}
+		if _, err := observability.New(observability.WithNamespace(ns)); err == nil {
+			t.Errorf("observability.WithNamespace(%q) accepted what the dashboard refuses", ns)
+		}
+	}
+	for _, ns := range []string{"shop", "Shop_2", "_x"} {
+		if _, err := mixin.Dashboard(ns); err != nil {
+			t.Errorf("Dashboard(%q): %v", ns, err)
+		}
 	}
 }
 

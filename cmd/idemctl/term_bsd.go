@@ -1,0 +1,7 @@
+//go:build darwin || freebsd
+
+package main
+
+import "syscall"
+
+const ioctlGetTermios = syscall.TIOCGETA
