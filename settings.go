@@ -188,10 +188,10 @@ type Settings struct {
 	MetricsNamespace string `split_words:"true" option:"WithNamespace" default:"" desc:"prefix of every metric name, e.g. shop gives shop_idempotency_..."`
 
 	// TracingEnabled (TRACING_ENABLED, default true) records every call on
-	// the OpenTelemetry span of its context (package idemotel) when the
-	// app's graph provides a trace.TracerProvider to Module; false turns
-	// that off. Without a provider it has no effect.
-	TracingEnabled bool `split_words:"true" default:"true" desc:"record each call on its OpenTelemetry span when the app provides a trace.TracerProvider"`
+	// the OpenTelemetry span of its context (package idemotel), through the
+	// graph's trace.TracerProvider, else the global one
+	// (otel.GetTracerProvider); false turns that off.
+	TracingEnabled bool `split_words:"true" default:"true" desc:"record each call on its OpenTelemetry span (the graph's trace.TracerProvider, else the global one)"`
 
 	// LogKeys (LOG_KEYS, default hashed) is how idempotency keys appear in
 	// log lines: hashed (a digest that correlates the lines of one key
