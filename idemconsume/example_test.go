@@ -223,7 +223,7 @@ func ExampleWithTTL() {
 	fmt.Println(p.Process(context.Background(), idemconsume.Message{ID: "1-0", Deliveries: 1},
 		func(context.Context, idemconsume.Message) error { return nil }))
 	// Output:
-	// idemconsume: WithTTL(-1h0m0s): must not be negative
+	// idemconsume: invalid options: WithTTL: must not be negative, got -1h0m0s
 	// ack (processed)
 }
 

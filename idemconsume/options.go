@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/idemkit/idempotency/coordinator"
 )
 
 // DefaultMaxDeliveries is how many deliveries of a message whose handler
@@ -11,7 +13,9 @@ import (
 // (WithMaxDeliveries).
 const DefaultMaxDeliveries = 5
 
-// An Option configures a Processor; pass options to New.
+// An Option configures a Processor; pass options to New. A nil Option is
+// skipped; an invalid value makes New return an error, each refused option
+// as a *coordinator.OptionError.
 type Option interface{ apply(*config) }
 
 type optionFunc func(*config)
@@ -71,10 +75,10 @@ func (c *config) validate() error {
 		c.key = KeyFromFieldOrID(DefaultKeyField)
 	}
 	if c.maxDeliveries < 1 {
-		errs = append(errs, fmt.Errorf("WithMaxDeliveries(%d): must be at least 1", c.maxDeliveries))
+		errs = append(errs, &coordinator.OptionError{Option: "WithMaxDeliveries", Err: fmt.Errorf("must be at least 1, got %d", c.maxDeliveries)})
 	}
 	if c.ttl < 0 {
-		errs = append(errs, fmt.Errorf("WithTTL(%v): must not be negative", c.ttl))
+		errs = append(errs, &coordinator.OptionError{Option: "WithTTL", Err: fmt.Errorf("must not be negative, got %v", c.ttl)})
 	}
 	return errors.Join(errs...)
 }

@@ -41,7 +41,7 @@ func New(c *coordinator.Coordinator, operation string, opts ...Option) (*Process
 		}
 	}
 	if err := cfg.validate(); err != nil {
-		return nil, fmt.Errorf("idemconsume: %w", err)
+		return nil, fmt.Errorf("idemconsume: invalid options: %w", err)
 	}
 	return &Processor{c: c, op: operation, cfg: cfg}, nil
 }

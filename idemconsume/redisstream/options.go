@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/idemkit/idempotency/idemconsume"
+
+	"github.com/idemkit/idempotency/coordinator"
 )
 
 // Defaults of the options.
@@ -41,7 +43,9 @@ const (
 	DeadLetterSuffix = ":dead"
 )
 
-// An Option configures a Consumer; pass options to New.
+// An Option configures a Consumer; pass options to New. A nil Option is
+// skipped; an invalid value makes New return an error, each refused option
+// as a *coordinator.OptionError.
 type Option interface{ apply(*config) }
 
 type optionFunc func(*config)
@@ -178,25 +182,28 @@ func WithOnClaim(f func(ctx context.Context, n int)) Option {
 
 func (c *config) validate() error {
 	var errs []error
+	refuse := func(option, format string, args ...any) {
+		errs = append(errs, &coordinator.OptionError{Option: option, Err: fmt.Errorf(format, args...)})
+	}
 	if c.workers < 1 {
-		errs = append(errs, fmt.Errorf("WithWorkers(%d): must be at least 1", c.workers))
+		refuse("WithWorkers", "must be at least 1, got %d", c.workers)
 	}
 	if c.batch < 1 {
-		errs = append(errs, fmt.Errorf("WithBatchSize(%d): must be at least 1", c.batch))
+		refuse("WithBatchSize", "must be at least 1, got %d", c.batch)
 	}
 	for _, d := range []struct {
 		name string
 		v    time.Duration
 	}{{"WithBlock", c.block}, {"WithMinIdle", c.minIdle}, {"WithClaimInterval", c.claimInterval}} {
 		if d.v < time.Millisecond {
-			errs = append(errs, fmt.Errorf("%s(%v): must be at least 1ms", d.name, d.v))
+			refuse(d.name, "must be at least 1ms, got %v", d.v)
 		}
 	}
 	if c.ackTimeout <= 0 {
-		errs = append(errs, fmt.Errorf("WithAckTimeout(%v): must be positive", c.ackTimeout))
+		refuse("WithAckTimeout", "must be positive, got %v", c.ackTimeout)
 	}
 	if c.startID == "" {
-		errs = append(errs, errors.New(`WithStartID(""): must not be empty`))
+		refuse("WithStartID", "must not be empty")
 	}
 	return errors.Join(errs...)
 }
