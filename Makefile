@@ -9,7 +9,7 @@ GO ?= go
 STATICCHECK_VERSION ?= v0.8.2
 STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
-.PHONY: all build test test-reliability test-reliability-short lint fmt-check vet staticcheck bench bench-table tidy-check readme-commands rules-check prometheus-e2e ci ci-targets demo
+.PHONY: all build test test-reliability test-reliability-short lint fmt-check vet staticcheck bench bench-table tidy-check readme-commands rules-check prometheus-e2e user-build require-core release release-dry-run ci ci-targets demo
 
 all: build
 
@@ -106,9 +106,35 @@ rules-check:
 prometheus-e2e:
 	GO=$(GO) bash scripts/prometheus-e2e.sh
 
+# Each published nested module (idemgrpc, observability/mixin) built and
+# vetted as a user who requires it resolves it: a copy without its replace,
+# against the core version its go.mod requires, fetched from this
+# repository's git history as from GitHub (docs/releasing.md). About 15s once
+# the build cache holds the dependencies.
+user-build:
+	bash scripts/user-build.sh
+
+# Moves the nested modules' requirement of the core to the pseudo-version of
+# REV (a commit of the core; default HEAD), for when user-build fails because
+# a nested module uses a newer core (docs/releasing.md).
+REV ?= HEAD
+require-core:
+	bash scripts/require-core.sh $(REV)
+
+# The lockstep release (docs/releasing.md): make release VERSION=vX.Y.Z
+# commits the nested modules' requirement of the core at VERSION and tags the
+# core and every published nested module; release-dry-run does all of it in a
+# throwaway clone and prints it (VERSION defaults to the next minor version).
+release:
+	@test -n "$(VERSION)" || { echo "usage: make release VERSION=vX.Y.Z"; exit 1; }
+	bash scripts/release.sh $(VERSION)
+
+release-dry-run:
+	bash scripts/release.sh -n $(VERSION)
+
 # The CI checks, in the order .ci/run runs them. `make ci` stops at the first
 # failure (`make -k ci` runs them all); .ci/run always runs them all.
-CI_TARGETS := fmt-check vet tidy-check staticcheck rules-check test test-reliability-short prometheus-e2e readme-commands
+CI_TARGETS := fmt-check vet tidy-check user-build release-dry-run staticcheck rules-check test test-reliability-short prometheus-e2e readme-commands
 
 ci: $(CI_TARGETS)
 

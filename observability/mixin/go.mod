@@ -3,7 +3,7 @@ module github.com/idemkit/idempotency/observability/mixin
 go 1.26.0
 
 require (
-	github.com/idemkit/idempotency v0.0.0-20261201062917-3b317da9fc48
+	github.com/idemkit/idempotency v0.0.0-20261202020324-f74ec30f4dff
 	github.com/prometheus/client_golang v1.25.0
 	github.com/prometheus/client_model v0.6.3
 	github.com/prometheus/common v0.72.0
