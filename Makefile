@@ -18,10 +18,12 @@ build:
 
 # The modules of the repository: the core; the gRPC adapter, a module of its
 # own so that the core's users do not get gRPC in their module graph
-# (docs/grpc.md); and the dashboard's and rules' checks, which need the
-# Prometheus server module for its PromQL parser (docs/observability.md). Every check below runs in each. A nested module is outside
-# the root's ./..., hence the loops.
-MODULES := . idemgrpc observability/mixin
+# (docs/grpc.md); the monitoring mixin (dashboard and rules, standard library
+# only); and the mixin's checks, a test-only module because they need the
+# Prometheus server module for its PromQL parser (docs/observability.md).
+# Every check below runs in each. A nested module is outside the root's
+# ./..., hence the loops.
+MODULES := . idemgrpc observability/mixin observability/mixin/mixintest
 each = set -e; for m in $(MODULES); do echo ">>> $$m: $(1)"; (cd $$m && $(1)); done
 
 # The README's test command.

@@ -128,6 +128,13 @@ GO
 	go mod edit -replace github.com/idemkit/idempotency/observability/mixin=../idempotency/observability/mixin
 	go mod tidy
 	$GO build -o /dev/null .
+	# The mixin's checks are a module of their own: none of their
+	# dependencies reaches an app that imports the mixin.
+	if grep -qE 'prometheus/prometheus|k8s\.io/|grafana-foundation-sdk' go.mod; then
+		cat go.mod
+		echo "the mixin brings its checks' dependencies"
+		exit 1
+	fi
 )
 echo "ok: an app using the adapter modules through replace directives builds"
 
