@@ -26,14 +26,16 @@ build:
 MODULES := . idemgrpc observability/mixin observability/mixin/mixintest
 each = set -e; for m in $(MODULES); do echo ">>> $$m: $(1)"; (cd $$m && $(1)); done
 
-# The README's test command.
+# The README's test command. go test prints a package's line when the package
+# is done, and the first ones need a minute to build with -race: say so.
 test:
+	@echo ">>> make test: go test -race -count=1 ./... in each module ($(MODULES)); building with -race first, then one line per package as it finishes"
 	@$(call each,$(GO) test -race -count=1 ./...)
 
 # The reliability suite (reliability/, docs/reliability.md): storms of
 # duplicate calls on real Redis and a Redis Cluster, with faults, every history
 # checked. `test` skips its storms. The short run covers every fault kind and
-# every mode pair (about two minutes on two cores) and is a CI target; the full
+# every mode pair (about five minutes on two cores) and is a CI target; the full
 # one runs every fault in every mode pair with longer storms, and prints each
 # scenario's figures. IDEMPOTENCY_TEST_RELIABILITY_REPORT=file appends them to
 # file, tab-separated; IDEMPOTENCY_TEST_RELIABILITY_SEED replays a storm's keys.
