@@ -9,7 +9,7 @@ GO ?= go
 STATICCHECK_VERSION ?= v0.8.2
 STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
-.PHONY: all build test test-reliability test-reliability-short lint fmt-check vet staticcheck bench bench-table tidy-check readme-commands rules-check prometheus-e2e ci ci-targets demo
+.PHONY: all build test test-reliability test-reliability-short lint fmt-check vet staticcheck bench bench-table tidy-check readme-commands rules-check prometheus-e2e user-build require-core release release-dry-run ci ci-targets demo
 
 all: build
 
@@ -18,20 +18,24 @@ build:
 
 # The modules of the repository: the core; the gRPC adapter, a module of its
 # own so that the core's users do not get gRPC in their module graph
-# (docs/grpc.md); and the dashboard's and rules' checks, which need the
-# Prometheus server module for its PromQL parser (docs/observability.md). Every check below runs in each. A nested module is outside
-# the root's ./..., hence the loops.
-MODULES := . idemgrpc observability/mixin
+# (docs/grpc.md); the monitoring mixin (dashboard and rules, standard library
+# only); and the mixin's checks, a test-only module because they need the
+# Prometheus server module for its PromQL parser (docs/observability.md).
+# Every check below runs in each. A nested module is outside the root's
+# ./..., hence the loops.
+MODULES := . idemgrpc observability/mixin observability/mixin/mixintest
 each = set -e; for m in $(MODULES); do echo ">>> $$m: $(1)"; (cd $$m && $(1)); done
 
-# The README's test command.
+# The README's test command. go test prints a package's line when the package
+# is done, and the first ones need a minute to build with -race: say so.
 test:
+	@echo ">>> make test: go test -race -count=1 ./... in each module ($(MODULES)); building with -race first, then one line per package as it finishes"
 	@$(call each,$(GO) test -race -count=1 ./...)
 
 # The reliability suite (reliability/, docs/reliability.md): storms of
 # duplicate calls on real Redis and a Redis Cluster, with faults, every history
 # checked. `test` skips its storms. The short run covers every fault kind and
-# every mode pair (about two minutes on two cores) and is a CI target; the full
+# every mode pair (about five minutes on two cores) and is a CI target; the full
 # one runs every fault in every mode pair with longer storms, and prints each
 # scenario's figures. IDEMPOTENCY_TEST_RELIABILITY_REPORT=file appends them to
 # file, tab-separated; IDEMPOTENCY_TEST_RELIABILITY_SEED replays a storm's keys.
@@ -106,9 +110,35 @@ rules-check:
 prometheus-e2e:
 	GO=$(GO) bash scripts/prometheus-e2e.sh
 
+# Each published nested module (idemgrpc, observability/mixin) built and
+# vetted as a user who requires it resolves it: a copy without its replace,
+# against the core version its go.mod requires, fetched from this
+# repository's git history as from GitHub (docs/releasing.md). About 15s once
+# the build cache holds the dependencies.
+user-build:
+	bash scripts/user-build.sh
+
+# Moves the nested modules' requirement of the core to the pseudo-version of
+# REV (a commit of the core; default HEAD), for when user-build fails because
+# a nested module uses a newer core (docs/releasing.md).
+REV ?= HEAD
+require-core:
+	bash scripts/require-core.sh $(REV)
+
+# The lockstep release (docs/releasing.md): make release VERSION=vX.Y.Z
+# commits the nested modules' requirement of the core at VERSION and tags the
+# core and every published nested module; release-dry-run does all of it in a
+# throwaway clone and prints it (VERSION defaults to the next minor version).
+release:
+	@test -n "$(VERSION)" || { echo "usage: make release VERSION=vX.Y.Z"; exit 1; }
+	bash scripts/release.sh $(VERSION)
+
+release-dry-run:
+	bash scripts/release.sh -n $(VERSION)
+
 # The CI checks, in the order .ci/run runs them. `make ci` stops at the first
 # failure (`make -k ci` runs them all); .ci/run always runs them all.
-CI_TARGETS := fmt-check vet tidy-check staticcheck rules-check test test-reliability-short prometheus-e2e readme-commands
+CI_TARGETS := fmt-check vet tidy-check user-build release-dry-run staticcheck rules-check test test-reliability-short prometheus-e2e readme-commands
 
 ci: $(CI_TARGETS)
 

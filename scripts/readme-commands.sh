@@ -101,6 +101,43 @@ mkdir "$tmp/app-replace"
 )
 echo "ok: an app using the module through a replace directive builds"
 
+# The adapter modules from the same checkout: one replace for each module
+# imported. No module proxy serves them here either.
+mkdir "$tmp/app-adapters"
+(
+	cd "$tmp/app-adapters"
+	$GO mod init example.com/readme >/dev/null 2>&1
+	cat >main.go <<'GO'
+package main
+
+import (
+	"fmt"
+
+	"github.com/idemkit/idempotency/idemgrpc"
+	"github.com/idemkit/idempotency/observability/mixin"
+)
+
+func main() {
+	fmt.Println(idemgrpc.ContextWithKey, mixin.DashboardUID)
+}
+GO
+	go mod edit -replace github.com/idemkit/idempotency=../idempotency
+	echo ">>> go mod edit -replace github.com/idemkit/idempotency/idemgrpc=../idempotency/idemgrpc"
+	go mod edit -replace github.com/idemkit/idempotency/idemgrpc=../idempotency/idemgrpc
+	echo ">>> go mod edit -replace github.com/idemkit/idempotency/observability/mixin=../idempotency/observability/mixin"
+	go mod edit -replace github.com/idemkit/idempotency/observability/mixin=../idempotency/observability/mixin
+	go mod tidy
+	$GO build -o /dev/null .
+	# The mixin's checks are a module of their own: none of their
+	# dependencies reaches an app that imports the mixin.
+	if grep -qE 'prometheus/prometheus|k8s\.io/|grafana-foundation-sdk' go.mod; then
+		cat go.mod
+		echo "the mixin brings its checks' dependencies"
+		exit 1
+	fi
+)
+echo "ok: an app using the adapter modules through replace directives builds"
+
 echo ">>> go run ./examples/fxapp"
 log="$tmp/fxapp.log"
 env -u IDEMPOTENCY_REDIS_URL go run ./examples/fxapp >"$log" 2>&1 &

@@ -1,19 +1,13 @@
 // Package mixin holds the monitoring mixin of github.com/idemkit/idempotency:
-// a Grafana dashboard (dashboard.json, written by Dashboard) and the checks
-// that keep it, and the Prometheus rules in rules.yml, true to the metrics
-// the library exports.
+// a Grafana dashboard (dashboard.json, written by Dashboard) and the
+// Prometheus rules in rules.yml, true to the metrics the library exports.
 //
-// The checks run against the library itself: LibrarySchema drives a real
-// coordinator with an observability.Observer on a new Prometheus registry
-// and reads back the series it exposes; a Checker then parses each PromQL
-// expression with the Prometheus parser and reports every selector of a
-// series the registry does not have, every label matcher on a label the
-// series lacks or with a value the library does not document, rate() of a
-// non-counter, histogram_quantile() without le, and aggregation by a label
-// that does not exist.
-//
-// The package lives in a module of its own, so that the Prometheus server
-// module it needs for the parser stays out of the library's dependencies.
+// The package needs nothing but the standard library, so importing it adds no
+// dependency to a module. The checks that keep the dashboard and the rules
+// true to the library's metrics (PromQL parsed with the Prometheus parser,
+// the dashboard decoded with Grafana's schema) live in the test-only module
+// mixintest, so that the Prometheus server module they need stays out of
+// this one.
 //
 // To regenerate dashboard.json after changing the layout:
 //

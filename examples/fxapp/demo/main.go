@@ -171,7 +171,7 @@ func (d *demo) keyReuse(key string) error {
 // redelivers would, and waits until the consumer has taken both deliveries.
 func (d *demo) redeliveredRefund(before ledger, chargeID string) error {
 	msgID := fmt.Sprintf("refund-%d", time.Now().UnixNano())
-	fmt.Printf("\n3. Refund message %s delivered twice to the queue consumer (coordinator.Do)\n", msgID)
+	fmt.Printf("\n3. Refund message %s delivered twice to the queue consumer (coordinator.DoResult)\n", msgID)
 	msg := fmt.Sprintf(`{"id":%q,"charge_id":%q,"amount":500}`, msgID, chargeID)
 	for range 2 {
 		r, err := d.post("/refunds", "", msg)

@@ -1,4 +1,4 @@
-package mixin_test
+package mixintest_test
 
 import (
 	"bytes"
@@ -11,13 +11,13 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/idemkit/idempotency/observability/mixin"
+	"github.com/idemkit/idempotency/observability/mixin/mixintest/internal/promcheck"
 )
 
 // The checker accepts what is right: the queries docs/observability.md
 // recommends, and other valid forms.
 func TestCheckExprAccepts(t *testing.T) {
-	c := mixin.NewChecker(librarySchema(t))
+	c := promcheck.NewChecker(librarySchema(t))
 	for _, expr := range []string{
 		`sum by (operation) (increase(idempotency_unprotected_total[5m])) > 0`,
 		`sum by (method) (rate(idempotency_storage_duration_seconds_count{result=~"error|timeout"}[5m])) / sum by (method) (rate(idempotency_storage_duration_seconds_count[5m])) > 0.01`,
@@ -40,7 +40,7 @@ func TestCheckExprAccepts(t *testing.T) {
 
 // The checker catches what is wrong, each with a message that says what.
 func TestCheckExprRejects(t *testing.T) {
-	c := mixin.NewChecker(librarySchema(t))
+	c := promcheck.NewChecker(librarySchema(t))
 	for _, tc := range []struct{ expr, want string }{
 		{`rate(idempotency_request_total[5m])`, `idempotency_request_total: no such series`},
 		{`rate(shop_idempotency_requests_total[5m])`, `no such series`},
@@ -81,11 +81,11 @@ func TestCheckExprRejectsRateOfGauge(t *testing.T) {
 	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "queue_depth", Help: "h"}, []string{"queue"})
 	g.WithLabelValues("a").Set(1)
 	reg.MustRegister(g)
-	s, err := mixin.SchemaFromGatherer(reg)
+	s, err := promcheck.SchemaFromGatherer(reg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := mixin.NewChecker(s)
+	c := promcheck.NewChecker(s)
 	if errs := c.CheckExpr(`rate(queue_depth[5m])`); !containsErr(errs, "not a counter") {
 		t.Errorf("rate of a gauge: %v", errs)
 	}
@@ -97,7 +97,7 @@ func TestCheckExprRejectsRateOfGauge(t *testing.T) {
 // A copy of the committed dashboard with one mistake each fails the check
 // with an error that names it.
 func TestCheckDashboardRejectsBrokenCopies(t *testing.T) {
-	c := mixin.NewChecker(librarySchema(t))
+	c := promcheck.NewChecker(librarySchema(t))
 	good := readFile(t, "dashboard.json")
 	for _, tc := range []struct {
 		name, old, new, want string
@@ -138,7 +138,7 @@ func TestCheckDashboardRejectsBrokenCopies(t *testing.T) {
 
 // Each of the dashboard's metric names, misspelt in a copy, is caught.
 func TestCheckDashboardCatchesEveryMetricName(t *testing.T) {
-	c := mixin.NewChecker(librarySchema(t))
+	c := promcheck.NewChecker(librarySchema(t))
 	good := readFile(t, "dashboard.json")
 	names := regexp.MustCompile(`idempotency_[a-z_]+`).FindAll(good, -1)
 	seen := map[string]bool{}
@@ -160,7 +160,7 @@ func TestCheckDashboardCatchesEveryMetricName(t *testing.T) {
 // A rules file with a mistake fails; one whose alert uses a series recorded
 // in the same file passes.
 func TestCheckRulesFile(t *testing.T) {
-	c := mixin.NewChecker(librarySchema(t))
+	c := promcheck.NewChecker(librarySchema(t))
 	dir := t.TempDir()
 	write := func(name, content string) string {
 		p := filepath.Join(dir, name)

@@ -1,4 +1,4 @@
-package mixin
+package promcheck
 
 import (
 	"context"
@@ -44,7 +44,7 @@ type Series struct {
 func SchemaFromGatherer(g prometheus.Gatherer) (*Schema, error) {
 	mfs, err := g.Gather()
 	if err != nil {
-		return nil, fmt.Errorf("mixin: gather: %w", err)
+		return nil, fmt.Errorf("promcheck: gather: %w", err)
 	}
 	s := &Schema{Series: map[string]*Series{}}
 	add := func(name string, counter, bucket bool, m *dto.Metric, extra ...string) {
@@ -153,7 +153,7 @@ func LibrarySchema(namespace string) (*Schema, error) {
 	)
 	c.ReportUnprotected(ctx, Operations[1]) // no key: method none
 	if err := errors.Join(errs...); err != nil {
-		return nil, fmt.Errorf("mixin: drive the coordinator: %w", err)
+		return nil, fmt.Errorf("promcheck: drive the coordinator: %w", err)
 	}
 	// A queue consumer's metrics, whose series exist from the start.
 	if _, err := observability.NewConsumerObserver(ConsumerOperation, ConsumerCommands,

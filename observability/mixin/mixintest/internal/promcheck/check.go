@@ -1,4 +1,4 @@
-package mixin
+package promcheck
 
 import (
 	"errors"

@@ -1,4 +1,4 @@
-package mixin_test
+package mixintest_test
 
 import (
 	"bytes"

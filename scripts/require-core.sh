@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Moves every nested module's requirement of the core (and of any other
+# module of this repository) to the version the go command gives commit REV
+# (default HEAD): a pseudo-version, or the tag REV points at. Use it when a
+# nested module starts using a part of the core that its required version
+# lacks (make user-build fails then); commit the core's change first, since
+# the requirement names a commit. `make require-core [REV=…]` runs it.
+#
+#	scripts/require-core.sh [REV]
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+root=$PWD
+rev=$(git rev-parse --verify "${1:-HEAD}^{commit}")
+source scripts/modules.sh
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+(
+	go_from_git "$root" "$tmp"
+	pseudo_version "$rev"
+) >"$tmp/version"
+version=$(cat "$tmp/version")
+echo ">>> $core $version (commit $rev)"
+for m in $(nested_modules); do
+	(
+		cd "$m"
+		for p in $(go mod edit -json | jq -r --arg c "$core" '.Require[]?.Path | select(. == $c or startswith($c + "/"))'); do
+			go mod edit -require="$p@$version"
+		done
+		go mod tidy
+	)
+	echo "ok: $m requires $core $version"
+done
