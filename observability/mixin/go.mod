@@ -4,4 +4,4 @@ go 1.26.0
 
 replace github.com/idemkit/idempotency => ../..
 
-require github.com/idemkit/idempotency v0.0.0-00010101000000-000000000000
+require github.com/idemkit/idempotency v0.0.0-20261202030342-d17eac373f5a
