@@ -18,8 +18,8 @@ build:
 
 # The modules of the repository: the core; the gRPC adapter, a module of its
 # own so that the core's users do not get gRPC in their module graph
-# (docs/grpc.md); the monitoring mixin (dashboard and rules, standard library
-# only); and the mixin's checks, a test-only module because they need the
+# (docs/grpc.md); the monitoring mixin (dashboard and rules; it requires only
+# the core); and the mixin's checks, a test-only module because they need the
 # Prometheus server module for its PromQL parser (docs/observability.md).
 # Every check below runs in each. A nested module is outside the root's
 # ./..., hence the loops.
