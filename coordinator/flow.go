@@ -526,11 +526,15 @@ func (f *flow[T]) saveLater(ctx context.Context, expiry time.Time) {
 			// reservation rather than one storage timeout, so that a starved
 			// store that answers slowly still stores the result; a call
 			// sent before the expiry may still be applied in time.
-			end := expiry
-			if d := at.Add(timeout); d.After(end) {
-				end = d
+			// within is a round call's deadline: the expiry, or one
+			// storage timeout from now if that is later.
+			within := func() time.Time {
+				if d := time.Now().Add(timeout); d.After(expiry) {
+					return d
+				}
+				return expiry
 			}
-			rctx, cancel := context.WithDeadline(ctx, end)
+			rctx, cancel := context.WithDeadline(ctx, within())
 			ok, err := f.storeRenewWithin(rctx)
 			cancel()
 			if err != nil {
@@ -539,11 +543,7 @@ func (f *flow[T]) saveLater(ctx context.Context, expiry time.Time) {
 			}
 			if ok { // still ours, for another lease: complete, within it
 				expiry = at.Add(lease)
-				end = expiry
-				if d := time.Now().Add(timeout); d.After(end) {
-					end = d
-				}
-				cctx, cancel := context.WithDeadline(ctx, end)
+				cctx, cancel := context.WithDeadline(ctx, within())
 				ok, err = f.storeCompleteWithin(cctx, f.state, f.payload)
 				cancel()
 				if err != nil {
