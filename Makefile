@@ -82,7 +82,7 @@ bench:
 	done
 
 bench-table:
-	$(GO) run ./internal/benchtable $(BENCH_OUT)
+	$(GO) run ./tools/benchtable $(BENCH_OUT)
 
 tidy-check:
 	@$(call each,$(GO) mod tidy -diff)
@@ -90,7 +90,7 @@ tidy-check:
 # Every command of the README's ```sh blocks, as written (go get, go mod edit
 # -replace, go run ./examples/fxapp, make demo); the test command is `test`.
 readme-commands:
-	GO=$(GO) bash scripts/readme-commands.sh
+	GO=$(GO) bash tools/readme-commands.sh
 
 # The Prometheus rules of observability/mixin (docs/observability.md#alerts):
 # they parse, and promtool's unit tests show every alert firing on the
@@ -108,7 +108,7 @@ rules-check:
 # pending. About 15s after the build. Needs redis-server, prometheus, curl
 # and jq.
 prometheus-e2e:
-	GO=$(GO) bash scripts/prometheus-e2e.sh
+	GO=$(GO) bash tools/prometheus-e2e.sh
 
 # Each published nested module (idemgrpc, observability/mixin) built and
 # vetted as a user who requires it resolves it: a copy without its replace,
@@ -116,14 +116,14 @@ prometheus-e2e:
 # repository's git history as from GitHub (docs/releasing.md). About 15s once
 # the build cache holds the dependencies.
 user-build:
-	bash scripts/user-build.sh
+	bash tools/user-build.sh
 
 # Moves the nested modules' requirement of the core to the pseudo-version of
 # REV (a commit of the core; default HEAD), for when user-build fails because
 # a nested module uses a newer core (docs/releasing.md).
 REV ?= HEAD
 require-core:
-	bash scripts/require-core.sh $(REV)
+	bash tools/require-core.sh $(REV)
 
 # The lockstep release (docs/releasing.md): make release VERSION=vX.Y.Z
 # commits the nested modules' requirement of the core at VERSION and tags the
@@ -131,10 +131,10 @@ require-core:
 # throwaway clone and prints it (VERSION defaults to the next minor version).
 release:
 	@test -n "$(VERSION)" || { echo "usage: make release VERSION=vX.Y.Z"; exit 1; }
-	bash scripts/release.sh $(VERSION)
+	bash tools/release.sh $(VERSION)
 
 release-dry-run:
-	bash scripts/release.sh -n $(VERSION)
+	bash tools/release.sh -n $(VERSION)
 
 # The CI checks, in the order .ci/run runs them. `make ci` stops at the first
 # failure (`make -k ci` runs them all); .ci/run always runs them all.
@@ -150,4 +150,4 @@ ci-targets:
 # duplicate payments and a key reuse, prints the statuses and the ledger, and
 # stops it. Fails unless the ledger shows exactly one charge.
 demo:
-	GO=$(GO) bash scripts/demo.sh
+	GO=$(GO) bash tools/demo.sh

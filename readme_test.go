@@ -8,14 +8,14 @@ import (
 )
 
 // Every command in the README's sh blocks must be one that
-// scripts/readme-commands.sh runs (CI runs that script), so a README command
+// tools/readme-commands.sh runs (CI runs that script), so a README command
 // cannot silently stop working.
 func TestReadmeCommandsAreChecked(t *testing.T) {
 	readme, err := os.ReadFile("README.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	script, err := os.ReadFile("scripts/readme-commands.sh")
+	script, err := os.ReadFile("tools/readme-commands.sh")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -31,7 +31,7 @@ func TestReadmeCommandsAreChecked(t *testing.T) {
 				continue
 			}
 			if !strings.Contains(string(script), `echo ">>> `+cmd+`"`) {
-				t.Errorf("README command %q is not run by scripts/readme-commands.sh", cmd)
+				t.Errorf("README command %q is not run by tools/readme-commands.sh", cmd)
 			}
 			checked++
 		}

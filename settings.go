@@ -444,9 +444,24 @@ func envError(err error) error {
 	return fmt.Errorf("%s: %s", pe.KeyName, pe.Err)
 }
 
-func invalidSettings(errs []error) error {
-	return fmt.Errorf("idempotency: invalid settings:\n%w", errors.Join(errs...))
+// SettingsError is the error of invalid settings: each refused variable, one
+// per line, after "idempotency: invalid settings:". Under fx it arrives
+// wrapped in fx's own errors; errors.As finds it, so that a main can report
+// it alone (examples/fxapp does).
+type SettingsError struct {
+	// Errs are the refusals, each naming its variable.
+	Errs []error
 }
+
+// Error returns the message: the heading, then one refusal per line.
+func (e *SettingsError) Error() string {
+	return "idempotency: invalid settings:\n" + errors.Join(e.Errs...).Error()
+}
+
+// Unwrap returns the refusals, for errors.Is and errors.As.
+func (e *SettingsError) Unwrap() []error { return e.Errs }
+
+func invalidSettings(errs []error) error { return &SettingsError{Errs: errs} }
 
 // splitList trims spaces around entries and drops empty ones, so that
 // "a:1, b:2," is two entries.

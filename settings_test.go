@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -901,4 +902,26 @@ func (m *modeStore) answer(key coordinator.Key) (rec coordinator.Record, handled
 		return coordinator.Record{State: coordinator.StatePending, Token: "other", TTL: time.Second}, true, nil
 	}
 	return coordinator.Record{}, false, nil
+}
+
+// Every refusal comes back in one *SettingsError, each naming its variable.
+func TestSettingsErrorHoldsEveryRefusal(t *testing.T) {
+	t.Setenv("IDEMPOTENCY_LEASE", "banana")
+	t.Setenv("IDEMPOTENCY_IN_FLIGHT", "later")
+	_, err := idempotency.LoadSettings()
+	var se *idempotency.SettingsError
+	if !errors.As(err, &se) {
+		t.Fatalf("LoadSettings() = %v, want a *idempotency.SettingsError", err)
+	}
+	var names []string
+	for _, e := range se.Errs {
+		names = append(names, strings.SplitN(e.Error(), ":", 2)[0])
+	}
+	slices.Sort(names)
+	if want := []string{"IDEMPOTENCY_IN_FLIGHT", "IDEMPOTENCY_LEASE"}; !slices.Equal(names, want) {
+		t.Errorf("refused %q, want %q", names, want)
+	}
+	if !strings.HasPrefix(err.Error(), "idempotency: invalid settings:\n") {
+		t.Errorf("message %q does not start with the heading", err)
+	}
 }

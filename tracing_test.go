@@ -17,6 +17,7 @@ import (
 	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/coordinator"
 	idemfxtest "github.com/idemkit/idempotency/fxtest"
+	"github.com/idemkit/idempotency/internal/telemetry"
 	"github.com/idemkit/idempotency/observability"
 )
 
@@ -118,7 +119,7 @@ func testTraces(t *testing.T, tp trace.TracerProvider, sr *tracetest.SpanRecorde
 	} {
 		a, events := spanAttrs(t, sr, tt.span)
 		if a["idempotency.outcome"] != tt.outcome || a["idempotency.replayed"] != tt.replayed ||
-			a["idempotency.operation"] != "payment.charge" || a["idempotency.key_hash"] != observability.KeyHash("order-42") {
+			a["idempotency.operation"] != "payment.charge" || a["idempotency.key_hash"] != telemetry.KeyHash("order-42") {
 			t.Errorf("%s: attributes %v, want outcome %s, replayed %s and the key's hash", tt.span, a, tt.outcome, tt.replayed)
 		}
 		if !slices.Contains(events, tt.event) || !slices.Contains(events, "idempotency.storage_call") {
@@ -206,7 +207,7 @@ func TestModuleTracingFollowsLogKeysOmitted(t *testing.T) {
 			callTwice(t, tp, c)
 			a, _ := spanAttrs(t, sr, "first")
 			h, ok := a["idempotency.key_hash"]
-			if mode == observability.LogKeysOmitted && ok || mode != observability.LogKeysOmitted && h != observability.KeyHash("order-42") {
+			if mode == observability.LogKeysOmitted && ok || mode != observability.LogKeysOmitted && h != telemetry.KeyHash("order-42") {
 				t.Errorf("LOG_KEYS %s: idempotency.key_hash = %q (set: %v)", mode, h, ok)
 			}
 			for _, v := range a {

@@ -25,6 +25,35 @@
 // their own idempotency: pass the key downstream, or use the owner token that
 // ReservationFromContext exposes as fencing information.
 //
+// # Calling
+//
+// What a caller writes: New and its options (WithLease, WithInFlight,
+// WithOnStorageError, WithDefaultTTL, …; ValidateOptions checks them
+// alone), Call, Do, DoResult and Result, DoWithCodec with JSONCodec or
+// RawCodec, Fingerprint, and the errors a call returns (ErrInProgress,
+// ErrKeyReuse, ErrNotReplayable, ErrInvalidRequest and their error types,
+// *StorageError). ValidateKey, ValidateOperation and ValidateFingerprint
+// apply a Call's rules ahead of time; ReservationFromContext gives the
+// running action its owner token.
+//
+// # Observing
+//
+// What an observer author writes against, all in observer.go: Observer,
+// ObserverFunc and NopObserver; Event and its EventKind; the bounded label
+// sets ErrorType, Method and WaitOutcome with ErrorTypes, Methods and
+// WaitOutcomes to pre-initialise metrics. The package observability is the
+// model. They stay in this package, not a subpackage, because an Event
+// carries the call's Key and InFlightMode, which callers and stores use too:
+// a subpackage would have to import this one, which imports it back through
+// WithObserver.
+//
+// # Writing a store
+//
+// What a store author implements: Store (Reserve, Get, Complete, Release,
+// Renew) over Key, Reservation, Record, State, Write and Completion,
+// optionally Watcher for cross-process wake-ups; OffRequestPath tells a
+// store which calls no caller waits for.
+//
 // This package imports nothing but the standard library. Stores live
 // elsewhere: memstore (in memory, for tests), the Redis store in redisrepo, or
 // your own, checked with the conformance suite in storetest.

@@ -18,6 +18,7 @@ import (
 	"github.com/idemkit/idempotency/coordinator/faultstore"
 	"github.com/idemkit/idempotency/coordinator/memstore"
 	"github.com/idemkit/idempotency/idemotel"
+	"github.com/idemkit/idempotency/internal/telemetry"
 	"github.com/idemkit/idempotency/observability"
 )
 
@@ -301,13 +302,13 @@ func TestConcurrentCalls(t *testing.T) {
 			if !ok {
 				t.Fatalf("%s: parent not among the ended spans", s.Name())
 			}
-			if want := observability.KeyHash(p.Name()[len("request "):]); attrs(s.Attributes())["idempotency.key_hash"] != want {
+			if want := telemetry.KeyHash(p.Name()[len("request "):]); attrs(s.Attributes())["idempotency.key_hash"] != want {
 				t.Errorf("%s under %s: key hash %s, want %s", s.Name(), p.Name(), attrs(s.Attributes())["idempotency.key_hash"], want)
 			}
 			continue
 		}
 		a := attrs(s.Attributes())
-		if want := observability.KeyHash(s.Name()[len("request "):]); a["idempotency.key_hash"] != want {
+		if want := telemetry.KeyHash(s.Name()[len("request "):]); a["idempotency.key_hash"] != want {
 			t.Errorf("%s: key hash %s, want %s", s.Name(), a["idempotency.key_hash"], want)
 		}
 		outcomes[a["idempotency.outcome"]]++

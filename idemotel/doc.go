@@ -45,7 +45,7 @@
 //	                          idempotency.storage.result (ok | error | timeout | canceled)
 //
 // The values are those of the metrics' labels (coordinator.ErrorTypes,
-// coordinator.Methods, coordinator.WaitOutcomes, observability.StorageResult).
+// coordinator.Methods, coordinator.WaitOutcomes, and the storage histogram's result label).
 //
 // # Store spans
 //
@@ -75,10 +75,9 @@
 // # Keys
 //
 // The key is never recorded. Its hash is, as idempotency.key_hash: the first
-// 16 hex digits of its SHA-256, the key_hash of the log lines
-// (observability.KeyHash), so a span and the log lines of one key can be
+// 16 hex digits of its SHA-256, the key_hash of the log lines, so a span and the log lines of one key can be
 // found together. Error messages, which often name the key, are recorded
-// with it replaced by "<key HASH>", as in the logs (observability.RedactError).
+// with it replaced by "<key HASH>", as in the logs.
 // WithKeyHash(false) records neither: the messages then say "<key>".
 //
 // # Context and concurrency

@@ -10,7 +10,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idempotency/coordinator"
-	"github.com/idemkit/idempotency/observability"
+	"github.com/idemkit/idempotency/internal/telemetry"
 )
 
 // scopeName is the instrumentation scope of the store spans: the name of
@@ -66,7 +66,7 @@ func (o *Observer) Observe(ctx context.Context, e coordinator.Event) {
 	var buf [6]attribute.KeyValue
 	attrs := append(buf[:0], keyOperation.String(e.Key.Operation))
 	if o.keyHash && e.Key.Key != "" {
-		attrs = append(attrs, keyKeyHash.String(observability.KeyHash(e.Key.Key)))
+		attrs = append(attrs, keyKeyHash.String(telemetry.KeyHash(e.Key.Key)))
 	}
 	switch e.Kind {
 	case coordinator.EventHit:
@@ -105,7 +105,7 @@ func (o *Observer) Observe(ctx context.Context, e coordinator.Event) {
 		}
 		span.AddEvent(eventError, trace.WithAttributes(attrs...))
 	case coordinator.EventStorageCall:
-		result := observability.StorageResult(e.Err)
+		result := telemetry.StorageResult(e.Err).String()
 		if o.storeSpans {
 			o.storeSpan(ctx, span, e, append(attrs, keyMethod.String(string(e.Method)), keyResult.String(result)))
 			return
@@ -166,11 +166,14 @@ func storeSpanName(m coordinator.Method) string {
 // message returns e's error message with the key hidden, as the log lines
 // hide it: by its hash, or, without WithKeyHash, by "<key>".
 func (o *Observer) message(e coordinator.Event) string {
-	mode := observability.LogKeysHashed
-	if !o.keyHash {
-		mode = observability.LogKeysOmitted
+	if e.Err == nil {
+		return ""
 	}
-	return observability.RedactError(e.Err, e.Key, mode)
+	hidden := telemetry.OmittedKey
+	if o.keyHash {
+		hidden = telemetry.HashedKey(e.Key)
+	}
+	return telemetry.Redact(e.Err.Error(), e.Key, hidden)
 }
 
 // seconds returns d in seconds, and 0 for a negative d.

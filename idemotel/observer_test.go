@@ -14,12 +14,12 @@ import (
 
 	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/idemotel"
-	"github.com/idemkit/idempotency/observability"
+	"github.com/idemkit/idempotency/internal/telemetry"
 )
 
 var (
 	k    = coordinator.Key{Operation: "payment.charge", Key: "order-42"}
-	hash = observability.KeyHash("order-42") // 3bf8b157c4238eef
+	hash = telemetry.KeyHash("order-42") // 3bf8b157c4238eef
 )
 
 // Every event kind: its span event, its attributes, and the attributes it

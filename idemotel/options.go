@@ -38,8 +38,8 @@ func WithStoreSpans(on bool) Option {
 }
 
 // WithKeyHash sets whether spans carry the idempotency key's hash, the
-// idempotency.key_hash attribute, which is the key_hash of the log lines
-// (observability.KeyHash). Default true. With false, spans carry no trace of
+// idempotency.key_hash attribute, which is the key_hash of the log lines.
+// Default true. With false, spans carry no trace of
 // the key: no hash, and error messages name it as "<key>"; the operation is
 // still recorded. The key itself is never recorded.
 func WithKeyHash(on bool) Option {

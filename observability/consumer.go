@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/idemconsume"
+	"github.com/idemkit/idempotency/internal/telemetry"
 )
 
 // The messages of a ConsumerObserver's log lines; docs/observability.md
@@ -134,9 +135,9 @@ func (o *ConsumerObserver) OnDecision(_ context.Context, msg idemconsume.Message
 	case o.keys == LogKeysPlain:
 		fields = append(fields, zap.String("key", d.Key))
 	case o.keys == LogKeysOmitted:
-		hidden = "<key>"
+		hidden = telemetry.OmittedKey
 	default:
-		h := hashKey(d.Key)
+		h := telemetry.KeyHash(d.Key)
 		fields = append(fields, zap.String("key_hash", h))
 		hidden = "<key " + h + ">"
 	}
@@ -144,7 +145,7 @@ func (o *ConsumerObserver) OnDecision(_ context.Context, msg idemconsume.Message
 		if hidden == "" {
 			fields = append(fields, zap.Error(d.Err))
 		} else {
-			fields = append(fields, zap.String("error", redact(d.Err.Error(), k, hidden)))
+			fields = append(fields, zap.String("error", telemetry.Redact(d.Err.Error(), k, hidden)))
 		}
 	}
 	ce.Write(fields...)

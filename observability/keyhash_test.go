@@ -9,26 +9,27 @@ import (
 	"testing"
 
 	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/internal/telemetry"
 	"github.com/idemkit/idempotency/observability"
 )
 
-// KeyHash is the key_hash of the log lines, and the shell's digest.
+// telemetry.KeyHash is the key_hash of the log lines, and the shell's digest.
 func TestKeyHashIsTheLogLinesHash(t *testing.T) {
 	for _, k := range []string{"order-42", "ünïcødé key", "a:b:c"} {
 		o, logs := logged(t)
 		feed(t, o, coordinator.Event{Kind: coordinator.EventHit, Key: coordinator.Key{Operation: "op", Key: k}})
 		got := only(t, logs).ContextMap()["key_hash"]
-		if want := observability.KeyHash(k); got != want || want != hashOf(k) {
+		if want := telemetry.KeyHash(k); got != want || want != hashOf(k) {
 			t.Errorf("KeyHash(%q) = %q; the log line has %v, sha256 gives %q", k, want, got, hashOf(k))
 		}
 	}
 	// printf %s order-42 | sha256sum | cut -c1-16
-	if got := observability.KeyHash("order-42"); got != "3bf8b157c4238eef" {
+	if got := telemetry.KeyHash("order-42"); got != "3bf8b157c4238eef" {
 		t.Errorf("KeyHash(order-42) = %q, want 3bf8b157c4238eef", got)
 	}
 }
 
-// RedactError is the error field of the log lines, in every mode.
+// telemetry.Redact is the error field of the log lines, in every mode.
 func TestRedactErrorIsTheLogLinesErrorField(t *testing.T) {
 	k := coordinator.Key{Operation: "payment.charge", Key: "order-42"}
 	short := coordinator.Key{Operation: "payment.charge", Key: "42"}
@@ -45,18 +46,26 @@ func TestRedactErrorIsTheLogLinesErrorField(t *testing.T) {
 				o, logs := logged(t, observability.WithLogKeys(mode))
 				feed(t, o, coordinator.Event{Kind: coordinator.EventError, Key: key, ErrorType: coordinator.ErrorDecode, Err: err})
 				want := only(t, logs).ContextMap()["error"]
-				if got := observability.RedactError(err, key, mode); got != want {
-					t.Errorf("RedactError(%q, %v, %q) = %q; the log line has %q", err, key, mode, got, want)
+				if got := redacted(err, key, mode); got != want {
+					t.Errorf("telemetry.Redact(%q, %v) in mode %q = %q; the log line has %q", err, key, mode, got, want)
 				}
 			}
 		}
 	}
-	if got := observability.RedactError(nil, k, observability.LogKeysHashed); got != "" {
-		t.Errorf("RedactError(nil) = %q, want \"\"", got)
-	}
 }
 
-// StorageResult is the result label of the storage histogram.
+// redacted is err's message as telemetry.Redact hides key in mode.
+func redacted(err error, k coordinator.Key, mode observability.LogKeysMode) string {
+	switch {
+	case k.Key == "", mode == observability.LogKeysPlain:
+		return err.Error()
+	case mode == observability.LogKeysOmitted:
+		return telemetry.Redact(err.Error(), k, telemetry.OmittedKey)
+	}
+	return telemetry.Redact(err.Error(), k, telemetry.HashedKey(k))
+}
+
+// telemetry.StorageResult is the result label of the storage histogram.
 func TestStorageResultIsTheMetricsLabel(t *testing.T) {
 	tests := []struct {
 		err  error
@@ -70,7 +79,7 @@ func TestStorageResultIsTheMetricsLabel(t *testing.T) {
 		{fmt.Errorf("get: %w", context.Canceled), "canceled"},
 	}
 	for _, tt := range tests {
-		if got := observability.StorageResult(tt.err); got != tt.want {
+		if got := telemetry.StorageResult(tt.err).String(); got != tt.want {
 			t.Errorf("StorageResult(%v) = %q, want %q", tt.err, got, tt.want)
 		}
 		o, reg := newObserver(t)

@@ -1,10 +1,7 @@
 package observability
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
-	"strconv"
 	"strings"
 
 	"go.uber.org/zap"
@@ -12,6 +9,7 @@ import (
 
 	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/internal/breaker"
+	"github.com/idemkit/idempotency/internal/telemetry"
 )
 
 // The messages of the log lines; docs/observability.md lists them with their
@@ -57,9 +55,9 @@ func (l *eventLogger) logEvent(e coordinator.Event) {
 	case l.keys == LogKeysPlain:
 		fields = append(fields, zap.String("key", e.Key.Key))
 	case l.keys == LogKeysOmitted:
-		hidden = "<key>"
+		hidden = telemetry.OmittedKey
 	default:
-		h := hashKey(e.Key.Key)
+		h := telemetry.KeyHash(e.Key.Key)
 		fields = append(fields, zap.String("key_hash", h))
 		hidden = "<key " + h + ">"
 	}
@@ -80,7 +78,7 @@ func (l *eventLogger) logEvent(e coordinator.Event) {
 		if hidden == "" {
 			fields = append(fields, zap.Error(e.Err))
 		} else {
-			fields = append(fields, zap.String("error", redact(e.Err.Error(), e.Key, hidden)))
+			fields = append(fields, zap.String("error", telemetry.Redact(e.Err.Error(), e.Key, hidden)))
 		}
 	}
 	ce.Write(fields...)
@@ -151,33 +149,6 @@ func storageErrorLine(err error) string {
 		return msgStorageError + ": redis has no such database"
 	}
 	return msgStorageError
-}
-
-// minRedactLen is the shortest key that redact replaces wherever it occurs;
-// a shorter one is too likely to be part of other words.
-const minRedactLen = 8
-
-// redact replaces the key in an error message with hidden: the coordinator's
-// and stores' messages name the key as "operation:key" (also inside a Redis
-// key name) or quoted, and a key of minRedactLen bytes or more is replaced
-// wherever it occurs. It is best effort: a key quoted or escaped some other
-// way by a custom store stays visible.
-func redact(msg string, k coordinator.Key, hidden string) string {
-	if k.Key == "" || !strings.Contains(msg, k.Key) {
-		return msg
-	}
-	msg = strings.ReplaceAll(msg, k.Operation+":"+k.Key, k.Operation+":"+hidden)
-	msg = strings.ReplaceAll(msg, strconv.Quote(k.Key), strconv.Quote(hidden))
-	if len(k.Key) >= minRedactLen {
-		msg = strings.ReplaceAll(msg, k.Key, hidden)
-	}
-	return msg
-}
-
-// hashKey returns the first 16 hex digits of the SHA-256 of key.
-func hashKey(key string) string {
-	sum := sha256.Sum256([]byte(key))
-	return hex.EncodeToString(sum[:8])
 }
 
 // The reason label values of storage_refusals_total: why a store call was

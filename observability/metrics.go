@@ -1,7 +1,6 @@
 package observability
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"sync"
@@ -12,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/internal/telemetry"
 )
 
 // subsystem is the fixed part of every metric name: [namespace_]idempotency_.
@@ -29,17 +29,6 @@ const (
 	outcomeInFlight = "in_flight"
 	outcomeNotRepl  = "not_replayable"
 )
-
-// The result label values of storage_duration_seconds.
-const (
-	resultOK = iota
-	resultError
-	resultTimeout
-	resultCanceled
-	numResults
-)
-
-var resultNames = [numResults]string{"ok", "error", "timeout", "canceled"}
 
 // storageBuckets are the buckets of idempotency_storage_duration_seconds, in
 // seconds: from 50µs, which resolves a Redis round trip on a local network,
@@ -71,7 +60,7 @@ type metrics struct {
 	refusals    *prometheus.CounterVec
 
 	// storageSeries holds the storage_duration_seconds series by method.
-	storageSeries map[coordinator.Method]*[numResults]prometheus.Observer
+	storageSeries map[coordinator.Method]*[telemetry.NumResults]prometheus.Observer
 
 	// ops maps an operation label value to its series. It is copied on
 	// write under mu, so that the hot path reads it without a lock.
@@ -157,11 +146,11 @@ func newMetrics(reg prometheus.Registerer, namespace string, ops []string, limit
 		return nil, err
 	}
 
-	m.storageSeries = make(map[coordinator.Method]*[numResults]prometheus.Observer, len(coordinator.Methods()))
+	m.storageSeries = make(map[coordinator.Method]*[telemetry.NumResults]prometheus.Observer, len(coordinator.Methods()))
 	for _, method := range coordinator.Methods() {
-		var s [numResults]prometheus.Observer
+		var s [telemetry.NumResults]prometheus.Observer
 		for r := range s {
-			s[r] = m.storage.WithLabelValues(string(method), resultNames[r])
+			s[r] = m.storage.WithLabelValues(string(method), telemetry.Result(r).String())
 		}
 		m.storageSeries[method] = &s
 	}
@@ -308,11 +297,11 @@ func (m *metrics) observe(e coordinator.Event) {
 		}
 		c.Inc()
 	case coordinator.EventStorageCall:
-		r := storageResult(e.Err)
+		r := telemetry.StorageResult(e.Err)
 		if s, ok := m.storageSeries[e.Method]; ok {
 			s[r].Observe(seconds(e.Duration))
 		} else {
-			m.storage.WithLabelValues(unknownLabel, resultNames[r]).Observe(seconds(e.Duration))
+			m.storage.WithLabelValues(unknownLabel, r.String()).Observe(seconds(e.Duration))
 		}
 	}
 }
@@ -337,23 +326,6 @@ func refusalIndex(reason string) int {
 		}
 	}
 	return -1
-}
-
-// storageResult classifies the error of a store call.
-func storageResult(err error) int {
-	switch {
-	case err == nil:
-		return resultOK
-	case errors.Is(err, context.Canceled):
-		return resultCanceled
-	case errors.Is(err, context.DeadlineExceeded):
-		return resultTimeout
-	}
-	var t interface{ Timeout() bool }
-	if errors.As(err, &t) && t.Timeout() {
-		return resultTimeout
-	}
-	return resultError
 }
 
 func seconds(d time.Duration) float64 {

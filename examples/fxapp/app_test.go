@@ -2,12 +2,18 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"net/http"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"go.uber.org/fx"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/idemhttp"
 )
 
@@ -186,5 +192,26 @@ func TestConfigFromEnv(t *testing.T) {
 				t.Errorf("got Addr %q, EmbeddedRedis %v; want %q, %v", cfg.Addr, cfg.EmbeddedRedis, tt.wantAddr, tt.wantEmbedded)
 			}
 		})
+	}
+}
+
+// Invalid settings reach main as one *idempotency.SettingsError, and fx logs
+// none of its error lines for them: main reports them once.
+func TestInvalidSettingsReportedOnce(t *testing.T) {
+	t.Setenv("IDEMPOTENCY_LEASE", "banana")
+	core, logs := observer.New(zap.DebugLevel)
+	app := fx.New(
+		appOptions(config{Addr: "127.0.0.1:0", LogLevel: "info"}),
+		fx.Replace(zap.New(core)),
+	)
+	var se *idempotency.SettingsError
+	if !errors.As(app.Err(), &se) {
+		t.Fatalf("app.Err() = %v, want a *idempotency.SettingsError", app.Err())
+	}
+	if len(se.Errs) != 1 || !strings.HasPrefix(se.Errs[0].Error(), "IDEMPOTENCY_LEASE: ") {
+		t.Errorf("refusals = %q, want one for IDEMPOTENCY_LEASE", se.Errs)
+	}
+	for _, e := range logs.FilterLevelExact(zap.ErrorLevel).All() {
+		t.Errorf("fx logged %q %v; main reports invalid settings itself", e.Message, e.ContextMap())
 	}
 }

@@ -22,6 +22,7 @@ package main
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"os"
 
@@ -39,7 +40,37 @@ func main() {
 	// OnStop hooks run in reverse order of the OnStart hooks, so the HTTP
 	// server drains before the consumer, the Redis client and the embedded
 	// Redis go away.
-	fx.New(appOptions(configFromEnv())).Run()
+	app := fx.New(appOptions(configFromEnv()))
+	// Invalid IDEMPOTENCY_* settings are reported once, as the library
+	// wrote them, rather than inside fx's three error lines (see
+	// quietSettings).
+	var se *idempotency.SettingsError
+	if errors.As(app.Err(), &se) {
+		fmt.Fprintln(os.Stderr, se)
+		os.Exit(2)
+	}
+	app.Run()
+}
+
+// quietSettings is fx's logger without the error events of invalid
+// IDEMPOTENCY_* settings, which main reports itself.
+type quietSettings struct{ fxevent.Logger }
+
+func (q quietSettings) LogEvent(e fxevent.Event) {
+	var err error
+	switch e := e.(type) {
+	case *fxevent.Run:
+		err = e.Err
+	case *fxevent.Invoked:
+		err = e.Err
+	case *fxevent.Started:
+		err = e.Err
+	}
+	var se *idempotency.SettingsError
+	if errors.As(err, &se) {
+		return
+	}
+	q.Logger.LogEvent(e)
 }
 
 // config is the app's own configuration. The library reads its settings
@@ -85,7 +116,7 @@ func appOptions(cfg config) fx.Option {
 		fx.WithLogger(func(log *zap.Logger) fxevent.Logger {
 			l := &fxevent.ZapLogger{Logger: log.Named("fx")}
 			l.UseLogLevel(zapcore.DebugLevel)
-			return l
+			return quietSettings{l}
 		}),
 
 		// The app: see server.go, payments.go and refunds.go.

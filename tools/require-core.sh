@@ -6,12 +6,12 @@
 # lacks (make user-build fails then); commit the core's change first, since
 # the requirement names a commit. `make require-core [REV=…]` runs it.
 #
-#	scripts/require-core.sh [REV]
+#	tools/require-core.sh [REV]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 root=$PWD
 rev=$(git rev-parse --verify "${1:-HEAD}^{commit}")
-source scripts/modules.sh
+source tools/modules.sh
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

@@ -3,20 +3,20 @@
 # as a user who requires it resolves it: in a copy without its replace
 # directives, against the version of the core its go.mod requires, which the
 # go command fetches from this repository's git history as it would from
-# GitHub (scripts/modules.sh). It fails when a nested module builds only thanks
+# GitHub (tools/modules.sh). It fails when a nested module builds only thanks
 # to its replace: when it uses a part of the core that the required version
 # does not have, or requires a version this repository has no commit or tag
 # for. `make user-build` runs it, and so CI does; docs/releasing.md says what
 # it proves and what it cannot.
 #
-#	scripts/user-build.sh [CHECKOUT]
+#	tools/user-build.sh [CHECKOUT]
 #
 # CHECKOUT (default: this one) is the git checkout whose working tree holds
 # the modules built and whose history and tags the core's versions come from.
 set -euo pipefail
-scripts=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-source "$scripts/modules.sh"
-cd "${1:-$scripts/..}"
+tools=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+source "$tools/modules.sh"
+cd "${1:-$tools/..}"
 repo=$PWD
 
 tmp=$(mktemp -d)

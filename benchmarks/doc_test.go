@@ -37,6 +37,6 @@
 // or, for this package alone and a quick look,
 //
 //	go test -run '^$' -bench . -benchmem -count 1 ./benchmarks/ | tee b.out
-//	go run ./internal/benchtable b.out
+//	go run ./tools/benchtable b.out
 //	go run golang.org/x/perf/cmd/benchstat@latest -col /impl b.out
 package benchmarks

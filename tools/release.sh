@@ -8,7 +8,7 @@
 # observability/mixin/VERSION. Pushing is left to you; the script prints the
 # command. `make release VERSION=vX.Y.Z` runs it.
 #
-#	scripts/release.sh [-n] VERSION
+#	tools/release.sh [-n] VERSION
 #
 # -n (make release-dry-run) changes nothing here: it does all of it in a
 # throwaway clone of HEAD (commit, tags, the user build against them), prints
@@ -17,10 +17,10 @@
 # refuses a dirty tree, a VERSION that is not vMAJOR.MINOR.PATCH, a tag that
 # exists, and runs make test first (SKIP_TESTS=1 skips it).
 set -euo pipefail
-scripts=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-cd "$scripts/.."
+tools=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+cd "$tools/.."
 root=$PWD
-source "$scripts/modules.sh"
+source "$tools/modules.sh"
 
 dry=0
 if [ "${1:-}" = -n ]; then
@@ -41,7 +41,7 @@ fail() {
 	echo "release: $*" >&2
 	exit 1
 }
-[ -n "$version" ] || fail "usage: scripts/release.sh [-n] vMAJOR.MINOR.PATCH"
+[ -n "$version" ] || fail "usage: tools/release.sh [-n] vMAJOR.MINOR.PATCH"
 [[ $version =~ ^v[0-9]+\.[0-9]+\.[0-9]+$ ]] || fail "$version is not vMAJOR.MINOR.PATCH"
 # A v2 or later needs a /v2 module path in every go.mod, which this script
 # does not rewrite.
@@ -108,7 +108,7 @@ done
 # published module resolves with its replace dropped before anything is
 # pushed.
 echo ">>> build and vet the nested modules as a user resolves them, against the new tags"
-bash "$scripts/user-build.sh" "$PWD"
+bash "$tools/user-build.sh" "$PWD"
 
 if [ "$dry" = 1 ]; then
 	echo ">>> the release commit"

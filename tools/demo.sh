@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/demo.sh (make demo): build the example service, start it on a free
+# tools/demo.sh (make demo): build the example service, start it on a free
 # port with its embedded Redis, play 20 concurrent duplicate payments and a
 # key reuse against it (examples/fxapp/demo), then stop it. Exits non-zero
 # when the service does not show exactly one charge, so CI can run it.

@@ -1,8 +1,8 @@
 // Command benchtable reads the output of `go test -bench` (of make bench)
 // and prints idemkit beside raw go-redis, one row per flow:
 //
-//	go run ./internal/benchtable bench.out
-//	go test -run '^$' -bench . -benchmem ./benchmarks/ | go run ./internal/benchtable
+//	go run ./tools/benchtable bench.out
+//	go test -run '^$' -bench . -benchmem ./benchmarks/ | go run ./tools/benchtable
 //
 // A flow is a benchmark name without its impl= part (and without the -N
 // GOMAXPROCS suffix), in its package; impl=idemkit is ours and impl=raw the

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/prometheus-e2e.sh (make prometheus-e2e): the metrics and the alert
+# tools/prometheus-e2e.sh (make prometheus-e2e): the metrics and the alert
 # rules against a real Prometheus. It starts its own redis-server, the example
 # service (examples/fxapp) on it in on-storage-error mode `raise`, and a
 # Prometheus that scrapes the service every second and evaluates

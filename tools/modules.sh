@@ -1,5 +1,5 @@
-# Sourced by scripts/user-build.sh, scripts/require-core.sh and
-# scripts/release.sh: the repository's modules, and a go environment that
+# Sourced by tools/user-build.sh, tools/require-core.sh and
+# tools/release.sh: the repository's modules, and a go environment that
 # resolves them from a git repository on disk as the go command resolves them
 # from GitHub (docs/releasing.md).
 
