@@ -10,16 +10,23 @@
 // Without IDEMPOTENCY_REDIS_URL it starts an embedded Redis (miniredis) and
 // says so, so it needs nothing installed; set the variable to use a real
 // server. The server listens on ADDR (default 127.0.0.1:50051) and serves
-// gRPC reflection, so grpcurl can call it without the .proto file:
+// gRPC reflection. Its client mode sends one charge, from another terminal:
+//
+//	go run ./example charge -key order-42 -tenant acme   # charge ch_1: 1999 EUR on acct_1 (replayed: false)
+//	go run ./example charge -key order-42 -tenant acme   # charge ch_1: 1999 EUR on acct_1 (replayed: true)
+//	go run ./example charge -key order-42 -tenant shop_2 # another tenant: a new charge
+//
+// The second answer is the first charge, with the response header
+// "idempotent-replayed: true"; `charge -h` lists the flags. grpcurl works
+// too, without the .proto file:
 //
 //	grpcurl -plaintext -H 'x-tenant: acme' -H 'idempotency-key: order-42' \
 //	    -d '{"account":"acct_1","amount_cents":1999,"currency":"EUR"}' \
 //	    127.0.0.1:50051 payments.v1.Payments/Charge
 //
-// Send it twice: the second answer is the same charge, with the response
-// header "idempotent-replayed: true". The files: main.go (configuration and
-// the fx wiring), server.go (the gRPC server and its interceptor),
-// payments.go (the service).
+// The files: main.go (configuration and the fx wiring), server.go (the gRPC
+// server and its interceptor), payments.go (the service), client.go (the
+// client mode).
 package main
 
 import (
@@ -40,6 +47,9 @@ func main() {
 	// Run starts the app, blocks until SIGINT or SIGTERM, then stops it:
 	// the gRPC server drains before the Redis client and the embedded Redis
 	// go away.
+	if len(os.Args) > 1 && os.Args[1] == "charge" {
+		os.Exit(charge(os.Args[2:], os.Stdout, os.Stderr))
+	}
 	fx.New(appOptions(configFromEnv())).Run()
 }
 

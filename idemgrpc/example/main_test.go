@@ -5,6 +5,8 @@ package main
 
 import (
 	"context"
+	"io"
+	"strings"
 	"testing"
 
 	"go.uber.org/fx"
@@ -109,5 +111,40 @@ func TestApp(t *testing.T) {
 	}
 	if ch, err := raw.GetCharge(as("acme", ""), &paymentspb.GetChargeRequest{Id: "ch_1"}); err != nil || ch.GetAmountCents() != 1999 {
 		t.Fatalf("GetCharge = %v, %v; want ch_1 of 1999", ch, err)
+	}
+}
+
+// The client mode charges once per key and tenant, and says when it replayed.
+func TestChargeClientMode(t *testing.T) {
+	var srv *server
+	app := fxtest.New(t,
+		appOptions(config{Addr: "127.0.0.1:0", EmbeddedRedis: true}),
+		idemfxtest.IgnoreEnvironment(),
+		fx.Replace(zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel))),
+		fx.Populate(&srv),
+	)
+	app.RequireStart()
+	t.Cleanup(app.RequireStop)
+
+	run := func(args ...string) string {
+		t.Helper()
+		var out, errs strings.Builder
+		if code := charge(append([]string{"-addr", srv.Addr()}, args...), &out, &errs); code != 0 {
+			t.Fatalf("charge %q exited %d: %s", args, code, errs.String())
+		}
+		return out.String()
+	}
+	first := run("-key", "order-42", "-tenant", "acme")
+	again := run("-key", "order-42", "-tenant", "acme")
+	other := run("-key", "order-42", "-tenant", "shop_2")
+	if !strings.HasSuffix(first, "(replayed: false)\n") || again != strings.Replace(first, "false", "true", 1) {
+		t.Errorf("first %q, again %q: want the same charge, replayed the second time", first, again)
+	}
+	if other == first || !strings.HasSuffix(other, "(replayed: false)\n") {
+		t.Errorf("another tenant's key got %q; want a new charge", other)
+	}
+	var errs strings.Builder
+	if code := charge([]string{"-nope"}, io.Discard, &errs); code != 2 || !strings.Contains(errs.String(), "-nope") {
+		t.Errorf("an unknown flag exited %d with %q; want 2 and the flag named", code, errs.String())
 	}
 }
