@@ -136,6 +136,11 @@ type Reservation struct {
 	// can serve as fencing information for an effect outside the store (a
 	// downstream write that records and checks it).
 	Token string
+	// Fence is the reservation's fence when its operation is fenced
+	// (WithFencedOperations), else 0: greater than the fence of every
+	// earlier reservation of the key, so a downstream write that stores it
+	// and refuses a smaller one refuses a holder whose lease has passed on.
+	Fence uint64
 }
 
 type reservationKey struct{}

@@ -3,6 +3,7 @@ package coordinator
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 )
 
@@ -11,9 +12,10 @@ import (
 // wait on the same key share one poll loop. Calls go through Do, DoResult,
 // DoWithCodec or Execute.
 type Coordinator struct {
-	store Store
-	cfg   config
-	obs   Observer
+	store  Store
+	fencer Fencer // store, when it hands out fences; nil otherwise
+	cfg    config
+	obs    Observer
 
 	mu    sync.Mutex
 	polls map[Key]*poll
@@ -36,7 +38,12 @@ func New(store Store, opts ...Option) (*Coordinator, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Coordinator{store: store, cfg: cfg, obs: cfg.observer, polls: make(map[Key]*poll)}
+	fencer, _ := store.(Fencer)
+	if cfg.fenced != nil && fencer == nil {
+		return nil, fmt.Errorf("idempotency: invalid coordinator configuration: %w", &OptionError{Option: "WithFencedOperations",
+			Err: fmt.Errorf("the store (%T) hands out no fences: it does not implement coordinator.Fencer", store)})
+	}
+	c := &Coordinator{store: store, fencer: fencer, cfg: cfg, obs: cfg.observer, polls: make(map[Key]*poll)}
 	c.idle = sync.NewCond(&c.mu)
 	return c, nil
 }

@@ -31,7 +31,7 @@ func do[T any](ctx context.Context, c *Coordinator, call Call, codec Codec[T], a
 		return Result[T]{Value: v}, err
 	}
 	f := &flow[T]{
-		exec:   exec{c: c, key: Key{Operation: call.Operation, Key: call.Key}, fp: call.Fingerprint, ttl: ttl},
+		exec:   exec{c: c, key: Key{Operation: call.Operation, Key: call.Key}, fp: call.Fingerprint, ttl: ttl, fenced: c.cfg.fenced != nil && c.cfg.fenced[call.Operation]},
 		codec:  codec,
 		action: action,
 	}
@@ -101,6 +101,10 @@ type exec struct {
 	token string   // the owner token: tok's bytes
 	tok   [16]byte // never changed after newToken
 	state State    // what the action's record becomes: completed, or not replayable
+	// fenced says that the operation's reservations carry a fence
+	// (WithFencedOperations); fence is the one of this call's reservation.
+	fenced bool
+	fence  uint64
 }
 
 func (x *exec) observe(ctx context.Context, e Event) {
@@ -435,7 +439,7 @@ func (f *flow[T]) saveUnprotected(ctx context.Context) {
 // Reserve sent at sent made.
 func (f *flow[T]) runReserved(ctx context.Context, sent time.Time) (Result[T], error) {
 	f.observe(ctx, Event{Kind: EventMiss})
-	res := Reservation{Operation: f.key.Operation, Key: f.key.Key, Token: f.token}
+	res := Reservation{Operation: f.key.Operation, Key: f.key.Key, Token: f.token, Fence: f.fence}
 	actx, cancel := context.WithCancelCause(context.WithValue(ctx, reservationKey{}, res))
 	defer cancel(nil)
 	r := f.startRenewer(ctx, cancel, sent)

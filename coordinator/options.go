@@ -51,6 +51,8 @@ type config struct {
 	defaultTTL     time.Duration
 	minTTL, maxTTL time.Duration
 	operationTTLs  map[string]time.Duration
+	fencedOps      []string        // as WithFencedOperations gave them
+	fenced         map[string]bool // checked fencedOps; nil: none is fenced
 	maxResultBytes int
 	observer       Observer
 }
@@ -143,6 +145,18 @@ func WithOperationTTLs(ttls map[string]time.Duration) Option {
 		cp[k] = v
 	}
 	return optionFunc(func(c *config) { c.operationTTLs = cp })
+}
+
+// WithFencedOperations gives every reservation of these operations a fence
+// (Reservation.Fence), which a downstream write can check to refuse a
+// holder whose lease has passed to another caller. The store must implement
+// Fencer (New refuses it otherwise), and each operation must be valid
+// (ValidateOperation). A fenced reservation still takes one round trip;
+// other operations pay nothing. Only a reservation has a fence: in in-flight
+// mode "run" and in an unprotected run the action gets none.
+func WithFencedOperations(operations ...string) Option {
+	ops := slices.Clone(operations)
+	return optionFunc(func(c *config) { c.fencedOps = ops })
 }
 
 // WithMaxResultBytes sets the largest encoded result that is stored; a larger
@@ -277,6 +291,21 @@ func newConfig(opts []Option) (config, error) {
 		}
 	}
 	c.operationTTLs = opTTLs
+	c.fenced = nil
+	for _, op := range c.fencedOps {
+		if err := ValidateOperation(op); err != nil {
+			detail := reason(err)
+			if !strings.Contains(detail, strconv.Quote(op)) {
+				detail = fmt.Sprintf("operation %q: %s", op, detail)
+			}
+			bad("WithFencedOperations", "%s", detail)
+			continue
+		}
+		if c.fenced == nil {
+			c.fenced = make(map[string]bool, len(c.fencedOps))
+		}
+		c.fenced[op] = true
+	}
 	if c.maxResultBytes <= 0 {
 		bad("WithMaxResultBytes", "must be positive, got %d", c.maxResultBytes)
 	}

@@ -36,6 +36,8 @@ func TestNewRefusesNonsense(t *testing.T) {
 		{"operation TTL bad name", []coordinator.Option{coordinator.WithOperationTTLs(map[string]time.Duration{"a:b": time.Hour})}, "WithOperationTTLs", `operation "a:b" has byte 0x3a at offset 1`},
 		{"operation TTL out of bounds", []coordinator.Option{coordinator.WithOperationTTLs(map[string]time.Duration{"op": time.Millisecond})}, "WithOperationTTLs", `operation "op": TTL 1ms is not within WithMinTTL and WithMaxTTL [1s, 720h0m0s]`},
 		{"zero result cap", []coordinator.Option{coordinator.WithMaxResultBytes(0)}, "WithMaxResultBytes", "must be positive, got 0"},
+		{"fenced operation bad name", []coordinator.Option{coordinator.WithFencedOperations("payment.charge", "a b")}, "WithFencedOperations", `operation "a b" has byte 0x20 at offset 1`},
+		{"fenced operation empty", []coordinator.Option{coordinator.WithFencedOperations("")}, "WithFencedOperations", `operation "": operation is empty`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

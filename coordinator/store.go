@@ -187,6 +187,20 @@ type Watcher interface {
 	Watch(ctx context.Context, key Key) (rec Record, changed <-chan struct{}, stop func(), err error)
 }
 
+// Fencer is an optional interface of a Store that hands out fences: numbers
+// that a downstream system can use to refuse the writes of a holder whose
+// lease has passed to another caller (WithFencedOperations).
+type Fencer interface {
+	// ReserveFenced is Reserve that gives every pending record it writes a
+	// fence: a number greater than every fence ReserveFenced handed out
+	// before for key, whatever happened to the records in between (expiry,
+	// release, a takeover, a forget). It returns the fence of its write; when
+	// it did not write because the key holds a pending record with token
+	// w.Token (this caller's own, written by an attempt whose reply was
+	// lost), that record's fence; otherwise 0. w.State is StatePending.
+	ReserveFenced(ctx context.Context, key Key, w Write) (existing Record, fence uint64, written bool, err error)
+}
+
 // offRequestPathKey is the key of the context value that marks a store call
 // no caller waits for.
 type offRequestPathKey struct{}

@@ -26,8 +26,23 @@ func (x *exec) end(ctx context.Context, cancel context.CancelFunc, start time.Ti
 }
 
 func (x *exec) storeReserve(ctx context.Context, w Write) (Record, bool, error) {
+	if x.fenced && w.State == StatePending {
+		return x.storeReserveFenced(ctx, w)
+	}
 	sctx, cancel, start := x.begin(ctx)
 	rec, ok, err := x.c.store.Reserve(sctx, x.key, w)
+	x.end(ctx, cancel, start, MethodReserve, err)
+	return rec, ok, err
+}
+
+// storeReserveFenced is storeReserve for a fenced operation's reservation:
+// it keeps the fence the store handed out.
+func (x *exec) storeReserveFenced(ctx context.Context, w Write) (Record, bool, error) {
+	sctx, cancel, start := x.begin(ctx)
+	rec, fence, ok, err := x.c.fencer.ReserveFenced(sctx, x.key, w)
+	if err == nil && fence != 0 {
+		x.fence = fence
+	}
 	x.end(ctx, cancel, start, MethodReserve, err)
 	return rec, ok, err
 }

@@ -21,20 +21,20 @@ func TestConformance(t *testing.T) {
 		t.Parallel()
 		client := redistest.Server(t)
 		t.Logf("server: %s", redistest.ServerKind(t))
-		conformance(t, client, nil)
+		conformance(t, client, true)
 	})
 	t.Run("Cluster", func(t *testing.T) {
 		t.Parallel()
-		conformance(t, redistest.Cluster(t), nil)
+		conformance(t, redistest.Cluster(t), true)
 	})
 	// The writer of format 1, for rolling upgrades: the same contract.
 	t.Run("Redis/Format1", func(t *testing.T) {
 		t.Parallel()
-		conformance(t, redistest.Server(t), nil, redisrepo.WithRecordFormat(redisrepo.Format1))
+		conformance(t, redistest.Server(t), false, redisrepo.WithRecordFormat(redisrepo.Format1))
 	})
 	t.Run("Cluster/Format1", func(t *testing.T) {
 		t.Parallel()
-		conformance(t, redistest.Cluster(t), nil, redisrepo.WithRecordFormat(redisrepo.Format1))
+		conformance(t, redistest.Cluster(t), false, redisrepo.WithRecordFormat(redisrepo.Format1))
 	})
 	t.Run("Miniredis", func(t *testing.T) {
 		t.Parallel()
@@ -42,16 +42,20 @@ func TestConformance(t *testing.T) {
 			client, m := redistest.Miniredis(t)
 			h := harness(t, client, redistest.Prefix(t))
 			h.Advance = m.FastForward
+			h.Fences = true
 			return h
 		})
 	})
 }
 
-// conformance runs the suite on client, with one Store for all subtests.
-func conformance(t *testing.T, client redisrepo.Client, _ func(time.Duration), opts ...redisrepo.Option) {
+// conformance runs the suite on client, with one Store for all subtests;
+// fences says whether the Store hands them out (not with format 1).
+func conformance(t *testing.T, client redisrepo.Client, fences bool, opts ...redisrepo.Option) {
 	prefix := redistest.Prefix(t)
 	storetest.TestStore(t, func(t *testing.T) storetest.Harness {
-		return harness(t, client, prefix, opts...)
+		h := harness(t, client, prefix, opts...)
+		h.Fences = fences
+		return h
 	})
 }
 

@@ -18,6 +18,8 @@ var (
 	legacyLua string
 	//go:embed reserve.lua
 	reserveLua string
+	//go:embed fence.lua
+	fenceLua string
 	//go:embed abandon1.lua
 	abandon1Lua string
 	//go:embed inspect.lua
@@ -59,6 +61,7 @@ var (
 	prelude        = constants + recordLua
 	legacyScript   = redis.NewScript(prelude + legacyLua)
 	reserveScript  = redis.NewScript(prelude + reserveLua)
+	fenceScript    = redis.NewScript(prelude + fenceLua)
 	abandon1Script = redis.NewScript(prelude + abandon1Lua)
 	inspectScript  = redis.NewScript(prelude + inspectLua)
 	forgetScript   = redis.NewScript(prelude + forgetLua)
@@ -69,7 +72,7 @@ var (
 )
 
 // scripts lists the EVALSHA scripts, for LoadScripts.
-var scripts = [...]*redis.Script{legacyScript, reserveScript, abandon1Script, inspectScript, forgetScript, reserve1Script, owner1Script}
+var scripts = [...]*redis.Script{legacyScript, reserveScript, fenceScript, abandon1Script, inspectScript, forgetScript, reserve1Script, owner1Script}
 
 // The scripts of the common paths, sent whole with EVAL: a first run's
 // completion, a long action's renewals, a release, a waiter's read, a

@@ -3,6 +3,7 @@ package faultstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -170,6 +171,26 @@ func (s *Store) Reserve(ctx context.Context, key coordinator.Key, w coordinator.
 		return coordinator.Record{}, false, lost
 	}
 	return rec, ok, err
+}
+
+// ReserveFenced calls the inner store's ReserveFenced unless the call fails
+// before it, as Reserve does (its faults are Reserve's, under
+// coordinator.MethodReserve); see Store. It returns an error when the inner
+// store is not a coordinator.Fencer.
+func (s *Store) ReserveFenced(ctx context.Context, key coordinator.Key, w coordinator.Write) (coordinator.Record, uint64, bool, error) {
+	f, ok := s.inner.(coordinator.Fencer)
+	if !ok {
+		return coordinator.Record{}, 0, false, fmt.Errorf("faultstore: the inner store (%T) hands out no fences", s.inner)
+	}
+	lost, err := s.enter(ctx, coordinator.MethodReserve, key)
+	if err != nil {
+		return coordinator.Record{}, 0, false, err
+	}
+	rec, fence, written, err := f.ReserveFenced(ctx, key, w)
+	if lost != nil {
+		return coordinator.Record{}, 0, false, lost
+	}
+	return rec, fence, written, err
 }
 
 // Get calls the inner store's Get unless the call fails before it;

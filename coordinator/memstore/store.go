@@ -30,6 +30,9 @@ type Store struct {
 
 	mu      sync.Mutex
 	records map[coordinator.Key]entry
+	// fences is the last fence handed out per key (ReserveFenced); never
+	// swept, so that fences only grow.
+	fences map[coordinator.Key]uint64
 	// sweepAt is the number of records at which the next write sweeps out
 	// the expired ones, so that keys nobody reads again do not pile up.
 	sweepAt int
@@ -40,6 +43,7 @@ type Store struct {
 type entry struct {
 	rec     coordinator.Record
 	expires time.Time
+	fence   uint64 // the fence of a fenced reservation, else 0
 }
 
 const minSweep = 1024
@@ -70,14 +74,30 @@ func New(opts ...Option) *Store {
 // (coordinator.Record{}, true, nil); otherwise it returns the record under the
 // key and false.
 func (s *Store) Reserve(ctx context.Context, key coordinator.Key, w coordinator.Write) (coordinator.Record, bool, error) {
+	rec, _, written, err := s.reserve(ctx, key, w, false)
+	return rec, written, err
+}
+
+// ReserveFenced implements coordinator.Fencer: it is Reserve, and the
+// pending record it writes gets the key's next fence, one more than the last.
+// The Store keeps the last fence of every key it ever fenced, for as long as
+// the Store lives, so fences grow across expiry, release and takeover.
+func (s *Store) ReserveFenced(ctx context.Context, key coordinator.Key, w coordinator.Write) (coordinator.Record, uint64, bool, error) {
+	if w.State != coordinator.StatePending {
+		return coordinator.Record{}, 0, false, fmt.Errorf("memstore: reserve fenced %s: write state is %s, want pending", key, w.State)
+	}
+	return s.reserve(ctx, key, w, true)
+}
+
+func (s *Store) reserve(ctx context.Context, key coordinator.Key, w coordinator.Write, fenced bool) (coordinator.Record, uint64, bool, error) {
 	if err := ctx.Err(); err != nil {
-		return coordinator.Record{}, false, err
+		return coordinator.Record{}, 0, false, err
 	}
 	if w.State != coordinator.StatePending && !final(w.State) {
-		return coordinator.Record{}, false, fmt.Errorf("memstore: reserve %s: write state is %s, want pending, completed or not_replayable", key, w.State)
+		return coordinator.Record{}, 0, false, fmt.Errorf("memstore: reserve %s: write state is %s, want pending, completed or not_replayable", key, w.State)
 	}
 	if err := checkTTL("reserve", key, w.TTL); err != nil {
-		return coordinator.Record{}, false, err
+		return coordinator.Record{}, 0, false, err
 	}
 
 	s.mu.Lock()
@@ -86,15 +106,27 @@ func (s *Store) Reserve(ctx context.Context, key coordinator.Key, w coordinator.
 	if e, ok := s.lookup(key, now); ok {
 		replaceable := w.Replace && e.rec.State != coordinator.StatePending && e.rec.Token == w.ReplaceToken
 		if !replaceable {
-			return e.out(now), false, nil
+			var fence uint64
+			if fenced && e.rec.State == coordinator.StatePending && e.rec.Token == w.Token {
+				fence = e.fence
+			}
+			return e.out(now), fence, false, nil
 		}
 	}
 	rec := coordinator.Record{State: w.State, Token: w.Token, Fingerprint: w.Fingerprint}
 	if final(w.State) {
 		rec.Result = bytes.Clone(w.Result)
 	}
-	s.store(key, entry{rec: rec, expires: now.Add(w.TTL)}, now)
-	return coordinator.Record{}, true, nil
+	e := entry{rec: rec, expires: now.Add(w.TTL)}
+	if fenced {
+		if s.fences == nil {
+			s.fences = make(map[coordinator.Key]uint64)
+		}
+		s.fences[key]++
+		e.fence = s.fences[key]
+	}
+	s.store(key, e, now)
+	return coordinator.Record{}, e.fence, true, nil
 }
 
 // Get implements coordinator.Store: it returns the record under key, or a

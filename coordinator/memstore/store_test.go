@@ -26,6 +26,7 @@ func TestConformance(t *testing.T) {
 		return storetest.Harness{
 			Store:   s,
 			Advance: clock.Advance,
+			Fences:  true,
 			Corrupt: func(t *testing.T, key coordinator.Key) {
 				s.Put(key, coordinator.Record{State: coordinator.StateUnreadable, Result: []byte("\xff garbage"), TTL: time.Minute})
 			},
@@ -42,8 +43,9 @@ func TestConformanceRealClock(t *testing.T) {
 	storetest.TestStore(t, func(t *testing.T) storetest.Harness {
 		s := memstore.New()
 		return storetest.Harness{
-			Store: s,
-			Tick:  20 * time.Millisecond,
+			Store:  s,
+			Tick:   20 * time.Millisecond,
+			Fences: true,
 			Corrupt: func(t *testing.T, key coordinator.Key) {
 				s.Put(key, coordinator.Record{State: coordinator.StateUnreadable})
 			},

@@ -41,6 +41,11 @@ type Harness struct {
 	// slow one. It must be a whole number of milliseconds.
 	Tick time.Duration
 
+	// Fences says that Store hands out fences: it is a coordinator.Fencer,
+	// and fences are on in its configuration. false skips the Fences
+	// subtests.
+	Fences bool
+
 	// TTLUnknown says that Store does not report the remaining time to live:
 	// Record.TTL is always 0. The suite then checks expiry, but not the
 	// reported TTLs.
@@ -62,7 +67,8 @@ const (
 
 // TestStore runs the conformance suite: one subtest per rule of the
 // coordinator.Store contract, grouped by method (Reserve, Replace, Get,
-// Complete, Release, Renew), then Expiry, Results, NotReplayable, Keys and
+// Complete, Release, Renew), then Expiry, Results, NotReplayable, Keys,
+// Fences (with Harness.Fences) and
 // Concurrency.
 // newHarness is called once at the start of every subtest, on the subtest's
 // t, so it can register cleanups there; it may return the same store each
@@ -165,6 +171,11 @@ var groups = []group{
 		{"MaxLength", false, testKeyMaxLength},
 		{"Distinct", false, testKeyDistinct},
 		{"FingerprintMaxLength", false, testFingerprintMaxLength},
+	}},
+	{"Fences", []testCase{
+		{"GrowAcrossReleaseExpiryTakeover", false, testFenceGrows},
+		{"OwnRecordKeepsItsFence", false, testFenceOfOwnRecord},
+		{"ConcurrentDistinct", false, testConcurrentFences},
 	}},
 	{"Concurrency", []testCase{
 		{"ReserveOneWinner", false, testConcurrentReserve},
