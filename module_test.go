@@ -617,8 +617,8 @@ func TestModuleLoadsScriptsAtStart(t *testing.T) {
 	app := fxtest.New(t, idempotency.Module, regOpt, fx.Invoke(func(*coordinator.Coordinator) {}))
 	app.RequireStart()
 	defer app.RequireStop()
-	if n := cached(); n != "7" {
-		t.Errorf("after start-up %s scripts are cached, want 7 (legacy, reserve, inspect, forget, and the format 1 writer's abandon1, reserve1 and owner1)", n)
+	if n := cached(); n != "8" {
+		t.Errorf("after start-up %s scripts are cached, want 8 (legacy, reserve, fence, inspect, forget, and the format 1 writer's abandon1, reserve1 and owner1)", n)
 	}
 }
 

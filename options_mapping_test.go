@@ -133,6 +133,18 @@ func TestEveryOptionErrorNamesItsVariable(t *testing.T) {
 			lines: []string{`IDEMPOTENCY_OPERATION_TTLS: operation "payment charge" has byte 0x20 at offset 7; only [A-Za-z0-9._-] is allowed`},
 		},
 		{
+			name:  "FENCED_OPERATIONS invalid operation",
+			env:   env("FENCED_OPERATIONS", "payment.charge,ledger post"),
+			want:  []string{"FENCED_OPERATIONS"},
+			lines: []string{`IDEMPOTENCY_FENCED_OPERATIONS: operation "ledger post" has byte 0x20 at offset 6; only [A-Za-z0-9._-] is allowed`},
+		},
+		{
+			name:  "FENCED_OPERATIONS with record format 1",
+			env:   map[string]string{"IDEMPOTENCY_FENCED_OPERATIONS": "payment.charge", "IDEMPOTENCY_RECORD_FORMAT": "1"},
+			want:  []string{"FENCED_OPERATIONS"},
+			lines: []string{"IDEMPOTENCY_FENCED_OPERATIONS: fences need IDEMPOTENCY_RECORD_FORMAT=2, and it is 1 (format 1 records have none): leave IDEMPOTENCY_FENCED_OPERATIONS empty until the rollout to format 2 is over"},
+		},
+		{
 			name:  "OPERATION_TTLS empty operation",
 			env:   env("OPERATION_TTLS", ":1h"),
 			want:  []string{"OPERATION_TTLS"},

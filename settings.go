@@ -125,6 +125,14 @@ type Settings struct {
 	// would also read an unprefixed OPERATION_TTLS variable.
 	OperationTTLS OperationTTLs `split_words:"true" option:"WithOperationTTLs,WithOperations" default:"" desc:"per-operation record TTLs: payment.charge:24h,order.create:1h"`
 
+	// FencedOperations (FENCED_OPERATIONS, default empty) lists the
+	// operations whose reservations carry a fence
+	// (coordinator.WithFencedOperations; Reservation.Fence), e.g.
+	// "payment.charge,ledger.post" (spaces around an entry and empty entries
+	// are dropped). Each must be a valid operation; fences need RecordFormat
+	// 2.
+	FencedOperations []string `split_words:"true" option:"WithFencedOperations" default:"" desc:"comma-separated operations whose reservations carry a fence for downstream writes"`
+
 	// InFlight (IN_FLIGHT, default wait) is what a second caller does while
 	// the first holds the key: wait, raise or run. Empty means wait.
 	InFlight coordinator.InFlightMode `split_words:"true" option:"WithInFlight" default:"wait" desc:"a second caller while the first holds the key: wait, raise or run (empty: wait)"`
@@ -338,6 +346,7 @@ func loadEnv() (Settings, error) {
 	}
 	s.RedisClusterAddrs = splitList(s.RedisClusterAddrs)
 	s.RedisSentinelAddrs = splitList(s.RedisSentinelAddrs)
+	s.FencedOperations = splitList(s.FencedOperations)
 	if s.RedisURL == "" {
 		// Set but empty (an unset Helm value, say) means the default, as it
 		// does for the modes.
@@ -507,6 +516,9 @@ func (s Settings) Validate() error {
 	}
 	if s.RecordFormat != int(redisrepo.Format1) && s.RecordFormat != int(redisrepo.Format2) {
 		bad("RECORD_FORMAT", fmt.Errorf("must be 1 or 2, got %d", s.RecordFormat))
+	}
+	if len(s.FencedOperations) > 0 && s.RecordFormat == int(redisrepo.Format1) {
+		bad("FENCED_OPERATIONS", fmt.Errorf("fences need IDEMPOTENCY_RECORD_FORMAT=2, and it is 1 (format 1 records have none): leave IDEMPOTENCY_FENCED_OPERATIONS empty until the rollout to format 2 is over"))
 	}
 	for _, e := range optionErrors(coordinator.ValidateOptions(s.CoordinatorOptions()...)) {
 		bad(optionVariable(e), optionReason(e))
@@ -853,7 +865,7 @@ func validateHostPort(addr string) error {
 
 // CoordinatorOptions returns the options for coordinator.New that carry s:
 // the kill switch, the modes, the lease and its timings, the storage timeout,
-// the TTLs and the result size cap. It adds no Observer; append
+// the TTLs, the fenced operations and the result size cap. It adds no Observer; append
 // coordinator.WithObserver for one. coordinator.New refuses exactly what
 // Validate refuses of these values; Validate's messages name the variables.
 func (s Settings) CoordinatorOptions() []coordinator.Option {
@@ -870,6 +882,7 @@ func (s Settings) CoordinatorOptions() []coordinator.Option {
 		coordinator.WithMinTTL(s.MinTTL),
 		coordinator.WithMaxTTL(s.MaxTTL),
 		coordinator.WithOperationTTLs(s.OperationTTLS),
+		coordinator.WithFencedOperations(s.FencedOperations...),
 		coordinator.WithMaxResultBytes(s.MaxResultBytes),
 	}
 }

@@ -753,3 +753,45 @@ func (h *history) dump(pkey string) string {
 	}
 	return b.String()
 }
+
+// checkFences checks the fences of a fenced storm: every action that ran
+// under a reservation has one, and a reservation granted after another of
+// its key has the greater. A call that started (Do) after another call's
+// action started reserved after it, whatever the faults did in between:
+// kill -9 and an empty restart, a failover that lost the fence key. So its
+// fence must be greater than that of every such earlier action.
+func checkFences(h *history) []string {
+	byKey := map[string][]*call{}
+	var fails []string
+	for _, c := range h.calls {
+		if !c.invoked || !c.protected {
+			continue
+		}
+		if c.fence == 0 {
+			fails = append(fails, fmt.Sprintf("call %d (%s) ran under a reservation with no fence", c.id, c.key))
+			continue
+		}
+		byKey[c.key] = append(byKey[c.key], c)
+	}
+	for key, calls := range byKey {
+		byAct := slices.Clone(calls)
+		slices.SortFunc(byAct, func(a, b *call) int { return cmp.Compare(a.actStart, b.actStart) })
+		byStart := slices.Clone(calls)
+		slices.SortFunc(byStart, func(a, b *call) int { return cmp.Compare(a.start, b.start) })
+		// For each call in order of start, the greatest fence of the
+		// actions that started before it.
+		var top *call
+		i := 0
+		for _, c := range byStart {
+			for ; i < len(byAct) && byAct[i].actStart < c.start; i++ {
+				if top == nil || byAct[i].fence > top.fence {
+					top = byAct[i]
+				}
+			}
+			if top != nil && c.fence <= top.fence {
+				fails = append(fails, fmt.Sprintf("key %s: call %d reserved after call %d's action started, with fence %d, not above its %d", key, c.id, top.id, c.fence, top.fence))
+			}
+		}
+	}
+	return fails
+}

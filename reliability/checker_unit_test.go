@@ -288,3 +288,29 @@ func TestConstraining(t *testing.T) {
 		t.Fatalf("a hot key across a failover: %s, want Ok", res)
 	}
 }
+
+// checkFences finds a later reservation with a fence not above an earlier
+// one's, and an action under a reservation without a fence.
+func TestCheckFences(t *testing.T) {
+	ran := func(id int, start, actStart int64, fence uint64) *call {
+		return &call{id: id, key: "k", start: start, actStart: actStart, invoked: true, protected: true, fence: fence}
+	}
+	good := &history{calls: []*call{ran(1, 0, 10, 5), ran(2, 20, 30, 7), ran(3, 5, 40, 9)}}
+	if f := checkFences(good); len(f) != 0 {
+		t.Errorf("growing fences: %q, want no failure", f)
+	}
+	// Call 2 started after call 1's action: its fence must be above 5.
+	stale := &history{calls: []*call{ran(1, 0, 10, 5), ran(2, 20, 30, 5)}}
+	if f := checkFences(stale); len(f) != 1 || !strings.Contains(f[0], "call 2 reserved after call 1's action started") {
+		t.Errorf("an equal later fence: %q, want one failure naming calls 2 and 1", f)
+	}
+	// Overlapping calls (2 started before 1's action) may come in any order.
+	overlap := &history{calls: []*call{ran(1, 0, 10, 9), ran(2, 5, 30, 7)}}
+	if f := checkFences(overlap); len(f) != 0 {
+		t.Errorf("overlapping calls: %q, want no failure", f)
+	}
+	none := &history{calls: []*call{ran(1, 0, 10, 0)}}
+	if f := checkFences(none); len(f) != 1 || !strings.Contains(f[0], "no fence") {
+		t.Errorf("a reservation without a fence: %q, want one failure", f)
+	}
+}

@@ -88,6 +88,7 @@ type call struct {
 	ran       bool   // the action made its effect and returned own
 	protected bool   // it ran under a reservation (ReservationFromContext)
 	token     string // the reservation's token
+	fence     uint64 // the reservation's fence (fenced storms)
 	actStart  int64
 	actEnd    int64
 

@@ -86,6 +86,9 @@ func check(t *testing.T, lv level, sc scenario, b backend, env *faultEnv) *outco
 		t.Log(u)
 	}
 	fails := o.r.failures()
+	if sc.fenced {
+		fails = append(fails, checkFences(o.h)...)
+	}
 	for i, f := range fails {
 		if i == 20 {
 			t.Errorf("... and %d more", len(fails)-i)
@@ -214,6 +217,41 @@ func TestBreaker(t *testing.T) {
 				t.Logf("breaker refusals: %d", o.refused)
 			})
 		}
+	}
+}
+
+// TestFences: fenced storms (every reservation through the fence script),
+// with the faults that touch what a fence depends on: kill -9 and an empty
+// restart (the fence keys are lost), SCRIPT FLUSH loops (the script is
+// gone from the cache), held links delivered newest first, and a cluster
+// master failover (a replica without the last fence key). Beside the
+// checker's rules, checkFences checks that a later reservation of a key
+// always has the greater fence. The short level runs one mode pair per
+// fault.
+func TestFences(t *testing.T) {
+	lv := suiteLevel(t)
+	modesOf := func(f fault) []modes {
+		m := faultModes(lv, f)
+		if lv != levelFull {
+			m = m[:1]
+		}
+		return m
+	}
+	for _, f := range []fault{faultKill, faultScriptFlush, faultHold} {
+		for _, m := range modesOf(f) {
+			sc := scenario{backend: "standalone", modes: m, fault: f, fenced: true}
+			t.Run(sc.name(), func(t *testing.T) {
+				b, env := startStandalone(t, f.needs == "proxy")
+				check(t, lv, sc, b, env)
+			})
+		}
+	}
+	for _, m := range modesOf(faultFailover) {
+		sc := scenario{backend: "cluster", modes: m, fault: faultFailover, fenced: true}
+		t.Run(sc.name(), func(t *testing.T) {
+			b, env := startClusterBackend(t)
+			check(t, lv, sc, b, env)
+		})
 	}
 }
 

@@ -97,11 +97,12 @@ func configFor(lv level) stormConfig {
 
 // storm is one run of concurrent callers against one coordinator.
 type storm struct {
-	cfg   stormConfig
-	modes modes
-	base  time.Time // the clock's zero: every time is time.Since(base), monotonic
-	coord *coordinator.Coordinator
-	obs   *observer
+	fencing coordinator.Option // WithFencedOperations in a fenced storm, else nil
+	cfg     stormConfig
+	modes   modes
+	base    time.Time // the clock's zero: every time is time.Since(base), monotonic
+	coord   *coordinator.Coordinator
+	obs     *observer
 
 	// gate, when not nil, holds new calls back until it is closed: a fault
 	// pauses the storm (the held link's release); calls in flight go on.
@@ -124,7 +125,7 @@ func (s *storm) action(cl *call, r *rand.Rand) func(context.Context) (string, er
 		cl.invoked = true
 		cl.actStart = s.now()
 		res, ok := coordinator.ReservationFromContext(ctx)
-		cl.protected, cl.token = ok, res.Token
+		cl.protected, cl.token, cl.fence = ok, res.Token, res.Fence
 		if d := time.Duration(r.Int64N(int64(s.cfg.maxAction) + 1)); d > 0 {
 			t := time.NewTimer(d)
 			select {
@@ -258,12 +259,19 @@ type scenario struct {
 	// breaker adds the module's circuit breaker to the storm's client
 	// (idempotency.AddBreaker, the module's defaults but the storm's lease).
 	breaker bool
+	// fenced fences both operations (coordinator.WithFencedOperations):
+	// reservations go through the fence script, and checkFences checks
+	// their fences.
+	fenced bool
 }
 
 func (sc scenario) name() string {
 	name := sc.backend + "/" + sc.fault.name + "/" + sc.modes.inFlight.String() + "-" + sc.modes.onError.String()
 	if sc.breaker {
 		name = "breaker/" + name
+	}
+	if sc.fenced {
+		name = "fenced/" + name
 	}
 	if sc.label != "" {
 		name = sc.label + "/" + name
@@ -318,13 +326,18 @@ func runStorm(t *testing.T, lv level, sc scenario, b backend, env *faultEnv) *ou
 	}
 	base := time.Now()
 	obs := &observer{now: func() int64 { return int64(time.Since(base)) }}
+	var fencing coordinator.Option
+	if sc.fenced {
+		fencing = coordinator.WithFencedOperations(opCharge, opReuse)
+	}
 	c, err := coordinator.New(store,
 		coordinator.WithLease(lease), coordinator.WithStorageTimeout(storageTimeout), coordinator.WithRenewInterval(renewInterval),
-		coordinator.WithInFlight(sc.modes.inFlight), coordinator.WithOnStorageError(sc.modes.onError), coordinator.WithObserver(obs))
+		coordinator.WithInFlight(sc.modes.inFlight), coordinator.WithOnStorageError(sc.modes.onError), coordinator.WithObserver(obs),
+		fencing)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &storm{cfg: cfg, modes: sc.modes, base: base, coord: c, obs: obs,
+	s := &storm{fencing: fencing, cfg: cfg, modes: sc.modes, base: base, coord: c, obs: obs,
 		calls: make([][]*call, cfg.callers+finalReaders), effect: map[string]int64{}}
 
 	stop := make(chan struct{})
@@ -417,7 +430,7 @@ func (s *storm) finalReads(t *testing.T, b backend, prefix string) {
 	defer client.Close()
 	c, err := coordinator.New(redisrepo.New(client, redisrepo.WithKeyPrefix(prefix)),
 		coordinator.WithLease(3*time.Second), coordinator.WithStorageTimeout(500*time.Millisecond), coordinator.WithRenewInterval(time.Second),
-		coordinator.WithWaitTimeout(3*time.Second), coordinator.WithOnStorageError(coordinator.OnStorageErrorRaise))
+		coordinator.WithWaitTimeout(3*time.Second), coordinator.WithOnStorageError(coordinator.OnStorageErrorRaise), s.fencing)
 	if err != nil {
 		t.Fatal(err)
 	}
