@@ -140,6 +140,18 @@ func TestFencesOutliveTheirKeys(t *testing.T) {
 	if ttl := client.PTTL(t.Context(), fenceKey).Val(); ttl <= 9*time.Minute || ttl > 10*time.Minute {
 		t.Errorf("fence key's time to live %v, want ten leases (10m)", ttl)
 	}
+	// The fence key is no record: Count and ScanKeys see one record.
+	counts, err := s.Count(t.Context())
+	if err != nil || len(counts) != 1 || counts[key.Operation].Total() != 1 {
+		t.Errorf("Count() = %v, %v; want one record of %s", counts, err, key.Operation)
+	}
+	var scanned []coordinator.Key
+	if err := s.ScanKeys(t.Context(), key.Operation, func(keys []coordinator.Key) error {
+		scanned = append(scanned, keys...)
+		return nil
+	}); err != nil || len(scanned) != 1 || scanned[0] != key {
+		t.Errorf("ScanKeys = %v, %v; want only %v", scanned, err, key)
+	}
 	client.Del(t.Context(), names...)
 	reserve(f)
 }
