@@ -87,4 +87,18 @@
 // Whether a second request waits for the first or gets 409 at once, and
 // whether a store outage gives 503 or runs the handler unprotected, are the
 // coordinator's in-flight and on-storage-error modes.
+//
+// # Clients
+//
+// Transport is the client half: an http.RoundTripper that gives each POST
+// and PATCH (WithClientMethods) one key and keeps it across the request's
+// retries, waits out 409 in-progress (its Retry-After, up to
+// WithInProgressWait) and never retries a 400 or 422. A request keeps the
+// Idempotency-Key header it has (SetKey), else takes the key of
+// ContextWithKey, else gets a NewKey written into its Header, so that
+// sending it again, or a copy of it, carries the same key: a plain retry
+// loop and go-retryablehttp alike. Replayed tells a replayed response.
+//
+//	tr, err := idemhttp.NewTransport(nil)
+//	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
 package idemhttp
