@@ -4,4 +4,4 @@ go 1.26.0
 
 replace github.com/idemkit/idempotency => ../..
 
-require github.com/idemkit/idempotency v0.0.0-20261202030342-d17eac373f5a
+require github.com/idemkit/idempotency v0.0.0-20261202042629-87a4c4963c89
