@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"os/exec"
 	"runtime"
 	"strconv"
@@ -364,13 +363,7 @@ func TestNewRedisClientTimeoutsWithAutoPipeline(t *testing.T) {
 // redis-server.
 func freezableRedis(t testing.TB) (url string, freeze, thaw func()) {
 	t.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		if os.Getenv(redistest.EnvRequire) == "1" {
-			t.Fatalf("%s=1 and no redis-server on PATH", redistest.EnvRequire)
-		}
-		t.Skip("redis-server not on PATH: a hung server needs a real one (miniredis cannot be frozen)")
-	}
+	bin := redistest.ServerBinary(t).Path // a hung server needs a real one (miniredis cannot be frozen)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

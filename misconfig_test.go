@@ -36,12 +36,21 @@ import (
 // redisProc starts a redis-server of the test's own with the extra
 // arguments, on a free port, and returns its port once it accepts
 // connections; it is killed when the test ends. The test is skipped without
-// a redis-server binary.
+// a redis-server binary (redistest.ServerBinary, which also picks the binary).
 func redisProc(t *testing.T, extra ...string) int {
 	t.Helper()
-	if _, err := exec.LookPath("redis-server"); err != nil {
-		t.Skip("redis-server is not on PATH")
+	port, err := startRedisProc(t, extra...)
+	if err != nil {
+		t.Fatal(err)
 	}
+	return port
+}
+
+// startRedisProc is redisProc, returning an error, with the server's log,
+// when the server exits or does not listen.
+func startRedisProc(t *testing.T, extra ...string) (int, error) {
+	t.Helper()
+	bin := redistest.ServerBinary(t).Path
 	port := freePort(t)
 	dir := t.TempDir()
 	args := append([]string{"--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir,
@@ -50,13 +59,18 @@ func redisProc(t *testing.T, extra ...string) int {
 		args = append(args, "--port", strconv.Itoa(port))
 	}
 	args = replacePort(args, port)
-	cmd := exec.Command("redis-server", args...)
+	cmd := exec.Command(bin, args...)
 	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
+		return 0, err
 	}
+	exited := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(exited)
+	}()
 	t.Cleanup(func() {
 		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
+		<-exited
 	})
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	deadline := time.Now().Add(10 * time.Second)
@@ -64,11 +78,16 @@ func redisProc(t *testing.T, extra ...string) int {
 		conn, err := net.DialTimeout("tcp", addr, time.Second)
 		if err == nil {
 			_ = conn.Close()
-			return port
+			return port, nil
+		}
+		log, _ := os.ReadFile(filepath.Join(dir, "redis.log"))
+		select {
+		case <-exited:
+			return 0, fmt.Errorf("%s %v exited:\n%s", bin, args, log)
+		default:
 		}
 		if time.Now().After(deadline) {
-			log, _ := os.ReadFile(filepath.Join(dir, "redis.log"))
-			t.Fatalf("redis-server %v does not listen: %v\n%s", args, err, log)
+			return 0, fmt.Errorf("%s %v does not listen: %v\n%s", bin, args, err, log)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -142,13 +161,20 @@ func selfSigned(t *testing.T) (certFile, keyFile string) {
 }
 
 // tlsRedis starts a redis-server that speaks TLS only, and returns its
-// address.
-func tlsRedis(t *testing.T) string {
+// address, or "" and why when the server binary was built without TLS
+// (Valkey as tools/build-valkey.sh builds it, BUILD_TLS=no).
+func tlsRedis(t *testing.T) (addr, noTLS string) {
 	t.Helper()
 	cert, key := selfSigned(t)
-	port := redisProc(t, "--port", "0", "--tls-port", portPlaceholder,
+	port, err := startRedisProc(t, "--port", "0", "--tls-port", portPlaceholder,
 		"--tls-cert-file", cert, "--tls-key-file", key, "--tls-auth-clients", "no")
-	return net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	if err != nil && strings.Contains(err.Error(), "Failed finding TLS support") {
+		return "", redistest.ServerBinary(t).String() + " was built without TLS"
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), ""
 }
 
 // startModule starts Module with env set, and returns the warnings it logged
@@ -183,7 +209,8 @@ func TestModuleStartUpRefusesAMisconfiguration(t *testing.T) {
 	pwAddr := "127.0.0.1:" + strconv.Itoa(pwPort)
 	plainPort := redisProc(t)
 	plainAddr := "127.0.0.1:" + strconv.Itoa(plainPort)
-	tlsAddr := tlsRedis(t)
+	tlsAddr, noTLS := tlsRedis(t)
+	needsTLS := map[string]bool{"redis against a TLS server": true, "untrusted certificate": true, "TLS skipping verification": true}
 	web := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		http.Error(w, "not redis", http.StatusBadRequest)
 	}))
@@ -216,6 +243,9 @@ func TestModuleStartUpRefusesAMisconfiguration(t *testing.T) {
 		{"unreachable", "redis://:" + secret + "@127.0.0.1:1/0", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			if noTLS != "" && needsTLS[tc.name] {
+				t.Skipf("needs a server that speaks TLS: %s", noTLS)
+			}
 			logs, err := startModule(t, map[string]string{"IDEMPOTENCY_REDIS_URL": tc.url})
 			if tc.want == "" {
 				if err != nil {

@@ -3,7 +3,6 @@ package idempotency_test
 import (
 	"context"
 	"net"
-	"os"
 	"os/exec"
 	"strconv"
 	"syscall"
@@ -21,13 +20,7 @@ import (
 // hold every call for its own ReadTimeout (5s). The test freezes a
 // redis-server of its own with SIGSTOP. (Skipped without redis-server.)
 func TestHungRedisIsBoundedByTheStorageTimeout(t *testing.T) {
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		if os.Getenv(redistest.EnvRequire) == "1" {
-			t.Fatalf("%s=1 and no redis-server on PATH", redistest.EnvRequire)
-		}
-		t.Skip("redis-server not on PATH: a hung server needs a real one (miniredis cannot be frozen)")
-	}
+	bin := redistest.ServerBinary(t).Path // a hung server needs a real one (miniredis cannot be frozen)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

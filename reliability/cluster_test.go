@@ -41,21 +41,16 @@ type testCluster struct {
 
 // startCluster starts a cluster for t alone and kills it when t ends. It
 // skips t without redis-server and redis-cli, or fails it when
-// IDEMPOTENCY_TEST_REQUIRE_REDIS is set.
+// IDEMPOTENCY_TEST_REQUIRE_REDIS is set (redistest.ServerBinary and
+// CLIBinary, which IDEMPOTENCY_TEST_REDIS_SERVER points at another server).
 func startCluster(t *testing.T) *testCluster {
 	t.Helper()
-	for _, bin := range []string{"redis-server", "redis-cli"} {
-		if _, err := exec.LookPath(bin); err != nil {
-			if os.Getenv(redistest.EnvRequire) != "" {
-				t.Fatalf("%s=%s but %s is not on PATH", redistest.EnvRequire, os.Getenv(redistest.EnvRequire), bin)
-			}
-			t.Skipf("no %s on PATH: a cluster with replicas needs it", bin)
-		}
-	}
+	redistest.ServerBinary(t)
+	cli := redistest.CLIBinary(t).Path
 	var err error
 	for range 3 { // a port taken between picking it and binding it: again
 		var c *testCluster
-		if c, err = createCluster(t); err == nil {
+		if c, err = createCluster(t, cli); err == nil {
 			return c
 		}
 	}
@@ -63,7 +58,7 @@ func startCluster(t *testing.T) *testCluster {
 	return nil
 }
 
-func createCluster(t *testing.T) (*testCluster, error) {
+func createCluster(t *testing.T, cli string) (*testCluster, error) {
 	root := t.TempDir()
 	c := &testCluster{}
 	ok := false
@@ -90,8 +85,8 @@ func createCluster(t *testing.T) (*testCluster, error) {
 	args = append(args, "--cluster-replicas", "1", "--cluster-yes")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if out, err := exec.CommandContext(ctx, "redis-cli", args...).CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("redis-cli --cluster create: %w: %s", err, out)
+	if out, err := exec.CommandContext(ctx, cli, args...).CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("%s --cluster create: %w: %s", cli, err, out)
 	}
 	if err := c.waitHealthy(ctx); err != nil {
 		return nil, err

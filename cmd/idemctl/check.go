@@ -282,7 +282,8 @@ func probeSentinel(ctx context.Context, addr string, s idempotency.Settings) sen
 type probeResult struct {
 	addr           string
 	rtt            time.Duration
-	version        string
+	version        string // redis_version
+	valkey         string // valkey_version, "" on Redis
 	old            bool   // version older than 7.0
 	clusterEnabled bool   // cluster_enabled:1
 	clusterState   string // cluster_state, "" outside a cluster
@@ -309,6 +310,9 @@ func probe(ctx context.Context, c *redis.Client, timeout time.Duration) probeRes
 	}
 	fields := infoFields(info)
 	r.version = fields["redis_version"]
+	// Valkey reports the Redis release it is compatible with as
+	// redis_version (7.2.4 for Valkey 8), and its own as valkey_version.
+	r.valkey = fields["valkey_version"]
 	r.old = oldRedis(r.version)
 	r.role = fields["role"]
 	r.clusterEnabled = fields["cluster_enabled"] == "1"
@@ -334,6 +338,9 @@ func (a *app) printProbe(r probeResult, what, extra string) {
 		return
 	}
 	line := fmt.Sprintf("%s: PONG in %v, redis_version %s", what, r.rtt.Round(time.Microsecond), r.version)
+	if r.valkey != "" {
+		line += ", valkey_version " + r.valkey
+	}
 	if extra != "" {
 		line += ", " + extra
 	}

@@ -525,6 +525,36 @@ func TestCheckOldRedis(t *testing.T) {
 	})
 }
 
+// On Valkey, check prints valkey_version after redis_version (which Valkey
+// sets to the Redis release it is compatible with, 7.2.4 for Valkey 8); on
+// Redis it prints no valkey_version. The servers' INFO is rewritten to say
+// valkey_version 8.0.1; on a real Valkey (IDEMPOTENCY_TEST_REDIS_SERVER) the
+// check's plain output says its own.
+func TestCheckValkeyVersion(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b backend) {
+		setEnv(t, b.env)
+		var stdout, stderr bytes.Buffer
+		a := &app{stdin: strings.NewReader(""), stdout: &stdout, stderr: &stderr, newClient: withInfo("valkey_version", "8.0.1")}
+		if code := a.run(t.Context(), []string{"check"}); code != exitOK {
+			t.Fatalf("check: exit %d:\n%s%s", code, stdout.String(), stderr.String())
+		}
+		if n, want := strings.Count(stdout.String(), ", valkey_version 8.0.1"), strings.Count(stdout.String(), ": PONG in "); n != want || n == 0 {
+			t.Errorf("check: %d servers with valkey_version 8.0.1, want every one (%d):\n%s", n, want, stdout.String())
+		}
+
+		r := idemctl(t, b.env, "", false, "check")
+		want := ""
+		if redistest.ServerKind(t) == redistest.KindRedisServer {
+			if sb := redistest.ServerBinary(t); sb.Product == "Valkey" {
+				want = ", valkey_version " + sb.Version
+			}
+		}
+		if got := strings.Contains(r.stdout, ", valkey_version "); got != (want != "") || !strings.Contains(r.stdout, want) {
+			t.Errorf("check on %s: want valkey_version %q in:\n%s", redistest.ServerKind(t), want, r.stdout)
+		}
+	})
+}
+
 // withVersion returns a newClient whose clients see version as the
 // redis_version of every server's INFO.
 func withVersion(version string) func(idempotency.Settings) (redis.UniversalClient, error) {

@@ -27,10 +27,11 @@ type cluster struct {
 
 // Cluster returns a new client of the three-master Redis Cluster that the
 // tests of this binary share, and closes it when t ends. The cluster is
-// three redis-server processes with cluster mode on, joined with
-// "redis-cli --cluster create" on first use, or the cluster that
-// EnvClusterAddrs names. Without the redis-server and redis-cli binaries it
-// skips the test, or fails it when EnvRequire is set. Use a key prefix of
+// three redis-server processes (or EnvServer's) with cluster mode on, joined
+// with "redis-cli --cluster create" (or EnvCLI's) on first use, or the
+// cluster that EnvClusterAddrs names. Without the redis-server and redis-cli
+// binaries it skips the test, or fails it when EnvRequire is set or the
+// environment names binaries that are not there (ServerBinary, CLIBinary). Use a key prefix of
 // the test's own (Prefix).
 func Cluster(t testing.TB) *redis.ClusterClient {
 	t.Helper()
@@ -64,16 +65,9 @@ func ClusterKind(t testing.TB) Kind {
 func sharedCluster(t testing.TB) *cluster {
 	t.Helper()
 	if os.Getenv(EnvClusterAddrs) == "" {
-		for _, bin := range []string{"redis-server", "redis-cli"} {
-			if haveBinary(bin) {
-				continue
-			}
-			if required() {
-				t.Fatalf("redistest: %s=1 but %s is not on PATH: cannot start a Redis Cluster", EnvRequire, bin)
-			}
-			t.Skipf("redistest: no %s on PATH: skipping a test that needs a Redis Cluster "+
-				"(miniredis cannot stand in for one; install redis-server and redis-cli, or set %s)", bin, EnvClusterAddrs)
-		}
+		why := "the test needs a Redis Cluster, which miniredis cannot stand in for (or set " + EnvClusterAddrs + ")"
+		logServer(t, needBinary(t, findServer, why))
+		needBinary(t, findCLI, why)
 	}
 	shared.clusterOnce.Do(func() {
 		shared.cluster, shared.clusterErr = startCluster()
@@ -107,8 +101,8 @@ func startCluster() (*cluster, error) {
 	return nil, err
 }
 
-// createCluster starts three cluster-mode redis-servers, joins them with
-// redis-cli --cluster create, and waits until every node says the cluster
+// createCluster starts three cluster-mode servers, joins them with the CLI's
+// --cluster create, and waits until every node says the cluster
 // is ok.
 func createCluster() (_ *cluster, err error) {
 	root, err := os.MkdirTemp("", "redistest-cluster-")
@@ -149,9 +143,13 @@ func createCluster() (_ *cluster, err error) {
 	defer cancel()
 	args := append([]string{"--cluster", "create"}, addrs...)
 	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
-	out, err := exec.CommandContext(ctx, "redis-cli", args...).CombinedOutput()
+	cli, err := findCLI()
 	if err != nil {
-		return nil, fmt.Errorf("redis-cli --cluster create: %w: %s", err, out)
+		return nil, err
+	}
+	out, err := exec.CommandContext(ctx, cli.Path, args...).CombinedOutput()
+	if err != nil {
+		return nil, fmt.Errorf("%s --cluster create: %w: %s", filepath.Base(cli.Path), err, out)
 	}
 	if err := waitClusterOK(ctx, addrs); err != nil {
 		return nil, err

@@ -23,6 +23,15 @@
 //     their own prefix there.
 //   - IDEMPOTENCY_TEST_REDIS_CLUSTER_ADDRS (host:port,host:port,...) points
 //     Cluster at an existing cluster.
+//   - IDEMPOTENCY_TEST_REDIS_SERVER (a path, or a name on PATH) is the
+//     server binary every helper starts instead of redis-server: Valkey's
+//     valkey-server, say (its sentinel mode too, with --sentinel).
+//     IDEMPOTENCY_TEST_REDIS_CLI is the CLI that joins a cluster; without
+//     it, the one beside the server ("server" replaced by "cli" in the
+//     name: valkey-cli). A binary they name that is missing, or whose
+//     --version is not a Redis or Valkey server's, fails the test. The
+//     first test of a binary that starts a server logs which it is
+//     (ServerBinary).
 //   - Without a redis-server binary on PATH, Server and Start fall back to
 //     miniredis, an embedded Redis for Go (whose keys expire in real time
 //     here, like Redis's), and log that they did; Cluster skips the test.

@@ -1,6 +1,7 @@
 package redistest
 
 import (
+	"errors"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -26,9 +27,13 @@ type Instance struct {
 // apply: a test cannot stop a server it did not start.
 func Start(t testing.TB) *Instance {
 	t.Helper()
-	if !haveBinary("redis-server") {
+	b, err := findServer()
+	if err != nil {
+		if !errors.Is(err, errNoDefault) {
+			t.Fatalf("redistest: %v", err)
+		}
 		if required() {
-			t.Fatalf("redistest: %s=1 but redis-server is not on PATH", EnvRequire)
+			t.Fatalf("redistest: %s=1 but %v", EnvRequire, err)
 		}
 		t.Log(fallbackMessage)
 		m, err := startMiniredis(true)
@@ -38,6 +43,7 @@ func Start(t testing.TB) *Instance {
 		t.Cleanup(m.close)
 		return &Instance{kind: KindMiniredis, mini: m, addr: m.m.Addr()}
 	}
+	logServer(t, b)
 	in := &Instance{kind: KindRedisServer, dir: t.TempDir()}
 	p, err := startServer(in.dir, 0)
 	if err != nil {

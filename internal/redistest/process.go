@@ -54,7 +54,8 @@ func startServer(dir string, port int, extra ...string) (*proc, error) {
 	return nil, err
 }
 
-// spawn starts one redis-server and waits for it to answer PING.
+// spawn starts one server (redis-server, or EnvServer's) and waits for it to
+// answer PING.
 func spawn(dir string, port int, extra []string) (*proc, error) {
 	logPath := filepath.Join(dir, "redis-"+strconv.Itoa(port)+".log")
 	args := append([]string{
@@ -68,7 +69,11 @@ func spawn(dir string, port int, extra []string) (*proc, error) {
 		// DEBUG unless it is enabled).
 		"--enable-debug-command", "local",
 	}, extra...)
-	return startProc(exec.Command("redis-server", args...), dir, port, logPath, "redis-server")
+	bin, err := serverPath()
+	if err != nil {
+		return nil, err
+	}
+	return startProc(exec.Command(bin, args...), dir, port, logPath, filepath.Base(bin))
 }
 
 // startProc starts cmd, a redis-server that will listen on port, in dir, and

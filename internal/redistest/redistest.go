@@ -4,9 +4,9 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -25,6 +25,15 @@ const (
 	// EnvRequire, set to 1 (or true), makes a missing redis-server or
 	// redis-cli binary fail the test instead of falling back or skipping.
 	EnvRequire = "IDEMPOTENCY_TEST_REQUIRE_REDIS"
+	// EnvServer names the server binary to start instead of redis-server
+	// on PATH: a path, or a name looked up on PATH. Valkey's valkey-server
+	// is one. A binary it names that is missing, or whose --version is not
+	// a Redis or Valkey server's, fails the test (no fallback, no skip).
+	EnvServer = "IDEMPOTENCY_TEST_REDIS_SERVER"
+	// EnvCLI names the CLI binary (for --cluster create) instead of the one
+	// beside EnvServer's server ("server" replaced by "cli" in its name:
+	// valkey-server's valkey-cli), or redis-cli on PATH without EnvServer.
+	EnvCLI = "IDEMPOTENCY_TEST_REDIS_CLI"
 )
 
 // Kind says what serves a test's Redis.
@@ -32,7 +41,8 @@ type Kind string
 
 // The kinds of server.
 const (
-	// KindRedisServer is a redis-server process this package started.
+	// KindRedisServer is a server process this package started:
+	// redis-server, or the binary EnvServer names.
 	KindRedisServer Kind = "redis-server"
 	// KindExternal is a server or cluster named by EnvURL or
 	// EnvClusterAddrs.
@@ -50,12 +60,6 @@ const fallbackMessage = "redistest: no redis-server on PATH: using miniredis, an
 func required() bool {
 	v := strings.ToLower(strings.TrimSpace(os.Getenv(EnvRequire)))
 	return v == "1" || v == "true" || v == "yes"
-}
-
-// haveBinary reports whether name is on PATH.
-func haveBinary(name string) bool {
-	_, err := exec.LookPath(name)
-	return err == nil
 }
 
 // standalone is the server shared by the test binary.
@@ -81,8 +85,16 @@ var shared struct {
 // use.
 func sharedStandalone(t testing.TB) *standalone {
 	t.Helper()
-	if os.Getenv(EnvURL) == "" && !haveBinary("redis-server") && required() {
-		t.Fatalf("redistest: %s=1 but redis-server is not on PATH", EnvRequire)
+	if os.Getenv(EnvURL) == "" {
+		b, err := findServer()
+		switch {
+		case err == nil:
+			logServer(t, b)
+		case !errors.Is(err, errNoDefault):
+			t.Fatalf("redistest: %v", err)
+		case required():
+			t.Fatalf("redistest: %s=1 but %v", EnvRequire, err)
+		}
 	}
 	shared.standaloneOnce.Do(func() {
 		shared.standalone, shared.standaloneErr = startStandalone()
@@ -107,7 +119,7 @@ func startStandalone() (*standalone, error) {
 		}
 		return &standalone{kind: KindExternal, opts: *opts, stop: func() {}}, nil
 	}
-	if !haveBinary("redis-server") {
+	if _, err := findServer(); errors.Is(err, errNoDefault) {
 		m, err := startMiniredis(true)
 		if err != nil {
 			return nil, err

@@ -115,13 +115,16 @@ func TestMiniredis(t *testing.T) {
 	}
 }
 
-// TestNoBinary: without redis-server on PATH, Start falls back to miniredis
-// (whose keys expire in real time) and Cluster skips; with the variable that
-// requires Redis, both fail.
+// TestNoBinary: without redis-server on PATH (and no EnvServer), Start falls
+// back to miniredis (whose keys expire in real time) and the helpers that
+// need a real server or the CLI skip; with the variable that requires Redis,
+// they all fail.
 func TestNoBinary(t *testing.T) {
 	t.Setenv("PATH", t.TempDir())
 	t.Setenv(redistest.EnvRequire, "")
 	t.Setenv(redistest.EnvClusterAddrs, "")
+	t.Setenv(redistest.EnvServer, "")
+	t.Setenv(redistest.EnvCLI, "")
 
 	t.Run("Start falls back", func(t *testing.T) {
 		in := redistest.Start(t)
@@ -143,18 +146,24 @@ func TestNoBinary(t *testing.T) {
 			t.Errorf("PING after Restart: %v", err)
 		}
 	})
-	t.Run("Cluster skips", func(t *testing.T) {
-		r := run(t, func(tb *recorder) { redistest.Cluster(tb) })
-		if !r.skipped || r.failed || !strings.Contains(r.msg, "redis-") {
-			t.Errorf("Cluster without binaries: skipped %v, failed %v, %q; want a skip that says why", r.skipped, r.failed, r.msg)
+	skippers := map[string]func(tb *recorder){
+		"Cluster":       func(tb *recorder) { redistest.Cluster(tb) },
+		"StartSentinel": func(tb *recorder) { redistest.StartSentinel(tb) },
+		"ServerBinary":  func(tb *recorder) { redistest.ServerBinary(tb) },
+		"CLIBinary":     func(tb *recorder) { redistest.CLIBinary(tb) },
+	}
+	t.Run("the others skip", func(t *testing.T) {
+		for name, fn := range skippers {
+			r := run(t, fn)
+			if !r.skipped || r.failed || !strings.Contains(r.msg, "redis-") {
+				t.Errorf("%s without binaries: skipped %v, failed %v, %q; want a skip that says why", name, r.skipped, r.failed, r.msg)
+			}
 		}
 	})
 	t.Run("required", func(t *testing.T) {
 		t.Setenv(redistest.EnvRequire, "1")
-		for name, fn := range map[string]func(tb *recorder){
-			"Start":   func(tb *recorder) { redistest.Start(tb) },
-			"Cluster": func(tb *recorder) { redistest.Cluster(tb) },
-		} {
+		skippers["Start"] = func(tb *recorder) { redistest.Start(tb) }
+		for name, fn := range skippers {
 			if r := run(t, fn); !r.failed || !strings.Contains(r.msg, redistest.EnvRequire) {
 				t.Errorf("%s with %s=1 and no binary: failed %v, %q; want a failure", name, redistest.EnvRequire, r.failed, r.msg)
 			}

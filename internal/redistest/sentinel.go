@@ -35,12 +35,7 @@ type Sentinel struct {
 // Sentinel.
 func StartSentinel(t testing.TB) *Sentinel {
 	t.Helper()
-	if !haveBinary("redis-server") {
-		if required() {
-			t.Fatalf("%s is set but redis-server is not on PATH", EnvRequire)
-		}
-		t.Skip("no redis-server on PATH: Sentinel tests need it (miniredis has no Sentinel)")
-	}
+	ServerBinary(t) // miniredis has no Sentinel
 	root := t.TempDir()
 	s := &Sentinel{}
 	t.Cleanup(s.stop)
@@ -73,7 +68,7 @@ func StartSentinel(t testing.TB) *Sentinel {
 		}
 	}
 	if err != nil {
-		t.Fatalf("start redis-server --sentinel: %v", err)
+		t.Fatalf("start the sentinel: %v", err)
 	}
 	// A failover needs a replica the sentinel knows: it learns of it from
 	// the master's INFO, which it reads on connecting and every 10s.
@@ -196,7 +191,8 @@ func (s *Sentinel) waitReplicaKnown(ctx context.Context) error {
 	}
 }
 
-// startSentinelProcess starts redis-server in sentinel mode in dir, on a
+// startSentinelProcess starts the server binary (redis-server, or
+// EnvServer's: valkey-server takes --sentinel too) in sentinel mode in dir, on a
 // free port, monitoring the master at masterAddr with a quorum of 1.
 func startSentinelProcess(dir, masterAddr string) (*proc, error) {
 	port, err := freePort(false)
@@ -216,7 +212,11 @@ func startSentinelProcess(dir, masterAddr string) (*proc, error) {
 	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
 		return nil, err
 	}
-	return startProc(exec.Command("redis-server", conf, "--sentinel"), dir, port, logPath, "redis-server --sentinel")
+	bin, err := serverPath()
+	if err != nil {
+		return nil, err
+	}
+	return startProc(exec.Command(bin, conf, "--sentinel"), dir, port, logPath, filepath.Base(bin)+" --sentinel")
 }
 
 // waitReplicaInSync waits until the server at addr is a replica whose link

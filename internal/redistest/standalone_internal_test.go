@@ -3,6 +3,7 @@ package redistest
 import (
 	"context"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/alicebob/miniredis/v2"
@@ -38,6 +39,7 @@ func TestStandaloneSources(t *testing.T) {
 	})
 	t.Run("no binary", func(t *testing.T) {
 		t.Setenv("PATH", t.TempDir())
+		t.Setenv(EnvServer, "")
 		s, err := startStandalone()
 		if err != nil {
 			t.Fatal(err)
@@ -56,9 +58,7 @@ func TestStandaloneSources(t *testing.T) {
 // A redis-server that cannot bind its port exits; spawn must not take the
 // server that holds the port for its own.
 func TestSpawnRefusesAForeignServer(t *testing.T) {
-	if !haveBinary("redis-server") {
-		t.Skip("redistest: no redis-server on PATH: nothing to spawn")
-	}
+	ServerBinary(t)
 	port, err := freePort(false)
 	if err != nil {
 		t.Fatal(err)
@@ -72,5 +72,36 @@ func TestSpawnRefusesAForeignServer(t *testing.T) {
 	if err == nil {
 		p.kill()
 		t.Fatal("spawn succeeded on a port another server holds")
+	}
+}
+
+// TestParseServerVersion reads the --version of the servers this package
+// runs, and refuses what is not one.
+func TestParseServerVersion(t *testing.T) {
+	for _, tt := range []struct {
+		out              string
+		product, version string // "" when it is refused
+	}{
+		{"Redis server v=7.0.15 sha=00000000:0 malloc=jemalloc-5.3.0 bits=64 build=e08dbad3e06f3fb\n", "Redis", "7.0.15"},
+		{"Valkey server v=8.0.1 sha=00000000:1 malloc=jemalloc-5.3.0 bits=64 build=9a67693a1e25d77e\n", "Valkey", "8.0.1"},
+		{"Redis server v=255.255.255 sha=0\n", "Redis", "255.255.255"},
+		{"", "", ""},
+		{"hello\n", "", ""},
+		{"valkey-cli 8.0.1\n", "", ""},
+		{"Redis server\n", "", ""},
+		{"Redis server v= sha=0\n", "", ""},
+		{"KeyDB server v=6.3.4 sha=0\n", "", ""},
+		{"Redis client v=7.0.15\n", "", ""},
+	} {
+		b, err := parseServerVersion(tt.out)
+		if tt.product == "" {
+			if err == nil || !strings.Contains(err.Error(), "not a Redis or Valkey server") {
+				t.Errorf("parseServerVersion(%q) = %+v, %v; want an error", tt.out, b, err)
+			}
+			continue
+		}
+		if err != nil || b.Product != tt.product || b.Version != tt.version {
+			t.Errorf("parseServerVersion(%q) = %+v, %v; want %s %s", tt.out, b, err, tt.product, tt.version)
+		}
 	}
 }
