@@ -114,16 +114,19 @@ import (
 	"fmt"
 
 	"github.com/idemkit/idempotency/idemgrpc"
+	"github.com/idemkit/idempotency/idemwatermill"
 	"github.com/idemkit/idempotency/observability/mixin"
 )
 
 func main() {
-	fmt.Println(idemgrpc.ContextWithKey, mixin.DashboardUID)
+	fmt.Println(idemgrpc.ContextWithKey, idemwatermill.IsDeadLetter, mixin.DashboardUID)
 }
 GO
 	go mod edit -replace github.com/idemkit/idempotency=../idempotency
 	echo ">>> go mod edit -replace github.com/idemkit/idempotency/idemgrpc=../idempotency/idemgrpc"
 	go mod edit -replace github.com/idemkit/idempotency/idemgrpc=../idempotency/idemgrpc
+	echo ">>> go mod edit -replace github.com/idemkit/idempotency/idemwatermill=../idempotency/idemwatermill"
+	go mod edit -replace github.com/idemkit/idempotency/idemwatermill=../idempotency/idemwatermill
 	echo ">>> go mod edit -replace github.com/idemkit/idempotency/observability/mixin=../idempotency/observability/mixin"
 	go mod edit -replace github.com/idemkit/idempotency/observability/mixin=../idempotency/observability/mixin
 	go mod tidy
