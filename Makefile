@@ -50,12 +50,15 @@ test-reliability-short:
 # "Valkey"): the store's conformance suite and every Redis test of redisrepo,
 # the root package, idemconsume, idemctl, observability and the test rigs
 # (sentinel and cluster included), then the short reliability suite.
-# VALKEY_BUILD (the shared tools' build-valkey.sh, beside the checkout by
-# default) builds valkey-server and valkey-cli from the shared source into its
+# VALKEY_BUILD (the shared tools' build-valkey.sh, found beside the checkout
+# by default) builds valkey-server and valkey-cli from the shared source into its
 # cache folder the first time (minutes) and prints the folder; VALKEY_DIR, a
 # folder that holds both, skips it. internal/redistest starts
 # IDEMPOTENCY_TEST_REDIS_SERVER instead of redis-server, and the CLI beside it.
-VALKEY_BUILD ?= $(abspath $(dir $(lastword $(MAKEFILE_LIST)))../shared/tools/build-valkey.sh)
+# The first of: beside the checkout, beside its parent, the workplace's
+# shared folder.
+VALKEY_CANDIDATES := $(abspath $(dir $(lastword $(MAKEFILE_LIST)))../shared/tools/build-valkey.sh) $(abspath $(dir $(lastword $(MAKEFILE_LIST)))../../shared/tools/build-valkey.sh) /work/shared/tools/build-valkey.sh
+VALKEY_BUILD ?= $(or $(firstword $(wildcard $(VALKEY_CANDIDATES))),$(firstword $(VALKEY_CANDIDATES)))
 VALKEY_DIR ?=
 VALKEY_PACKAGES := ./internal/redistest/ ./redisrepo/... . ./idemconsume/... ./cmd/idemctl/ ./observability/
 test-valkey:
