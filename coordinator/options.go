@@ -279,11 +279,7 @@ func newConfig(opts []Option) (config, error) {
 	opTTLs := make(map[string]time.Duration, len(c.operationTTLs))
 	for _, op := range slices.Sorted(maps.Keys(c.operationTTLs)) {
 		ttl := c.operationTTLs[op]
-		if err := ValidateOperation(op); err != nil {
-			detail := reason(err)
-			if !strings.Contains(detail, strconv.Quote(op)) {
-				detail = fmt.Sprintf("operation %q: %s", op, detail)
-			}
+		if detail := operationProblem(op); detail != "" {
 			bad("WithOperationTTLs", "%s", detail)
 		}
 		if opTTLs[op] = ms(ttl); opTTLs[op] < c.minTTL || opTTLs[op] > c.maxTTL {
@@ -293,11 +289,7 @@ func newConfig(opts []Option) (config, error) {
 	c.operationTTLs = opTTLs
 	c.fenced = nil
 	for _, op := range c.fencedOps {
-		if err := ValidateOperation(op); err != nil {
-			detail := reason(err)
-			if !strings.Contains(detail, strconv.Quote(op)) {
-				detail = fmt.Sprintf("operation %q: %s", op, detail)
-			}
+		if detail := operationProblem(op); detail != "" {
 			bad("WithFencedOperations", "%s", detail)
 			continue
 		}
@@ -313,4 +305,18 @@ func newConfig(opts []Option) (config, error) {
 		return config{}, fmt.Errorf("idempotency: invalid coordinator configuration: %w", errors.Join(errs...))
 	}
 	return c, nil
+}
+
+// operationProblem says what is wrong with an operation an option names,
+// naming it, or returns "" for a valid one.
+func operationProblem(op string) string {
+	err := ValidateOperation(op)
+	if err == nil {
+		return ""
+	}
+	detail := reason(err)
+	if !strings.Contains(detail, strconv.Quote(op)) {
+		detail = fmt.Sprintf("operation %q: %s", op, detail)
+	}
+	return detail
 }
