@@ -16,6 +16,8 @@ type Coordinator struct {
 	fencer Fencer // store, when it hands out fences; nil otherwise
 	cfg    config
 	obs    Observer
+	// deadlines are the storage timeout's shared deadlines (see begin).
+	deadlines *deadlines
 
 	mu    sync.Mutex
 	polls map[Key]*poll
@@ -43,7 +45,8 @@ func New(store Store, opts ...Option) (*Coordinator, error) {
 		return nil, fmt.Errorf("idempotency: invalid coordinator configuration: %w", &OptionError{Option: "WithFencedOperations",
 			Err: fmt.Errorf("the store (%T) hands out no fences: it does not implement coordinator.Fencer", store)})
 	}
-	c := &Coordinator{store: store, fencer: fencer, cfg: cfg, obs: cfg.observer, polls: make(map[Key]*poll)}
+	c := &Coordinator{store: store, fencer: fencer, cfg: cfg, obs: cfg.observer, polls: make(map[Key]*poll),
+		deadlines: newDeadlines(cfg.storageTimeout)}
 	c.idle = sync.NewCond(&c.mu)
 	return c, nil
 }

@@ -8,11 +8,18 @@ import (
 // begin starts one store call under the storage timeout; end reports its
 // latency. (No closure per call: these run on every request.) When ctx ends
 // by the storage timeout anyway, the call runs under ctx itself: no timer,
-// no allocation.
+// no allocation. When ctx cannot end (a background context, or one the
+// coordinator detached), the call runs under a deadline it shares with the
+// calls of the same tick (see deadlines): no timer, at most one allocation.
+// Only a context that can be cancelled and has no sooner deadline costs
+// context.WithDeadline.
 func (x *exec) begin(ctx context.Context) (context.Context, context.CancelFunc, time.Time) {
 	now := time.Now()
 	if d, ok := ctx.Deadline(); ok && !d.After(now.Add(x.c.cfg.storageTimeout)) {
 		return ctx, nil, now
+	}
+	if ctx.Done() == nil {
+		return x.c.deadlines.shared(ctx, now), nil, now
 	}
 	sctx, cancel := context.WithDeadline(ctx, now.Add(x.c.cfg.storageTimeout))
 	return sctx, cancel, now
