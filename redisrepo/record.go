@@ -1,9 +1,9 @@
 package redisrepo
 
 import (
-	"encoding/binary"
 	"encoding/hex"
 	"fmt"
+	"slices"
 	"time"
 	"unsafe"
 
@@ -117,18 +117,32 @@ func appendField(b []byte, s string, packed bool) []byte {
 // storedToken returns token as a version 2 record stores it: what the owner
 // scripts compare with the record's token field.
 func storedToken(token string) string {
-	if !packable(token) || len(token)/2 > maxToken {
+	var buf [maxToken]byte
+	b, packed := appendStoredToken(buf[:0], token)
+	if !packed {
 		return token
 	}
-	var buf [maxToken]byte
-	n, _ := hex.Decode(buf[:], unsafe.Slice(unsafe.StringData(token), len(token)))
-	return string(buf[:n])
+	return string(b)
+}
+
+// appendStoredToken appends token packed, as a version 2 record stores it,
+// and reports true; or reports false when the record stores it as it is.
+func appendStoredToken(dst []byte, token string) ([]byte, bool) {
+	if !packable(token) || len(token)/2 > maxToken {
+		return dst, false
+	}
+	return appendField(dst, token, true), true
 }
 
 // encodeRecord returns the version 2 record of state st with token, fp and
 // (completed and not-replayable records) result. It returns an error when the token or the
 // fingerprint is too long to store.
 func encodeRecord(st coordinator.State, token, fp string, result []byte) ([]byte, error) {
+	return appendRecord(nil, st, token, fp, result)
+}
+
+// appendRecord is encodeRecord appending to dst; it grows dst at most once.
+func appendRecord(dst []byte, st coordinator.State, token, fp string, result []byte) ([]byte, error) {
 	tl, tp := fieldLen(token)
 	fl, fpp := fieldLen(fp)
 	if tl > maxToken {
@@ -148,9 +162,8 @@ func encodeRecord(st coordinator.State, token, fp string, result []byte) ([]byte
 	if hasResult(byte(st)) {
 		n += len(result)
 	}
-	b := make([]byte, headerLen, n)
-	b[0], b[1], b[2], b[3] = formatVersion, byte(st), flags, byte(tl)
-	binary.BigEndian.PutUint16(b[4:], uint16(fl))
+	b := slices.Grow(dst, n)
+	b = append(b, formatVersion, byte(st), flags, byte(tl), byte(fl>>8), byte(fl))
 	b = appendField(b, token, tp)
 	b = appendField(b, fp, fpp)
 	if hasResult(byte(st)) {
@@ -175,28 +188,44 @@ func decodeValue(v []byte) coordinator.Record {
 	if len(v) < end || !knownState(st) || (st == statePending && len(v) != end) {
 		return coordinator.Record{State: coordinator.StateUnreadable}
 	}
-	rec := coordinator.Record{
-		State:       coordinator.State(st),
-		Token:       field(v[headerLen:headerLen+tl], flags&flagTokenHex != 0),
-		Fingerprint: field(v[headerLen+tl:end], flags&flagFPHex != 0),
+	token, fp := v[headerLen:headerLen+tl], v[headerLen+tl:end]
+	tp, fpp := flags&flagTokenHex != 0, flags&flagFPHex != 0
+	var spelled []byte // the packed fields spelled in hex: one allocation for both
+	if n := packedLen(token, tp) + packedLen(fp, fpp); n > 0 {
+		spelled = make([]byte, 0, n)
 	}
+	rec := coordinator.Record{State: coordinator.State(st)}
+	rec.Token, spelled = field(token, tp, spelled)
+	rec.Fingerprint, _ = field(fp, fpp, spelled)
 	if hasResult(st) {
 		rec.Result = v[end:len(v):len(v)]
 	}
 	return rec
 }
 
-// field returns a stored token or fingerprint as it was given.
-func field(b []byte, packed bool) string {
-	if packed {
-		h := make([]byte, hex.EncodedLen(len(b)))
+// packedLen returns the length of b, a stored field, spelled in hex when it
+// is packed, else 0.
+func packedLen(b []byte, packed bool) int {
+	if !packed {
+		return 0
+	}
+	return hex.EncodedLen(len(b))
+}
+
+// field returns b, a stored token or fingerprint, as it was given, and the
+// rest of spell: a packed field is spelled into spell, which has room for it
+// (see packedLen), and aliases it; else it aliases b.
+func field(b []byte, packed bool, spell []byte) (string, []byte) {
+	if packed && len(b) > 0 {
+		n := hex.EncodedLen(len(b))
+		h := spell[:n]
 		hex.Encode(h, b)
-		return unsafe.String(&h[0], len(h)) // one allocation, not two
+		return unsafe.String(&h[0], n), spell[n:n:cap(spell)]
 	}
 	if len(b) == 0 {
-		return ""
+		return "", spell
 	}
-	return unsafe.String(&b[0], len(b))
+	return unsafe.String(&b[0], len(b)), spell
 }
 
 // decodeLegacy turns the reply {state, token, fingerprint, result, pttl} of

@@ -23,7 +23,8 @@ var errWrongType = errors.New("redisrepo: WRONGTYPE")
 // it is final (see final), or else sent again as a parsed command, so that
 // go-redis follows a cluster redirection (MOVED,
 // ASK) or retries what it retries (LOADING, TRYAGAIN...), and returns what
-// that gives. The string aliases the reply, which has no other user.
+// that gives. An EVALSHA of a hot script that meets NOSCRIPT is sent again
+// as an EVAL of its text (see hotScript). The string aliases the reply, which has no other user.
 func (s *Store) bulk(ctx context.Context, args ...any) (v []byte, found bool, err error) {
 	raw := redis.NewRawCmd(ctx, args...)
 	_ = s.client.Process(ctx, raw)
@@ -53,6 +54,9 @@ func (s *Store) bulk(ctx context.Context, args ...any) (v []byte, found bool, er
 		if bytes.HasPrefix(b[1:], []byte("WRONGTYPE")) {
 			return nil, false, errWrongType
 		}
+		if e := evalArgs(args); bytes.HasPrefix(b[1:], []byte("NOSCRIPT")) && len(e) > 0 && e[0] == argEval {
+			return s.bulk(ctx, e...)
+		}
 		if final(b[1:]) {
 			return nil, false, replyErr(b[1 : len(b)-2])
 		}
@@ -68,6 +72,12 @@ func (s *Store) parsed(ctx context.Context, args []any) ([]byte, bool, error) {
 	cmd := redis.NewCmd(ctx, args...)
 	_ = s.client.Process(ctx, cmd)
 	v, err := cmd.Result()
+	if e := evalArgs(args); isReplyError(err, "NOSCRIPT") && len(e) > 0 && e[0] == argEval {
+		// Redirected to a server that lacks the script.
+		cmd = redis.NewCmd(ctx, e...)
+		_ = s.client.Process(ctx, cmd)
+		v, err = cmd.Result()
+	}
 	switch {
 	case errors.Is(err, redis.Nil):
 		return nil, false, nil
@@ -123,8 +133,12 @@ func writeRefused(err error) bool {
 }
 
 // isReplyError reports whether err is an error reply of Redis that starts
-// with prefix (its error code, as WRONGTYPE, or more).
+// with prefix (its error code, as WRONGTYPE, or more). A nil err returns at
+// once: errors.As would cost an allocation on every successful call.
 func isReplyError(err error, prefix string) bool {
+	if err == nil {
+		return false
+	}
 	var re redis.Error
 	return errors.As(err, &re) && strings.HasPrefix(re.Error(), prefix)
 }

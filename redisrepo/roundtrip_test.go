@@ -72,13 +72,15 @@ func testOneRoundTrip(t *testing.T, c redisrepo.Client, rt *roundTrips) {
 	}
 }
 
-// TestEmptyScriptCache: the common paths never depend on the script cache,
-// so a server that has lost it (a restart, a replica promoted, SCRIPT FLUSH)
-// costs them nothing: a replay is one round trip, a first run two, a refused
-// duplicate two (SET NX GET, then abandon.lua's check for a wedged record),
-// right after a flush. The scripts of the rare paths (format
-// 1 records, heals, the operator calls) cost one more round trip, EVALSHA
-// refused then EVAL, once per script.
+// TestEmptyScriptCache: a server that has lost its script cache (a restart,
+// a replica promoted, SCRIPT FLUSH) costs a call at most one more round
+// trip, once per script: a replay and a first run's reservation never use a
+// script and take one round trip right after a flush; a completion, a
+// renewal, a release, a waiter's read and a collision's check for a wedged
+// record send EVALSHA, meet NOSCRIPT and send the script whole with EVAL,
+// which caches it again, so the same call right after takes one round trip
+// again. The scripts of the rare paths (format 1 records, heals, the operator
+// calls) do the same.
 func TestEmptyScriptCache(t *testing.T) {
 	ctx := context.Background()
 	in := redistest.Start(t) // a server of our own: we flush its script cache
@@ -94,22 +96,24 @@ func TestEmptyScriptCache(t *testing.T) {
 	}
 	key := coordinator.Key{Operation: "op", Key: "noscript"}
 	tok := token()
+	const once = -1 // a step that cannot be repeated as it is
 	for _, step := range []struct {
-		name string
-		n    int64
-		call func() error
+		name     string
+		n, thenN int64 // round trips right after a flush, and of the same call right after that
+		call     func() error
 	}{
-		{"first run: Reserve", 1, func() error { _, _, err := s.Reserve(ctx, key, pendingWrite(tok, "fp", time.Minute)); return err }},
-		{"refused duplicate: Reserve (and abandon.lua)", 2, func() error { _, _, err := s.Reserve(ctx, key, pendingWrite(token(), "fp", time.Minute)); return err }},
-		{"Renew", 1, func() error { _, err := s.Renew(ctx, key, tok, time.Minute); return err }},
-		{"first run: Complete", 1, func() error {
+		{"first run: Reserve", 1, once, func() error { _, _, err := s.Reserve(ctx, key, pendingWrite(tok, "fp", time.Minute)); return err }},
+		{"refused duplicate: Reserve (and abandon.lua)", 3, 2, func() error { _, _, err := s.Reserve(ctx, key, pendingWrite(token(), "fp", time.Minute)); return err }},
+		{"Renew", 2, 1, func() error { _, err := s.Renew(ctx, key, tok, time.Minute); return err }},
+		{"first run: Complete", 2, 1, func() error {
 			_, err := s.Complete(ctx, key, tok, coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("r"), TTL: time.Minute})
 			return err
 		}},
-		{"replay: Reserve", 1, func() error { _, _, err := s.Reserve(ctx, key, pendingWrite(token(), "fp", time.Minute)); return err }},
-		{"Get", 1, func() error { _, err := s.Get(ctx, key); return err }},
-		{"Release", 1, func() error { _, err := s.Release(ctx, key, tok); return err }},
-		{"heal: Reserve with Replace", 2, func() error {
+		{"replay: Reserve", 1, 1, func() error { _, _, err := s.Reserve(ctx, key, pendingWrite(token(), "fp", time.Minute)); return err }},
+		{"Get", 1, 1, func() error { _, err := s.Get(ctx, key); return err }},
+		{"Watch", 2, 1, func() error { _, _, stop, err := s.Watch(ctx, key); stop(); return err }},
+		{"Release", 2, 1, func() error { _, err := s.Release(ctx, key, tok); return err }},
+		{"heal: Reserve with Replace", 2, 1, func() error {
 			_, _, err := s.Reserve(ctx, key, replace(pendingWrite(token(), "fp", time.Minute), tok))
 			return err
 		}},
@@ -119,11 +123,12 @@ func TestEmptyScriptCache(t *testing.T) {
 		if n := rt.count(func() { err = step.call() }); err != nil || n != step.n {
 			t.Errorf("%s right after SCRIPT FLUSH: %v, %d round trips; want %d", step.name, err, n, step.n)
 		}
-	}
-	// A script of the rare paths is cached by its EVAL: once.
-	var err error
-	if n := rt.count(func() { _, _, err = s.Reserve(ctx, key, replace(pendingWrite(token(), "fp", time.Minute), "x")) }); err != nil || n != 1 {
-		t.Errorf("second heal: %v, %d round trips; want 1", err, n)
+		if step.thenN == once {
+			continue
+		}
+		if n := rt.count(func() { err = step.call() }); err != nil || n != step.thenN {
+			t.Errorf("%s again: %v, %d round trips; want %d", step.name, err, n, step.thenN)
+		}
 	}
 	// Bulk calls fall back too.
 	flush()
@@ -134,7 +139,8 @@ func TestEmptyScriptCache(t *testing.T) {
 }
 
 // TestNoScriptFallbackCluster: bulk calls on a cluster whose masters lost
-// their script cache fall back to EVAL in a second pipeline.
+// their script cache fall back to EVAL in a second pipeline, and the hot
+// scripts to EVAL on the key's master.
 func TestNoScriptFallbackCluster(t *testing.T) {
 	ctx := context.Background()
 	c := redistest.Cluster(t)
@@ -165,5 +171,59 @@ func TestNoScriptFallbackCluster(t *testing.T) {
 	}
 	if n, err := s.Forget(ctx, keys...); err != nil || n != len(keys) {
 		t.Fatalf("Forget without the script cached = %d, %v", n, err)
+	}
+	// The hot scripts, on each key's own master.
+	for _, k := range keys[:10] {
+		tok := token()
+		mustReserve(t, s, k, pendingWrite(tok, "", time.Minute))
+		if err := c.ScriptFlush(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := s.Renew(ctx, k, tok, time.Minute); !ok || err != nil {
+			t.Fatalf("Renew without the script cached = %v, %v", ok, err)
+		}
+		if err := c.ScriptFlush(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := s.Complete(ctx, k, tok, coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("r"), TTL: time.Minute}); !ok || err != nil {
+			t.Fatalf("Complete without the script cached = %v, %v", ok, err)
+		}
+	}
+}
+
+// TestEmptyScriptCacheAutoPipeline: the NOSCRIPT fallback works inside an
+// AutoPipeliner's batches too.
+func TestEmptyScriptCacheAutoPipeline(t *testing.T) {
+	ctx := context.Background()
+	in := redistest.Start(t) // a server of our own: we flush its script cache
+	c := in.Client(t)
+	ap, err := c.AutoPipeline()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := redisrepo.New(ap)
+	flush := func() {
+		t.Helper()
+		if err := c.ScriptFlush(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 20 {
+		key := coordinator.Key{Operation: "op", Key: "ap-" + strings.Repeat("x", i)}
+		tok := token()
+		mustReserve(t, s, key, pendingWrite(tok, "fp", time.Minute))
+		flush()
+		if ok, err := s.Renew(ctx, key, tok, time.Minute); !ok || err != nil {
+			t.Fatalf("Renew after SCRIPT FLUSH = %v, %v", ok, err)
+		}
+		flush()
+		if ok, err := s.Complete(ctx, key, tok, coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("r"), TTL: time.Minute}); !ok || err != nil {
+			t.Fatalf("Complete after SCRIPT FLUSH = %v, %v", ok, err)
+		}
+		flush()
+		rec, err := s.Get(ctx, key)
+		if err != nil || rec.State != coordinator.StateCompleted || string(rec.Result) != "r" || rec.Fingerprint != "fp" {
+			t.Fatalf("Get = %+v, %v; want the completed record", rec, err)
+		}
 	}
 }

@@ -74,20 +74,37 @@ var (
 // scripts lists the EVALSHA scripts, for LoadScripts.
 var scripts = [...]*redis.Script{legacyScript, reserveScript, fenceScript, abandon1Script, inspectScript, forgetScript, reserve1Script, owner1Script}
 
-// The scripts of the common paths, sent whole with EVAL: a first run's
-// completion, a long action's renewals, a release, a waiter's read, a
-// collision's check for a wedged record. Each is
-// a few hundred bytes, which costs Redis about as much as EVALSHA (it hashes
-// the text to find the compiled script), and a call never meets an empty
-// script cache after a restart, a failover or SCRIPT FLUSH: one round trip,
-// always. Boxed once, so that passing them costs no allocation.
+// The scripts of the common paths: a first run's completion, a long
+// action's renewals, a release, a waiter's read, a collision's check for a
+// wedged record. Each runs with EVALSHA, and is sent whole with EVAL only
+// after Redis answers NOSCRIPT (see hotScript): a call never fails for an
+// empty script cache after a restart, a failover or SCRIPT FLUSH, and costs
+// one more round trip once per script and server when it meets one.
 var (
-	completeBody any = minify(constants + ownerLua + completeLua)
-	renewBody    any = minify(constants + ownerLua + renewLua)
-	releaseBody  any = minify(constants + ownerLua + releaseLua)
-	watchBody    any = minify(constants + watchLua)
-	abandonBody  any = minify(constants + ownerLua + abandonLua)
+	completeScript = newHotScript(constants + ownerLua + completeLua)
+	renewScript    = newHotScript(constants + ownerLua + renewLua)
+	releaseScript  = newHotScript(constants + ownerLua + releaseLua)
+	watchScript    = newHotScript(constants + watchLua)
+	abandonScript  = newHotScript(constants + ownerLua + abandonLua)
+
+	hotScripts = [...]*hotScript{&completeScript, &renewScript, &releaseScript, &watchScript, &abandonScript}
 )
+
+// evalArgs returns args, the arguments of an EVALSHA of a hot script, as
+// those of an EVAL of its text: for a server that answered NOSCRIPT. It
+// returns args as they are when they are not those of a hot script.
+func evalArgs(args []any) []any {
+	if len(args) < 2 || args[0] != argEvalSha {
+		return args
+	}
+	for _, h := range hotScripts {
+		if args[1] == h.sha {
+			e := append([]any{argEval, h.body}, args[2:]...)
+			return e
+		}
+	}
+	return args
+}
 
 // minify drops the comment lines, the indentation and the empty lines of a
 // script sent whole: Redis hashes the text of every EVAL to find the

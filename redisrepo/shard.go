@@ -30,7 +30,15 @@ func (s *Store) wakeChannel(rkey string) string {
 	if !s.sharded {
 		return s.channel
 	}
-	return s.channel + "{" + slotTags()[hashSlot(rkey)] + "}"
+	return string(s.appendShardChannel(nil, rkey))
+}
+
+// appendShardChannel appends the sharded wake-up channel of rkey's slot.
+func (s *Store) appendShardChannel(dst []byte, rkey string) []byte {
+	dst = append(dst, s.channel...)
+	dst = append(dst, '{')
+	dst = append(dst, slotTags()[hashSlot(rkey)]...)
+	return append(dst, '}')
 }
 
 // publishArg is the command of the scripts that announce: PUBLISH, or

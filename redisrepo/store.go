@@ -75,13 +75,18 @@ func (s *Store) Key(key coordinator.Key) string {
 	return s.prefix + key.Operation + ":" + key.Key
 }
 
-// LoadScripts loads the Lua scripts of the rare paths (format 1, heals,
-// Inspect, Forget) into the script cache of every master, so that their first
-// call takes one round trip, not two; it is optional, and returns an error
-// when Redis fails.
+// LoadScripts loads the Lua scripts into the script cache of every master,
+// so that the first call of each takes one round trip, not two; it is
+// optional (a call that meets a server without its script sends the text),
+// and returns an error when Redis fails.
 func (s *Store) LoadScripts(ctx context.Context) error {
 	for _, sc := range scripts {
 		if err := sc.Load(ctx, s.client).Err(); err != nil {
+			return fmt.Errorf("redisrepo: load scripts: %w", replyError(err))
+		}
+	}
+	for _, h := range hotScripts {
+		if err := s.client.ScriptLoad(ctx, h.body.(string)).Err(); err != nil {
 			return fmt.Errorf("redisrepo: load scripts: %w", replyError(err))
 		}
 	}
@@ -90,8 +95,8 @@ func (s *Store) LoadScripts(ctx context.Context) error {
 
 // Arguments boxed once: passing them to go-redis costs no allocation.
 var (
-	argSet, argNX, argPX, argGet any = "set", "nx", "px", "get"
-	argEval, argOneKey           any = "eval", "1"
+	argSet, argNX, argPX, argGet   any = "set", "nx", "px", "get"
+	argEval, argEvalSha, argOneKey any = "eval", "evalsha", "1"
 )
 
 // Reserve implements coordinator.Store: reserve-or-read. If the key is
@@ -127,13 +132,16 @@ func (s *Store) Reserve(ctx context.Context, key coordinator.Key, w coordinator.
 	if s.format == Format1 {
 		return s.reserve1(ctx, key, w, ttl)
 	}
-	val, err := encodeRecord(w.State, w.Token, w.Fingerprint, w.Result)
+	c := s.newCommand(key)
+	b, err := appendRecord(c.free(), w.State, w.Token, w.Fingerprint, w.Result)
 	if err != nil {
 		return coordinator.Record{}, false, storageError(coordinator.MethodReserve, err)
 	}
-	rkey := s.Key(key)
+	c.val = c.keep(b)
+	rkey, val := c.key, b
 	if !w.Replace {
-		v, found, err := s.bulk(ctx, argSet, rkey, val, argNX, argPX, s.boxed(ttl, w.State == coordinator.StatePending), argGet)
+		c.add(argSet, &c.key, &c.val, argNX, argPX, s.boxed(ttl, w.State == coordinator.StatePending), argGet)
+		v, found, err := s.bulk(ctx, c.list()...)
 		switch {
 		case errors.Is(err, errWrongType):
 			rec, err := s.legacy(ctx, coordinator.MethodReserve, rkey)
@@ -154,7 +162,7 @@ func (s *Store) Reserve(ctx context.Context, key coordinator.Key, w coordinator.
 		}
 		rec := decodeValue(v)
 		if rec.State == coordinator.StatePending {
-			return s.abandon(ctx, rkey, rec, w, val, ttl)
+			return s.abandon(ctx, c, rec, w, ttl)
 		}
 		return rec, false, nil
 	}
@@ -162,17 +170,21 @@ func (s *Store) Reserve(ctx context.Context, key coordinator.Key, w coordinator.
 		val, ttl, storedToken(w.ReplaceToken), w.ReplaceToken, leaseArg(w)).Result())
 }
 
-// abandon is Reserve after it met rec, a pending record under rkey: it
-// writes val (w, encoded) over it if it is wedged, with no expiry or, when w
-// is a reservation, a time to live longer than ten of w's leases (abandon.lua, or
-// abandon1.lua for a format 1 HASH), and else returns what is there. It is the one step of a collision that a
-// replay and a first run never pay: a pending record that nothing expires
-// is never waited on for ever.
-func (s *Store) abandon(ctx context.Context, rkey string, rec coordinator.Record, w coordinator.Write, val []byte, ttl int64) (coordinator.Record, bool, error) {
-	v, found, err := s.bulk(ctx, argEval, abandonBody, argOneKey, rkey, val, ttl, leaseArg(w), storedToken(rec.Token))
+// abandon is Reserve after it met rec, a pending record under c's key: it
+// writes c's value (w, encoded) over it if it is wedged, with no expiry or,
+// when w is a reservation, a time to live longer than ten of w's leases
+// (abandon.lua, or abandon1.lua for a format 1 HASH), and else returns what
+// is there. It is the one step of a collision that a replay and a first run
+// never pay: a pending record that nothing expires is never waited on for
+// ever.
+func (s *Store) abandon(ctx context.Context, c *command, rec coordinator.Record, w coordinator.Write, ttl int64) (coordinator.Record, bool, error) {
+	a := &command{key: c.key, val: c.val}
+	a.setToken(rec.Token)
+	a.add(argEvalSha, abandonScript.sha, argOneKey, &a.key, &a.val, s.boxed(ttl, w.State == coordinator.StatePending), leaseArg(w), &a.token)
+	v, found, err := s.bulk(ctx, a.list()...)
 	switch {
 	case errors.Is(err, errWrongType): // a format 1 HASH since
-		rec, err := s.legacy(ctx, coordinator.MethodReserve, rkey)
+		rec, err := s.legacy(ctx, coordinator.MethodReserve, a.key)
 		return rec, false, err
 	case err != nil:
 		return coordinator.Record{}, false, storageError(coordinator.MethodReserve, err)
@@ -267,7 +279,7 @@ func (s *Store) get(ctx context.Context, m coordinator.Method, rkey string, watc
 	var found bool
 	var err error
 	if watch {
-		v, found, err = s.bulk(ctx, argEval, watchBody, argOneKey, rkey)
+		v, found, err = s.bulk(ctx, argEvalSha, watchScript.sha, argOneKey, rkey)
 	} else {
 		v, found, err = s.bulk(ctx, argGet, rkey)
 	}
@@ -335,9 +347,12 @@ func (s *Store) Complete(ctx context.Context, key coordinator.Key, token string,
 		v, err := owner1Script.Run(ctx, s.client, []string{s.Key(key)}, "complete", token, c.Result, ms, state1).Result()
 		return ownerReply(coordinator.MethodComplete, v, err)
 	}
-	rkey := s.Key(key)
-	return s.owner(ctx, coordinator.MethodComplete,
-		redis.NewCmd(ctx, argEval, completeBody, argOneKey, rkey, storedToken(token), c.Result, s.boxed(ms, false), s.wakeChannel(rkey), state, s.publishArg()))
+	k := s.newCommand(key)
+	k.setToken(token)
+	k.setChannel(s)
+	k.result = bytesString(c.Result)
+	k.add(argEvalSha, completeScript.sha, argOneKey, &k.key, &k.token, &k.result, s.boxed(ms, false), &k.channel, state, s.publishArg())
+	return s.owner(ctx, coordinator.MethodComplete, k)
 }
 
 // Release implements coordinator.Store: if key holds a pending record owned
@@ -348,9 +363,11 @@ func (s *Store) Release(ctx context.Context, key coordinator.Key, token string) 
 	if s.format == Format1 {
 		return s.owner1(ctx, coordinator.MethodRelease, key, "release", token, "", 0)
 	}
-	rkey := s.Key(key)
-	return s.owner(ctx, coordinator.MethodRelease,
-		redis.NewCmd(ctx, argEval, releaseBody, argOneKey, rkey, storedToken(token), s.wakeChannel(rkey), s.publishArg()))
+	c := s.newCommand(key)
+	c.setToken(token)
+	c.setChannel(s)
+	c.add(argEvalSha, releaseScript.sha, argOneKey, &c.key, &c.token, &c.channel, s.publishArg())
+	return s.owner(ctx, coordinator.MethodRelease, c)
 }
 
 // Renew implements coordinator.Store: if key holds a pending record owned by
@@ -365,8 +382,10 @@ func (s *Store) Renew(ctx context.Context, key coordinator.Key, token string, le
 	if s.format == Format1 {
 		return s.owner1(ctx, coordinator.MethodRenew, key, "renew", token, "", ms)
 	}
-	return s.owner(ctx, coordinator.MethodRenew,
-		redis.NewCmd(ctx, argEval, renewBody, argOneKey, s.Key(key), storedToken(token), s.boxed(ms, true)))
+	c := s.newCommand(key)
+	c.setToken(token)
+	c.add(argEvalSha, renewScript.sha, argOneKey, &c.key, &c.token, s.boxed(ms, true))
+	return s.owner(ctx, coordinator.MethodRenew, c)
 }
 
 // owner1 is an owner-checked step in format 1.
@@ -375,11 +394,17 @@ func (s *Store) owner1(ctx context.Context, m coordinator.Method, key coordinato
 	return ownerReply(m, v, err)
 }
 
-// owner runs one of the scripts that act only for the owner of a pending
-// record.
-func (s *Store) owner(ctx context.Context, m coordinator.Method, cmd *redis.Cmd) (bool, error) {
+// owner runs c, one of the scripts that act only for the owner of a pending
+// record, with EVALSHA, and whole with EVAL after NOSCRIPT (see hotScript).
+func (s *Store) owner(ctx context.Context, m coordinator.Method, c *command) (bool, error) {
+	cmd := redis.NewCmd(ctx, c.list()...)
 	_ = s.client.Process(ctx, cmd)
 	v, err := cmd.Result()
+	if isReplyError(err, "NOSCRIPT") {
+		cmd = redis.NewCmd(ctx, evalArgs(c.list())...)
+		_ = s.client.Process(ctx, cmd)
+		v, err = cmd.Result()
+	}
 	return ownerReply(m, v, err)
 }
 
