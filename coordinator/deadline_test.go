@@ -118,7 +118,7 @@ func TestStorageDeadlinesAreSharedWithinATick(t *testing.T) {
 		if ctxs[1].Done() == ctxs[2].Done() {
 			t.Error("calls in different ticks share a deadline")
 		}
-		time.Sleep(start.Add(time.Second + time.Millisecond).Sub(time.Now()) - 1)
+		time.Sleep(start.Add(time.Second+time.Millisecond).Sub(time.Now()) - 1)
 		if ctxs[0].Err() != nil {
 			t.Errorf("1ns before the shared deadline, Err = %v, want nil", ctxs[0].Err())
 		}
