@@ -116,7 +116,9 @@ func WithPollInterval(d time.Duration) Option {
 }
 
 // WithStorageTimeout bounds every store call, so a hung store cannot hang
-// requests. Default 1s.
+// requests. Default 1s. A call whose context cannot be cancelled shares the
+// deadline of the calls that start in the same tick (a thousandth of d, at
+// least 1ms), so it may run up to one tick longer than d.
 func WithStorageTimeout(d time.Duration) Option {
 	return optionFunc(func(c *config) { c.storageTimeout = d })
 }

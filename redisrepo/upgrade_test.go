@@ -156,3 +156,79 @@ func TestRollingUpgradeWithFormat1(t *testing.T) {
 		}
 	})
 }
+
+// TestUpgradeFromEvalRelease: the release before issue 20 wrote format 2
+// records too, and completed them with complete.lua sent whole with EVAL
+// (testdata/format2-eval: that release's script text, verbatim, and the
+// pending record its Reserve wrote). Its records replay after the upgrade;
+// a key it reserved is completed by this release; and, in a rolling
+// upgrade, a key this release reserved is completed by the old one.
+func TestUpgradeFromEvalRelease(t *testing.T) {
+	ctx := context.Background()
+	c := redis.NewClient(redistest.ServerOptions(t))
+	defer c.Close()
+	s := newStore(t, c)
+	read := func(name string) []byte {
+		b, err := os.ReadFile("testdata/format2-eval/" + name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	oldComplete, pending := string(read("complete.lua")), read("pending.bin")
+	const oldToken = "0123456789abcdef0123456789abcdef"
+	const oldFP = "ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100"
+	// oldCompleteNow runs the old release's Complete: the arguments it sent.
+	oldCompleteNow := func(t *testing.T, rkey, token string, result []byte) {
+		t.Helper()
+		packed := make([]byte, len(token)/2)
+		for i := range packed {
+			var b byte
+			for _, ch := range token[2*i : 2*i+2] {
+				b <<= 4
+				if ch >= 'a' {
+					b |= byte(ch-'a') + 10
+				} else {
+					b |= byte(ch - '0')
+				}
+			}
+			packed[i] = b
+		}
+		v, err := c.Eval(ctx, oldComplete, []string{rkey}, packed, result, 3600000, "idemkit:wake:"+redisrepo.DefaultKeyPrefix, 2, "publish").Result()
+		if err != nil || v != int64(1) {
+			t.Fatalf("the old release's complete = %v, %v", v, err)
+		}
+	}
+
+	// Reserved and completed by the old release: this one replays it.
+	done := newKey("upgrade-eval-done")
+	if err := c.Set(ctx, s.Key(done), pending, time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	oldCompleteNow(t, s.Key(done), oldToken, []byte(`{"id":1}`))
+	rec, written, err := s.Reserve(ctx, done, pendingWrite(token(), oldFP, time.Minute))
+	if err != nil || written || rec.State != coordinator.StateCompleted || string(rec.Result) != `{"id":1}` || rec.Fingerprint != oldFP || rec.Token != oldToken {
+		t.Fatalf("Reserve of the old release's completed record = %+v, %v, %v", rec, written, err)
+	}
+
+	// Reserved by the old release, completed by this one.
+	held := newKey("upgrade-eval-held")
+	if err := c.Set(ctx, s.Key(held), pending, time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := s.Complete(ctx, held, oldToken, coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("r"), TTL: time.Minute}); !ok || err != nil {
+		t.Fatalf("Complete of the old release's reservation = %v, %v", ok, err)
+	}
+	if rec, err := s.Get(ctx, held); err != nil || rec.State != coordinator.StateCompleted || string(rec.Result) != "r" || rec.Fingerprint != oldFP {
+		t.Fatalf("Get = %+v, %v", rec, err)
+	}
+
+	// Reserved by this release, completed by the old one (a rolling upgrade).
+	mixed := newKey("upgrade-eval-mixed")
+	tok := token()
+	mustReserve(t, s, mixed, pendingWrite(tok, oldFP, time.Minute))
+	oldCompleteNow(t, s.Key(mixed), tok, []byte("old"))
+	if rec, err := s.Get(ctx, mixed); err != nil || rec.State != coordinator.StateCompleted || string(rec.Result) != "old" || rec.Fingerprint != oldFP {
+		t.Fatalf("Get = %+v, %v", rec, err)
+	}
+}
