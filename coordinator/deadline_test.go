@@ -100,7 +100,7 @@ func TestStorageDeadlinesAreSharedWithinATick(t *testing.T) {
 		start := time.Now() // synctest's clock starts on a whole second
 		var ctxs []context.Context
 		for i, after := range []time.Duration{300 * time.Microsecond, 600 * time.Microsecond, 1300 * time.Microsecond} {
-			time.Sleep(start.Add(after).Sub(time.Now()))
+			time.Sleep(time.Until(start.Add(after)))
 			if _, err := coordinator.Do(ctx, c, coordinator.Call{Operation: "op", Key: string(rune('a' + i))}, func(context.Context) (int, error) { return 1, nil }); err != nil {
 				t.Fatal(err)
 			}
@@ -118,11 +118,11 @@ func TestStorageDeadlinesAreSharedWithinATick(t *testing.T) {
 		if ctxs[1].Done() == ctxs[2].Done() {
 			t.Error("calls in different ticks share a deadline")
 		}
-		time.Sleep(start.Add(time.Second+time.Millisecond).Sub(time.Now()) - 1)
+		time.Sleep(time.Until(start.Add(time.Second+time.Millisecond)) - time.Nanosecond)
 		if ctxs[0].Err() != nil {
 			t.Errorf("1ns before the shared deadline, Err = %v, want nil", ctxs[0].Err())
 		}
-		time.Sleep(1)
+		time.Sleep(time.Nanosecond)
 		synctest.Wait()
 		if !errors.Is(ctxs[0].Err(), context.DeadlineExceeded) || ctxs[2].Err() != nil {
 			t.Errorf("at the first deadline, Err = %v and %v, want DeadlineExceeded and nil", ctxs[0].Err(), ctxs[2].Err())
