@@ -54,8 +54,10 @@ func (s *Store) bulk(ctx context.Context, args ...any) (v []byte, found bool, er
 		if bytes.HasPrefix(b[1:], []byte("WRONGTYPE")) {
 			return nil, false, errWrongType
 		}
-		if e := evalArgs(args); bytes.HasPrefix(b[1:], []byte("NOSCRIPT")) && len(e) > 0 && e[0] == argEval {
-			return s.bulk(ctx, e...)
+		if bytes.HasPrefix(b[1:], []byte("NOSCRIPT")) {
+			if e := evalArgs(args); e[0] == argEval {
+				return s.bulk(ctx, e...)
+			}
 		}
 		if final(b[1:]) {
 			return nil, false, replyErr(b[1 : len(b)-2])
@@ -72,11 +74,12 @@ func (s *Store) parsed(ctx context.Context, args []any) ([]byte, bool, error) {
 	cmd := redis.NewCmd(ctx, args...)
 	_ = s.client.Process(ctx, cmd)
 	v, err := cmd.Result()
-	if e := evalArgs(args); isReplyError(err, "NOSCRIPT") && len(e) > 0 && e[0] == argEval {
-		// Redirected to a server that lacks the script.
-		cmd = redis.NewCmd(ctx, e...)
-		_ = s.client.Process(ctx, cmd)
-		v, err = cmd.Result()
+	if isReplyError(err, "NOSCRIPT") {
+		if e := evalArgs(args); e[0] == argEval { // redirected to a server that lacks the script
+			cmd = redis.NewCmd(ctx, e...)
+			_ = s.client.Process(ctx, cmd)
+			v, err = cmd.Result()
+		}
 	}
 	switch {
 	case errors.Is(err, redis.Nil):
