@@ -36,22 +36,24 @@ func newDeadlines(d time.Duration) *deadlines {
 
 // at returns the deadline of a store call that starts at now: now plus the
 // storage timeout, rounded up to the tick. Calls in the same tick share it.
+//
+// Whether a call may share the latest deadline is decided on the monotonic
+// clock alone (now comes from time.Now): the deadline must not be before the
+// call's own end, nor a tick or more after it. A step of the wall clock (an
+// NTP correction) changes only where the ticks fall, never how long a call
+// may take.
 func (ds *deadlines) at(now time.Time) *deadline {
-	end := now.Add(ds.timeout)
-	wall := end.UnixNano()
-	if r := wall % int64(ds.tick); r != 0 {
-		end = end.Add(ds.tick - time.Duration(r))
-		wall += int64(ds.tick) - r
-	}
-	// Compared by the wall clock's tick: two calls' monotonic readings of one
-	// tick can differ by a few nanoseconds.
-	cur := ds.cur.Load()
-	if cur != nil && cur.wall == wall {
+	due := now.Add(ds.timeout)
+	if cur := ds.cur.Load(); cur.covers(due, ds.tick) {
 		return cur
 	}
-	d := &deadline{at: end, wall: wall, done: make(chan struct{})}
-	if !ds.cur.CompareAndSwap(cur, d) {
-		if won := ds.cur.Load(); won != nil && won.wall == wall {
+	end := due
+	if r := due.UnixNano() % int64(ds.tick); r != 0 {
+		end = due.Add(ds.tick - time.Duration(r))
+	}
+	d := &deadline{at: end, done: make(chan struct{})}
+	if cur := ds.cur.Load(); !ds.cur.CompareAndSwap(cur, d) {
+		if won := ds.cur.Load(); won.covers(due, ds.tick) {
 			return won
 		}
 	}
@@ -63,12 +65,21 @@ func (ds *deadlines) at(now time.Time) *deadline {
 // call's context when the caller's is context.Background itself, which has
 // no values to keep.
 type deadline struct {
-	at   time.Time
-	wall int64         // at in Unix nanoseconds: a whole number of ticks
+	at   time.Time     // with a monotonic reading
 	done chan struct{} // closed by a timer at at
 }
 
 func (d *deadline) expire() { close(d.done) }
+
+// covers reports whether d may be the deadline of a call due to end at due:
+// d is not before due and less than a tick after it.
+func (d *deadline) covers(due time.Time, tick time.Duration) bool {
+	if d == nil {
+		return false
+	}
+	late := d.at.Sub(due)
+	return late >= 0 && late < tick
+}
 
 func (d *deadline) Deadline() (time.Time, bool) { return d.at, true }
 func (d *deadline) Done() <-chan struct{}       { return d.done }

@@ -3,6 +3,7 @@ package coordinator_test
 import (
 	"context"
 	"errors"
+	"strconv"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -161,4 +162,71 @@ func neverCalled(t *testing.T) func(context.Context) (int, error) {
 		t.Error("the action ran")
 		return 0, nil
 	}
+}
+
+// Under many concurrent callers on the real clock, every store call's shared
+// deadline is at least the storage timeout after the call began and less
+// than a tick more after the store saw it: sharing never shortens a call's
+// timeout, whatever order the callers' clock readings arrive in.
+func TestSharedDeadlinesNeverShortenTheTimeout(t *testing.T) {
+	const timeout, tick = time.Second, time.Millisecond
+	store := &timedStore{Store: memstore.New()}
+	c, err := coordinator.New(store, coordinator.WithStorageTimeout(timeout))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 500 {
+				key := strconv.Itoa(g) + "-" + strconv.Itoa(i)
+				before := time.Now()
+				if _, err := coordinator.Do(context.Background(), c, coordinator.Call{Operation: "op", Key: key}, func(context.Context) (int, error) { return 1, nil }); err != nil {
+					t.Error(err)
+					return
+				}
+				seen := store.take(key)
+				if d := seen.deadline.Sub(before); d < timeout {
+					t.Errorf("a call's deadline is %v after it began, want at least the storage timeout, %v", d, timeout)
+					return
+				}
+				if d := seen.deadline.Sub(seen.at); d >= timeout+tick {
+					t.Errorf("a call's deadline is %v after the store saw it, want less than %v", d, timeout+tick)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// timedStore is a memstore that keeps, per key, when its Reserve came and
+// the deadline of its context.
+type timedStore struct {
+	*memstore.Store
+	mu   sync.Mutex
+	seen map[string]timedCall
+}
+
+type timedCall struct{ at, deadline time.Time }
+
+func (s *timedStore) Reserve(ctx context.Context, key coordinator.Key, w coordinator.Write) (coordinator.Record, bool, error) {
+	at := time.Now()
+	d, _ := ctx.Deadline()
+	s.mu.Lock()
+	if s.seen == nil {
+		s.seen = map[string]timedCall{}
+	}
+	s.seen[key.Key] = timedCall{at: at, deadline: d}
+	s.mu.Unlock()
+	return s.Store.Reserve(ctx, key, w)
+}
+
+func (s *timedStore) take(id string) timedCall {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	tc := s.seen[id]
+	delete(s.seen, id)
+	return tc
 }

@@ -68,6 +68,10 @@ const (
 	loopFor   = time.Second            // CLIENT KILL and SCRIPT FLUSH loops
 	killEvery = 50 * time.Millisecond
 	slowBy    = 150 * time.Millisecond // the slow link, each way
+	// flushSlowBy is the link's delay each way under SCRIPT FLUSH loops:
+	// a round trip (70ms and Redis's time) within the storage timeout, two
+	// (an EVALSHA answered NOSCRIPT, then the EVAL) beyond it.
+	flushSlowBy = 35 * time.Millisecond
 )
 
 var (
@@ -154,6 +158,24 @@ var (
 			return loop(t, env, 20*time.Millisecond, func(ctx context.Context) (int64, error) {
 				return 0, env.admin.ScriptFlush(ctx).Err()
 			}, "SCRIPT FLUSH", "")
+		},
+	}
+
+	faultFlushSlow = fault{
+		name: "script-flush-slow-link",
+		expect: "SCRIPT FLUSH loops while every chunk is delayed 35ms each way: one round trip fits the storage " +
+			"timeout, the EVAL sent after a NOSCRIPT does not, so hot-script calls time out mid-fallback and the " +
+			"late EVAL may still land; the background save completes them; no extra run but unprotected runs " +
+			"(run), no lost result",
+		needs: "proxy",
+		inject: func(t *testing.T, env *faultEnv) faultResult {
+			env.proxy.SetLatency(flushSlowBy)
+			defer env.proxy.SetLatency(0)
+			fr := loop(t, env, 20*time.Millisecond, func(ctx context.Context) (int64, error) {
+				return 0, env.admin.ScriptFlush(ctx).Err()
+			}, "SCRIPT FLUSH", "")
+			fr.note += fmt.Sprintf(", the link slowed by %v each way", flushSlowBy)
+			return fr
 		},
 	}
 

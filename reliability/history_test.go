@@ -37,7 +37,8 @@ const (
 	// watchdog, or a renewal that found the key gone) and returned it.
 	errLeaseLost
 	// errContext: the caller's own context ended. The storm gives every
-	// call a deadline far beyond any documented bound, so this is a hang.
+	// call whose context can end a deadline far beyond any documented
+	// bound, so this is a hang.
 	errContext
 	// errOther: anything else. Never expected.
 	errOther

@@ -161,6 +161,8 @@ func faultModes(lv level, f fault) []modes {
 		return []modes{m(run, eRaise), m(wait, eRun)}
 	case faultScriptFlush.name:
 		return []modes{m(raise, eRaise), m(run, eRun)}
+	case faultFlushSlow.name:
+		return []modes{m(wait, eRun), m(run, eRaise)}
 	case faultHold.name:
 		return []modes{m(wait, eRaise), m(raise, eRun)}
 	case faultFailover.name:
@@ -189,7 +191,7 @@ func TestStorms(t *testing.T) {
 // TestFaults: storms on a standalone server, each with one fault.
 func TestFaults(t *testing.T) {
 	lv := suiteLevel(t)
-	for _, f := range []fault{faultKill, faultStop, faultSleep, faultClientKill, faultScriptFlush, faultHold, faultSlow} {
+	for _, f := range []fault{faultKill, faultStop, faultSleep, faultClientKill, faultScriptFlush, faultFlushSlow, faultHold, faultSlow} {
 		for _, m := range faultModes(lv, f) {
 			sc := scenario{backend: "standalone", modes: m, fault: f}
 			t.Run(sc.name(), func(t *testing.T) {

@@ -161,16 +161,26 @@ func (s *storm) resume() {
 	s.gate = nil
 }
 
-// callDeadline is every call's own deadline: far beyond any documented
-// bound, so that a call that reaches it is a hang (errContext).
+// callDeadline is the own deadline of every call whose context can end: far
+// beyond any documented bound, so that a call that reaches it is a hang
+// (errContext).
 const callDeadline = 20 * time.Second
 
-// do makes one call of Do and records it.
+// do makes one call of Do and records it. Every other call runs under a
+// context that cannot end (a queue consumer's context.Background), so that
+// its store calls are bounded only by the storage timeout's shared deadline
+// (coordinator/deadline.go) and a deadline that failed to end one would show
+// as a hang; the others under a context that can (net/http's), with
+// callDeadline.
 func (s *storm) do(c *coordinator.Coordinator, client int, r *rand.Rand, op, key, fp string, final bool) *call {
 	id := int(s.nextID.Add(1))
 	cl := &call{id: id, client: client, op: op, key: key, fp: fp, own: value(op, key, fp, id), final: final}
-	ctx, cancel := context.WithTimeout(context.WithValue(context.Background(), callKey{}, cl), callDeadline)
-	defer cancel()
+	ctx := context.WithValue(context.Background(), callKey{}, cl)
+	if id%2 == 1 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, callDeadline)
+		defer cancel()
+	}
 	cl.start = s.now()
 	func() {
 		defer func() {
