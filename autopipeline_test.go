@@ -446,6 +446,12 @@ func TestHungRedisWithAutoPipeline(t *testing.T) {
 		}
 	}
 	wg.Wait()
+	// The calls left their commands behind without a goroutine of ours to
+	// wait for each: only go-redis's own wait for the hung batch.
+	buf := make([]byte, 1<<20)
+	if stacks := string(buf[:runtime.Stack(buf, true)]); strings.Contains(stacks, "created by github.com/idemkit/idempotency.(*pipelinedClient)") {
+		t.Errorf("goroutines that pipelinedClient started outlive the calls that timed out:\n%s", stacks)
+	}
 
 	start := time.Now()
 	if err := c.Close(); err != nil {

@@ -2,6 +2,7 @@ package idempotency
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -195,17 +196,21 @@ func NewStore(s Settings, client redisrepo.Client) *redisrepo.Store {
 }
 
 // NewStoreClient returns what the store should send its commands to: client
-// itself, or, when s.RedisAutoPipeline is set, client's AutoPipeliner
-// (client.AutoPipeline(), which go-redis caches and shares, built with
-// client's AutoPipelineOptions or go-redis's defaults), which batches the
-// commands of concurrent callers into pipelines. Module calls it, for the
-// client it builds and for the app's own (UseRedisClient).
+// itself, or, when s.RedisAutoPipeline is set, client's deferred
+// AutoPipeliner (client.AsyncAutoPipeline(), which go-redis caches and
+// shares, built with client's AutoPipelineOptions or go-redis's defaults for
+// it), which batches the commands of concurrent callers into pipelines.
+// Module calls it, for the client it builds and for the app's own
+// (UseRedisClient).
 //
 // go-redis runs an auto-pipelined command on a context of its own, so the
 // returned client waits for each command only until the caller's context is
 // done and then returns the context's error: IDEMPOTENCY_STORAGE_TIMEOUT
 // bounds every store call, as it does without auto-pipelining. A command
-// left behind still runs in its batch. Pub/Sub and pipelines (the store's
+// left behind still runs in its batch. (The deferred face is the one whose
+// waits can end with a context, AutoFuture.WaitContext, without a goroutine
+// per call; the store waits for every command it submits before it sends
+// the next.) Pub/Sub and pipelines (the store's
 // wake-ups, Inspect and Forget) go to client directly; a command the store
 // gives to Process that is neither a *redis.Cmd nor a *redis.RawCmd does
 // too, unbatched.
@@ -219,7 +224,7 @@ func NewStoreClient(s Settings, client redis.UniversalClient) (redisrepo.Client,
 	if !s.RedisAutoPipeline {
 		return client, nil
 	}
-	ap, err := client.AutoPipeline()
+	ap, err := client.AsyncAutoPipeline()
 	if err != nil {
 		return nil, fmt.Errorf("%s_REDIS_AUTO_PIPELINE: the Redis client (%T) cannot auto-pipeline: %w", EnvPrefix, client, err)
 	}
@@ -227,15 +232,16 @@ func NewStoreClient(s Settings, client redis.UniversalClient) (redisrepo.Client,
 }
 
 // pipelinedClient is the store's client with IDEMPOTENCY_REDIS_AUTO_PIPELINE
-// on: scripts and commands go through ap, client's AutoPipeliner, and every
-// call returns when the caller's context is done.
+// on: scripts and commands go through ap, client's deferred AutoPipeliner,
+// and every call returns when the caller's context is done.
 //
 // An AutoPipeliner runs a queued command on a context of its own, not the
 // caller's: against a frozen redis-server, a GET with a 100ms deadline
 // returned after 35s (go-redis v9.23, its default 5s read timeout, with
-// retries). So each call waits for its command on a goroutine of its own and
-// returns the context's error when the context is done first; the command
-// runs on in its batch, and its goroutine ends with it.
+// retries). So each call submits its command (AutoPipeliner.Submit, which
+// does not block) and waits for it only until its context is done
+// (AutoFuture.WaitContext): no goroutine and no timer of its own. A command
+// left behind runs on in its batch; what it writes is never read.
 //
 // A call that no caller waits for (coordinator.OffRequestPath: a save round
 // in the background, a renewal) goes to client directly: it may take what is
@@ -247,7 +253,7 @@ func NewStoreClient(s Settings, client redis.UniversalClient) (redisrepo.Client,
 // connection of its own, and a pipeline is already one round trip, bounded by
 // the context (ContextTimeoutEnabled).
 type pipelinedClient struct {
-	ap     *redis.AutoPipeliner
+	ap     *redis.AutoPipeliner  // client's deferred (async) face
 	client redis.UniversalClient // ap's client
 }
 
@@ -281,7 +287,7 @@ type valueCmd[V any] interface {
 // reply into cmd, or ctx's error when ctx is done first.
 func processCopy[V any, C valueCmd[V]](ctx context.Context, p *pipelinedClient, cmd C) error {
 	sent := cmd.Clone().(C)
-	if err := p.await(ctx, func() { _ = p.ap.Process(ctx, sent) }); err != nil {
+	if left, err := p.submit(ctx, sent); left {
 		cmd.SetErr(err)
 		return err
 	}
@@ -295,7 +301,7 @@ func (p *pipelinedClient) Eval(ctx context.Context, script string, keys []string
 	if coordinator.OffRequestPath(ctx) {
 		return p.client.Eval(ctx, script, keys, args...)
 	}
-	return p.bounded(ctx, func() *redis.Cmd { return p.ap.Eval(ctx, script, keys, args...) })
+	return p.script(ctx, "eval", script, keys, args)
 }
 
 // EvalSha implements redis.Scripter, through the AutoPipeliner.
@@ -303,7 +309,7 @@ func (p *pipelinedClient) EvalSha(ctx context.Context, sha1 string, keys []strin
 	if coordinator.OffRequestPath(ctx) {
 		return p.client.EvalSha(ctx, sha1, keys, args...)
 	}
-	return p.bounded(ctx, func() *redis.Cmd { return p.ap.EvalSha(ctx, sha1, keys, args...) })
+	return p.script(ctx, "evalsha", sha1, keys, args)
 }
 
 // EvalRO implements redis.Scripter, through the AutoPipeliner.
@@ -311,7 +317,7 @@ func (p *pipelinedClient) EvalRO(ctx context.Context, script string, keys []stri
 	if coordinator.OffRequestPath(ctx) {
 		return p.client.EvalRO(ctx, script, keys, args...)
 	}
-	return p.bounded(ctx, func() *redis.Cmd { return p.ap.EvalRO(ctx, script, keys, args...) })
+	return p.script(ctx, "eval_ro", script, keys, args)
 }
 
 // EvalShaRO implements redis.Scripter, through the AutoPipeliner.
@@ -319,7 +325,26 @@ func (p *pipelinedClient) EvalShaRO(ctx context.Context, sha1 string, keys []str
 	if coordinator.OffRequestPath(ctx) {
 		return p.client.EvalShaRO(ctx, sha1, keys, args...)
 	}
-	return p.bounded(ctx, func() *redis.Cmd { return p.ap.EvalShaRO(ctx, sha1, keys, args...) })
+	return p.script(ctx, "evalsha_ro", sha1, keys, args)
+}
+
+// script runs name (EVAL, EVALSHA or their _RO forms) of script through the
+// AutoPipeliner, the command laid out as go-redis's Eval lays it out.
+func (p *pipelinedClient) script(ctx context.Context, name, script string, keys []string, args []any) *redis.Cmd {
+	cmdArgs := make([]any, 0, 3+len(keys)+len(args))
+	cmdArgs = append(cmdArgs, name, script, len(keys))
+	for _, k := range keys {
+		cmdArgs = append(cmdArgs, k)
+	}
+	cmdArgs = append(cmdArgs, args...)
+	cmd := redis.NewCmd(ctx, cmdArgs...)
+	if len(keys) > 0 {
+		cmd.SetFirstKeyPos(3)
+	}
+	if left, err := p.submit(ctx, cmd); left {
+		return failedCmd(ctx, err)
+	}
+	return cmd
 }
 
 // ScriptExists implements redis.Scripter on the client (on a cluster, every
@@ -342,44 +367,18 @@ func (p *pipelinedClient) Subscribe(ctx context.Context, channels ...string) *re
 // Pipeline returns a pipeline of the client.
 func (p *pipelinedClient) Pipeline() redis.Pipeliner { return p.client.Pipeline() }
 
-// bounded returns what send returns, or, when ctx is done first, a command
-// that failed with ctx's error.
-func (p *pipelinedClient) bounded(ctx context.Context, send func() *redis.Cmd) *redis.Cmd {
-	var cmd *redis.Cmd
-	if err := p.await(ctx, func() { cmd = send() }); err != nil {
-		return failedCmd(ctx, err)
-	}
-	return cmd
-}
-
-// await runs send and returns nil once it has returned, or ctx's error when
-// ctx is done first. send runs on a goroutine of its own, which ends when its
-// command has run (or failed) in its batch; after an error, the caller must
-// not touch what send writes.
-func (p *pipelinedClient) await(ctx context.Context, send func()) error {
-	if ctx.Done() == nil { // never done: nothing to bound
-		send()
-		return nil
-	}
+// submit queues cmd in the AutoPipeliner and waits until it has run, or
+// until ctx is done. left reports the latter, with ctx's error: cmd runs on
+// in its batch, and the caller must not read it.
+func (p *pipelinedClient) submit(ctx context.Context, cmd redis.Cmder) (left bool, err error) {
 	if err := ctx.Err(); err != nil {
-		return err
+		return true, err
 	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		send()
-	}()
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		select {
-		case <-done: // a reply that came with the deadline wins
-			return nil
-		default:
-			return ctx.Err()
-		}
+	err = p.ap.Submit(ctx, cmd).WaitContext(ctx)
+	if cerr := ctx.Err(); err != nil && cerr != nil && errors.Is(err, cerr) {
+		return true, err
 	}
+	return false, err
 }
 
 // failedCmd returns a command that failed with err.
