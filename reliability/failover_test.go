@@ -22,7 +22,7 @@ import (
 func TestClusterClientFindsThePromotedReplica(t *testing.T) {
 	suiteLevel(t)
 	c := startCluster(t)
-	client := newClient(t, c.addrs(), true)
+	client := newClient(t, c.addrs(), true, false)
 	defer client.Close()
 	victim, replica, slots := c.masterWithReplica(t)
 	key := ""

@@ -25,6 +25,9 @@ import (
 type standaloneBackend struct {
 	in    *redistest.Instance
 	proxy *faultproxy.Proxy
+	// pipelined builds the storm's client as IDEMPOTENCY_REDIS_AUTO_PIPELINE
+	// does (see newClient).
+	pipelined bool
 }
 
 func (b *standaloneBackend) client(t *testing.T) redis.UniversalClient {
@@ -32,18 +35,18 @@ func (b *standaloneBackend) client(t *testing.T) redis.UniversalClient {
 	if b.proxy != nil {
 		addr = b.proxy.Addr()
 	}
-	return newClient(t, []string{addr}, false)
+	return newClient(t, []string{addr}, false, b.pipelined)
 }
 
 func (b *standaloneBackend) direct(t *testing.T) redis.UniversalClient {
-	return newClient(t, []string{b.in.Addr()}, false)
+	return newClient(t, []string{b.in.Addr()}, false, false)
 }
 
 // clusterBackend is a cluster of three masters with a replica each.
 type clusterBackend struct{ c *testCluster }
 
 func (b *clusterBackend) client(t *testing.T) redis.UniversalClient {
-	return newClient(t, b.c.addrs(), true)
+	return newClient(t, b.c.addrs(), true, false)
 }
 
 func (b *clusterBackend) direct(t *testing.T) redis.UniversalClient { return b.client(t) }
@@ -217,6 +220,31 @@ func TestBreaker(t *testing.T) {
 				b, env := startStandalone(t, f.needs == "proxy")
 				o := check(t, lv, sc, b, env)
 				t.Logf("breaker refusals: %d", o.refused)
+			})
+		}
+	}
+}
+
+// TestAutoPipeline: storms whose store sends through what
+// IDEMPOTENCY_REDIS_AUTO_PIPELINE gives it (idempotency.NewStoreClient: the
+// AutoPipeliner's deferred face, each wait ended by the caller's context),
+// without a fault and against a hung Redis (SIGSTOP: callers leave their
+// commands behind in a batch that runs later), a slow link, a held link
+// delivered newest first, and SCRIPT FLUSH loops (EVALSHA's NOSCRIPT, then
+// EVAL, in batches). The faults' own expectations hold, as without it.
+func TestAutoPipeline(t *testing.T) {
+	lv := suiteLevel(t)
+	for _, f := range []fault{faultNone, faultStop, faultSlow, faultHold, faultScriptFlush} {
+		ms := faultModes(lv, f)
+		if f.name == faultNone.name && lv != levelFull {
+			ms = []modes{{coordinator.InFlightWait, coordinator.OnStorageErrorRaise}, {coordinator.InFlightRun, coordinator.OnStorageErrorRun}}
+		}
+		for _, m := range ms {
+			sc := scenario{backend: "standalone", modes: m, fault: f, autoPipeline: true}
+			t.Run(sc.name(), func(t *testing.T) {
+				b, env := startStandalone(t, f.needs == "proxy")
+				b.pipelined = true
+				check(t, lv, sc, b, env)
 			})
 		}
 	}

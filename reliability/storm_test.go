@@ -240,11 +240,14 @@ type backend interface {
 // newClient returns the client that idempotency.NewRedisClient builds (what
 // the fx module uses) for a server, or for a cluster when cluster is set,
 // with the storms' storage timeout: one dial attempt per connection, a dial
-// timeout of the storage timeout, context deadlines honoured.
-func newClient(t *testing.T, addrs []string, cluster bool) redis.UniversalClient {
+// timeout of the storage timeout, context deadlines honoured; and, when
+// pipelined, read and write timeouts of the storage timeout, as with
+// IDEMPOTENCY_REDIS_AUTO_PIPELINE (the storm then sends through
+// idempotency.NewStoreClient).
+func newClient(t *testing.T, addrs []string, cluster, pipelined bool) redis.UniversalClient {
 	t.Helper()
 	s := idempotency.DefaultSettings()
-	s.StorageTimeout, s.Lease = storageTimeout, lease
+	s.StorageTimeout, s.Lease, s.RedisAutoPipeline = storageTimeout, lease, pipelined
 	if cluster {
 		s.RedisClusterAddrs = addrs
 	} else {
@@ -273,6 +276,11 @@ type scenario struct {
 	// reservations go through the fence script, and checkFences checks
 	// their fences.
 	fenced bool
+	// autoPipeline sends the store's commands through what
+	// IDEMPOTENCY_REDIS_AUTO_PIPELINE gives the store
+	// (idempotency.NewStoreClient over go-redis's AutoPipeliner); the
+	// backend builds its client for it.
+	autoPipeline bool
 }
 
 func (sc scenario) name() string {
@@ -282,6 +290,9 @@ func (sc scenario) name() string {
 	}
 	if sc.fenced {
 		name = "fenced/" + name
+	}
+	if sc.autoPipeline {
+		name = "autopipeline/" + name
 	}
 	if sc.label != "" {
 		name = sc.label + "/" + name
@@ -330,7 +341,16 @@ func runStorm(t *testing.T, lv level, sc scenario, b backend, env *faultEnv) *ou
 			t.Fatal(err)
 		}
 	}
-	var store coordinator.Store = redisrepo.New(client, redisrepo.WithKeyPrefix(prefix))
+	var rc redisrepo.Client = client
+	if sc.autoPipeline {
+		ps := idempotency.DefaultSettings()
+		ps.StorageTimeout, ps.Lease, ps.RedisAutoPipeline = storageTimeout, lease, true
+		var err error
+		if rc, err = idempotency.NewStoreClient(ps, client); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var store coordinator.Store = redisrepo.New(rc, redisrepo.WithKeyPrefix(prefix))
 	if sc.wrap != nil {
 		store = sc.wrap(store.(*redisrepo.Store))
 	}
