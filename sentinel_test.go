@@ -18,6 +18,7 @@ import (
 	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/internal/redistest"
+	"github.com/idemkit/idempotency/redisrepo"
 )
 
 // sentinelSettings returns the default settings with Sentinel set, and url
@@ -121,6 +122,21 @@ func TestModuleOnSentinel(t *testing.T) {
 	}
 	direct := redis.NewClient(&redis.Options{Addr: master})
 	defer direct.Close()
+	// On a busy machine the first call's completion can miss the storage
+	// timeout and be saved in the background after Do has returned: the
+	// record must be completed on the master before WAIT, or the failover
+	// may lose the completion, and the key run again, as documented.
+	onMaster := redisrepo.New(direct, redisrepo.WithKeyPrefix(prefix))
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		rec, err := onMaster.Get(t.Context(), coordinator.Key{Operation: first.Operation, Key: first.Key})
+		if err == nil && rec.State == coordinator.StateCompleted {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the first call's record is not completed on the master 10s after the call: state %v, %v; logged: %v", rec.State, err, logs.FilterLoggerName("idempotency").All())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	// The record is on the replica before the failover: a failover may lose
 	// what had not reached it (docs/architecture.md).
 	if n, err := direct.Wait(t.Context(), 1, 5000).Result(); err != nil || n != 1 {
@@ -139,7 +155,7 @@ func TestModuleOnSentinel(t *testing.T) {
 		got, err := coordinator.Do(t.Context(), c, first, charge(&runs))
 		if err == nil {
 			if got != want || runs.Load() != 1 {
-				t.Fatalf("after the failover: %q, %d runs; want the replay of %q, 1 run", got, runs.Load(), want)
+				t.Fatalf("after the failover: %q, %d runs; want the replay of %q, 1 run; logged: %v", got, runs.Load(), want, logs.FilterLoggerName("idempotency").All())
 			}
 			break
 		}
