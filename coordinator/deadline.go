@@ -44,7 +44,8 @@ func newDeadlines(d time.Duration) *deadlines {
 // may take.
 func (ds *deadlines) at(now time.Time) *deadline {
 	due := now.Add(ds.timeout)
-	if cur := ds.cur.Load(); cur.covers(due, ds.tick) {
+	cur := ds.cur.Load()
+	if cur.covers(due, ds.tick) {
 		return cur
 	}
 	end := due
@@ -52,7 +53,7 @@ func (ds *deadlines) at(now time.Time) *deadline {
 		end = due.Add(ds.tick - time.Duration(r))
 	}
 	d := &deadline{at: end, done: make(chan struct{})}
-	if cur := ds.cur.Load(); !ds.cur.CompareAndSwap(cur, d) {
+	if !ds.cur.CompareAndSwap(cur, d) {
 		if won := ds.cur.Load(); won.covers(due, ds.tick) {
 			return won
 		}
