@@ -36,9 +36,26 @@ func streamEnv(t *testing.T) (*redis.Client, string) {
 // waitFor polls cond until it holds, failing the test after 10s.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); {
+	eventually(t, func() error {
+		if cond() {
+			return nil
+		}
+		return errors.New("timed out waiting for " + what)
+	})
+}
+
+// eventually polls check until it returns nil, failing the test after 10s
+// with check's last error, so that the message says what was seen at the end.
+func eventually(t *testing.T, check func() error) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := check()
+		if err == nil {
+			return
+		}
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
+			t.Fatalf("after 10s: %v", err)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}

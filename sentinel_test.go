@@ -1,6 +1,7 @@
 package idempotency_test
 
 import (
+	"fmt"
 	"reflect"
 	"strings"
 	"sync/atomic"
@@ -127,16 +128,13 @@ func TestModuleOnSentinel(t *testing.T) {
 	// record must be completed on the master before WAIT, or the failover
 	// may lose the completion, and the key run again, as documented.
 	onMaster := redisrepo.New(direct, redisrepo.WithKeyPrefix(prefix))
-	for deadline := time.Now().Add(10 * time.Second); ; {
+	eventually(t, func() error {
 		rec, err := onMaster.Get(t.Context(), coordinator.Key{Operation: first.Operation, Key: first.Key})
 		if err == nil && rec.State == coordinator.StateCompleted {
-			break
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the first call's record is not completed on the master 10s after the call: state %v, %v; logged: %v", rec.State, err, logs.FilterLoggerName("idempotency").All())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return fmt.Errorf("the first call's record is not completed on the master: state %v, %v; logged: %v", rec.State, err, logs.FilterLoggerName("idempotency").All())
+	})
 	// The record is on the replica before the failover: a failover may lose
 	// what had not reached it (docs/architecture.md).
 	if n, err := direct.Wait(t.Context(), 1, 5000).Result(); err != nil || n != 1 {
@@ -150,19 +148,16 @@ func TestModuleOnSentinel(t *testing.T) {
 	// The client learns of the switch from the sentinel's +switch-master;
 	// until then a call may meet the former master, now a read-only
 	// replica, and fail (raise): retried here until it answers.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		got, err := coordinator.Do(t.Context(), c, first, charge(&runs))
-		if err == nil {
-			if got != want || runs.Load() != 1 {
-				t.Fatalf("after the failover: %q, %d runs; want the replay of %q, 1 run; logged: %v", got, runs.Load(), want, logs.FilterLoggerName("idempotency").All())
-			}
-			break
+	var got string
+	eventually(t, func() error {
+		var err error
+		if got, err = coordinator.Do(t.Context(), c, first, charge(&runs)); err != nil {
+			return fmt.Errorf("no call succeeds after the failover to %s: %w", promoted, err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no call succeeds 10s after the failover to %s: %v", promoted, err)
-		}
-		time.Sleep(20 * time.Millisecond)
+		return nil
+	})
+	if got != want || runs.Load() != 1 {
+		t.Fatalf("after the failover: %q, %d runs; want the replay of %q, 1 run; logged: %v", got, runs.Load(), want, logs.FilterLoggerName("idempotency").All())
 	}
 	if _, err := coordinator.Do(t.Context(), c, coordinator.Call{Operation: "payment.charge", Key: "after-failover"}, charge(&runs)); err != nil {
 		t.Fatal(err)
