@@ -3,15 +3,14 @@
 -- KEYS[1] the record's key
 -- ARGV[1] the record to write, format 2
 -- ARGV[2] time to live in milliseconds
--- ARGV[3] "1" when ARGV[1] is a pending record (ARGV[2] is then a lease)
--- ARGV[4] the token of the pending record Reserve met, as given
+-- ARGV[3] the token of the pending record Reserve met, as given
 -- Writes ARGV[1] when the key is absent, or holds a pending record of either
--- format with token ARGV[4] that is wedged, and returns 1. Else it returns
+-- format with token ARGV[3] that is wedged, and returns 1. Else it returns
 -- what is there as reserve.lua does: the STRING, or {state, token,
 -- fingerprint, result, pttl} as load reads it.
 local key = KEYS[1]
 local st, r = load(key, true)
-if st == ABSENT or (st == PENDING and r.token == ARGV[4] and wedged(key, ARGV[2], ARGV[3] == '1')) then
+if st == ABSENT or (st == PENDING and r.token == ARGV[3] and wedged(key)) then
   redis.call('SET', key, ARGV[1], 'PX', ARGV[2])
   return 1
 end

@@ -23,12 +23,12 @@ if t == 'string' then
   if st == PENDING and r.token == ARGV[6] then
     return {v, tonumber(redis.call('GET', KEYS[2]) or '0')}
   end
-  if (st == PENDING and not wedged(key, ARGV[2], true)) or (st ~= PENDING and (ARGV[3] ~= '1' or r.token ~= ARGV[4])) then
+  if (st == PENDING and not wedged(key)) or (st ~= PENDING and (ARGV[3] ~= '1' or r.token ~= ARGV[4])) then
     return v
   end
 elseif t ~= 'none' then
   local st, r = load(key, true)
-  if (st == PENDING and not wedged(key, ARGV[2], true)) or (st ~= PENDING and (ARGV[3] ~= '1' or r.token ~= ARGV[5])) then
+  if (st == PENDING and not wedged(key)) or (st ~= PENDING and (ARGV[3] ~= '1' or r.token ~= ARGV[5])) then
     return {st, r.token, r.fp, r.result, pttl(key)}
   end
 end

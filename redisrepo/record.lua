@@ -141,20 +141,13 @@ local function pttl(key)
   return ms
 end
 
--- WEDGE_LEASES is how many of the meeting caller's leases a pending
--- record's time to live may be before it counts as wedged: instances that
--- share keys may run with leases up to that many times apart (a rolling
--- deploy that raises the lease) without taking over each other's live
--- holders.
-local WEDGE_LEASES = 10
-
 -- wedged reports whether the pending record at key is abandoned: it has no
--- expiry (an operator's PERSIST, a restore), or, when lease is true, a time
--- to live longer than WEDGE_LEASES times ttl, the lease of the caller that
--- meets it. No holder renews its lease past its length, so such a record
--- would be waited on for ever (or for far longer than a lease): it is taken
--- over instead.
-local function wedged(key, ttl, lease)
-  local ms = redis.call('PTTL', key)
-  return ms == -1 or (lease and ms > WEDGE_LEASES * tonumber(ttl))
+-- expiry at all (an operator's PERSIST, a restore without a TTL). That is
+-- the only evidence a record gives that its holder is gone, and so the only
+-- rule: a live holder's record always expires (its reservation and each
+-- renewal set the expiry), and how long it has left says nothing, since
+-- another process may run with another lease. A caller's own lease never
+-- decides it.
+local function wedged(key)
+  return redis.call('PTTL', key) == -1
 end

@@ -6,7 +6,6 @@
 -- ARGV[3] token of the record to replace, as format 2 stores it ("" for an
 --         unreadable record)
 -- ARGV[4] the same token as given, as format 1 stores it
--- ARGV[5] "1" when ARGV[1] is a pending record (ARGV[2] is then a lease)
 -- Writes ARGV[1] when the key is absent, or holds a record that is not
 -- pending and has token ARGV[3] (format 2) or ARGV[4] (format 1), or
 -- something unreadable and the token is "", or a wedged pending record (see
@@ -18,12 +17,12 @@ local t = keytype(key)
 if t == 'string' then
   local v = redis.call('GET', key)
   local st, r = parse2(v)
-  if (st == PENDING and not wedged(key, ARGV[2], ARGV[5] == '1')) or (st ~= PENDING and r.token ~= ARGV[3]) then
+  if (st == PENDING and not wedged(key)) or (st ~= PENDING and r.token ~= ARGV[3]) then
     return v
   end
 elseif t ~= 'none' then
   local st, r = load(key, true)
-  if (st == PENDING and not wedged(key, ARGV[2], ARGV[5] == '1')) or (st ~= PENDING and r.token ~= ARGV[4]) then
+  if (st == PENDING and not wedged(key)) or (st ~= PENDING and r.token ~= ARGV[4]) then
     return {st, r.token, r.fp, r.result, pttl(key)}
   end
 end

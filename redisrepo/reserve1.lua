@@ -14,7 +14,7 @@
 local key = KEYS[1]
 local st, r = load(key, true)
 if st ~= ABSENT then
-  local abandoned = st == PENDING and wedged(key, ARGV[5], ARGV[1] == 'pending')
+  local abandoned = st == PENDING and wedged(key)
   if not abandoned and (ARGV[6] ~= '1' or st == PENDING or r.token ~= ARGV[7]) then
     return {st, r.token, r.fp, r.result, pttl(key)}
   end

@@ -46,6 +46,7 @@ type Store struct {
 	channel string                     // the wake-up channel, or its prefix when sharded; see Watch
 	sharded bool                       // Redis Cluster: sharded Pub/Sub, a channel per slot
 	waiters *waiters
+	seen    *sightings // the pending records Reserve met: see abandon
 }
 
 var _ coordinator.Store = (*Store)(nil)
@@ -66,6 +67,7 @@ func New(client Client, opts ...Option) *Store {
 	s.channel = wakeChannelPrefix + s.prefix
 	_, s.sharded = client.(*redis.ClusterClient)
 	s.waiters = newWaiters(s)
+	s.seen = newSightings()
 	return s
 }
 
@@ -147,7 +149,7 @@ func (s *Store) Reserve(ctx context.Context, key coordinator.Key, w coordinator.
 			rec, err := s.legacy(ctx, coordinator.MethodReserve, rkey)
 			if err == nil && rec.State == coordinator.StatePending {
 				return reserveReply(abandon1Script.Run(ctx, s.client, []string{rkey},
-					val, ttl, leaseArg(w), rec.Token).Result())
+					val, ttl, rec.Token).Result())
 			}
 			return rec, false, err
 		case isReplyError(err, "ERR syntax error"): // a server before Redis 7.0
@@ -161,46 +163,39 @@ func (s *Store) Reserve(ctx context.Context, key coordinator.Key, w coordinator.
 			return coordinator.Record{}, true, nil
 		}
 		rec := decodeValue(v)
-		if rec.State == coordinator.StatePending {
+		if rec.State == coordinator.StatePending && s.seen.due(c.key, rec.Token, w.TTL) {
 			return s.abandon(ctx, c, rec, w, ttl)
 		}
 		return rec, false, nil
 	}
 	return reserveReply(reserveScript.Run(ctx, s.client, []string{rkey},
-		val, ttl, storedToken(w.ReplaceToken), w.ReplaceToken, leaseArg(w)).Result())
+		val, ttl, storedToken(w.ReplaceToken), w.ReplaceToken).Result())
 }
 
-// abandon is Reserve after it met rec, a pending record under c's key: it
-// writes c's value (w, encoded) over it if it is wedged, with no expiry or,
-// when w is a reservation, a time to live longer than ten of w's leases
-// (abandon.lua, or abandon1.lua for a format 1 HASH), and else returns what
-// is there. It is the one step of a collision that a replay and a first run
-// never pay: a pending record that nothing expires is never waited on for
-// ever.
+// abandon is Reserve after it met rec, a pending record under c's key, that
+// it met before at least one interval ago (see sightings): it writes c's
+// value (w, encoded) over it if it is wedged, with no expiry at all
+// (abandon.lua), and else returns what is there. A pending record that
+// nothing expires is thus never waited on for ever, and the check costs a
+// collision nothing until it has met the same record for an interval: the
+// common collision (a retry while the first call still runs) pays one round
+// trip. The check is opportunistic: when it fails, Reserve returns rec, as
+// it would have without it.
 func (s *Store) abandon(ctx context.Context, c *command, rec coordinator.Record, w coordinator.Write, ttl int64) (coordinator.Record, bool, error) {
 	a := &command{key: c.key, val: c.val}
 	a.setToken(rec.Token)
-	a.add(argEvalSha, abandonScript.sha, argOneKey, &a.key, &a.val, s.boxed(ttl, w.State == coordinator.StatePending), leaseArg(w), &a.token)
+	a.add(argEvalSha, abandonScript.sha, argOneKey, &a.key, &a.val, s.boxed(ttl, w.State == coordinator.StatePending), &a.token)
 	v, found, err := s.bulk(ctx, a.list()...)
 	switch {
 	case errors.Is(err, errWrongType): // a format 1 HASH since
 		rec, err := s.legacy(ctx, coordinator.MethodReserve, a.key)
 		return rec, false, err
 	case err != nil:
-		return coordinator.Record{}, false, storageError(coordinator.MethodReserve, err)
+		return rec, false, nil
 	case !found:
 		return coordinator.Record{}, true, nil
 	}
 	return decodeValue(v), false, nil
-}
-
-// leaseArg tells abandon.lua and reserve.lua whether w is a reservation,
-// whose time to live is a lease.
-func leaseArg(w coordinator.Write) string {
-	if w.State == coordinator.StatePending {
-		return argReplace
-	}
-	return argNoReplace
 }
 
 // readRefused is Reserve after Redis refused its write with refused: it
