@@ -106,6 +106,25 @@ func step(state, input, output any) []any {
 		return []any{s, ""}
 	}
 	switch {
+	case out.class == errKilled:
+		// The process died while the call ran: if its action made its
+		// effect, its result may have been committed or not.
+		switch {
+		case !out.ran:
+			return []any{s}
+		case s == "":
+			return []any{in.own, ""}
+		case out.protected:
+			return nil // it ran under a reservation while a result was committed
+		}
+		return []any{s}
+	case out.class == errNotReplayable:
+		// A result is committed that cannot be replayed (the model does not
+		// tell which).
+		if s != "" && !out.ran {
+			return []any{s}
+		}
+		return nil
 	case out.failed:
 		if out.ran {
 			return nil // an error after the action made its effect
@@ -194,7 +213,7 @@ func (h *history) operations() []porcupine.Operation {
 		out := opOutput{value: c.value, failed: c.class != okValue, class: c.class, ran: c.ran, protected: c.protected, mayLose: c.protected && c.lossCause() != ""}
 		ops = append(ops, porcupine.Operation{
 			ClientId: c.client,
-			Input:    opInput{pkey: c.pkey(), kind: opCall, own: c.own, runMode: h.inFlight == coordinator.InFlightRun},
+			Input:    opInput{pkey: c.pkey(), kind: opCall, own: c.own, runMode: h.inFlightOf(c) == coordinator.InFlightRun},
 			Call:     c.start,
 			Output:   out,
 			Return:   c.end,
@@ -344,7 +363,8 @@ func constraining(ops []porcupine.Operation) []porcupine.Operation {
 	out := ops[:0:0]
 	for _, op := range ops {
 		in, res := op.Input.(opInput), op.Output.(opOutput)
-		if in.kind == opCall && res.failed && !res.ran {
+		// ErrNotReplayable says a result is committed: it constrains.
+		if in.kind == opCall && res.failed && !res.ran && res.class != errNotReplayable {
 			continue
 		}
 		out = append(out, op)
@@ -435,7 +455,7 @@ func (h *history) checkCall(r *report, c *call, byID map[int]*call) {
 	if c.panicked != nil {
 		bad("Do panicked: %v", c.panicked)
 	}
-	if limit := cmp.Or(h.hangLimit, hangLimit); lat > limit {
+	if limit := cmp.Or(h.hangLimit, hangLimit); lat > limit && c.class != errKilled {
 		bad("took %v (hang limit %v)", lat, limit)
 	}
 	switch c.class {
@@ -446,26 +466,26 @@ func (h *history) checkCall(r *report, c *call, byID map[int]*call) {
 	case errStorage:
 		// The final reads have a coordinator of their own, in modes wait
 		// and raise, and retry a storage error or ErrInProgress.
-		if h.onError != coordinator.OnStorageErrorRaise && !c.final {
-			bad("*StorageError in on-storage-error mode %s: %v", h.onError, c.err)
+		if h.onErrorOf(c) != coordinator.OnStorageErrorRaise && !c.final {
+			bad("*StorageError in on-storage-error mode %s: %v", h.onErrorOf(c), c.err)
 		}
 	case errInProgress:
 		// Mode raise at once, mode wait past the wait bound; mode run
 		// never waits.
-		if h.inFlight == coordinator.InFlightRun && !c.final {
+		if h.inFlightOf(c) == coordinator.InFlightRun && !c.final {
 			bad("ErrInProgress in in-flight mode run: %v", c.err)
 		}
 	}
-	if c.class != okValue && c.ran {
+	if c.class != okValue && c.class != errKilled && c.ran {
 		bad("returned %v after its action made its effect", c.err)
 	}
 	if c.ran && c.value == c.own && c.protected && c.token == "" {
 		bad("ran under a reservation without a token")
 	}
-	if h.unprotectedRun(c) && !c.unprotected.Load() {
-		bad("ran without a reservation in in-flight mode %s, and no unprotected event was reported", h.inFlight)
+	if h.unprotectedRun(c) && !c.unprotected.Load() && c.class != errKilled {
+		bad("ran without a reservation in in-flight mode %s, and no unprotected event was reported", h.inFlightOf(c))
 	}
-	if c.unprotected.Load() && h.onError == coordinator.OnStorageErrorRaise {
+	if c.unprotected.Load() && h.onErrorOf(c) == coordinator.OnStorageErrorRaise {
 		bad("ran unprotected in on-storage-error mode raise")
 	}
 	if c.unprotected.Load() && c.protected {
@@ -534,12 +554,17 @@ const (
 	// fired with no renewal confirmed, or a renewal or the completion found
 	// the key gone): a holder cut off from the store for its lease.
 	reasonLeaseLost = "lease lost: no renewal confirmed for the lease, the record may have expired"
+	// reasonKilled: the holder's process was killed (kill -9) before its
+	// completion reached Redis: its reservation expired after its lease.
+	reasonKilled = "killed: the holder's process was killed before its completion reached Redis"
 )
 
 // lossCause returns why the coordinator reported that c's result may not be
 // kept, "" when it reported nothing of the kind.
 func (c *call) lossCause() string {
 	switch {
+	case c.class == errKilled:
+		return reasonKilled
 	case c.saveGivenUp.Load():
 		return reasonSaveGivenUp
 	case c.leaseLost.Load():
@@ -646,7 +671,7 @@ func (h *history) runKind(c *call) string {
 func (h *history) extraReason(pkey string, e, prev *call, earlier []*call) (string, bool) {
 	switch {
 	case h.unprotectedRun(e):
-		return reasonUnprotected, h.onError == coordinator.OnStorageErrorRun
+		return reasonUnprotected, h.onErrorOf(e) == coordinator.OnStorageErrorRun
 	case h.runMode(e):
 		return reasonRunMode, true
 	}
@@ -705,6 +730,8 @@ func shortReason(reason string) string {
 		return "save-given-up"
 	case reasonLeaseLost:
 		return "lease-lost"
+	case reasonKilled:
+		return "killed"
 	}
 	return reason
 }

@@ -60,6 +60,13 @@ func buildHistory(inFlight coordinator.InFlightMode, onError coordinator.OnStora
 		case "final-storage-error": // retried by the final reader
 			c.final = true
 			c.class = errStorage
+		case "killed-ran": // its process was killed after the effect
+			ran(true)
+			c.class = errKilled
+		case "killed": // its process was killed before the action ran
+			c.class = errKilled
+		case "not-replayable":
+			c.class = errNotReplayable
 		}
 		c.value = c.own
 		if hc.ret != 0 {
@@ -108,6 +115,24 @@ func TestChecker(t *testing.T) {
 			{id: 2, key: "a", start: 20, end: 21, how: "final-storage-error"},
 			{id: 3, key: "a", start: 30, end: 31, how: "final-replay", ret: 1},
 		}), true, "", ""},
+		{"a run after its holder's process was killed", buildHistory(wait, eRun, []hcall{
+			{id: 1, key: "a", start: 0, end: 10, how: "killed-ran"},
+			{id: 2, key: "a", start: 2, end: 10, how: "killed"},
+			{id: 3, key: "a", start: 20, end: 30, how: "reserved"},
+			{id: 4, key: "a", start: 40, end: 41, how: "final-replay", ret: 3},
+		}), true, "", reasonKilled},
+		{"a killed holder's run while another's was committed", buildHistory(wait, eRun, []hcall{
+			{id: 1, key: "a", start: 0, end: 10, how: "reserved"},
+			{id: 2, key: "a", start: 20, end: 30, how: "killed-ran"},
+		}), false, "not linearizable", ""},
+		{"a not-replayable record after a run", buildHistory(wait, eRun, []hcall{
+			{id: 1, key: "a", start: 0, end: 10, how: "reserved"},
+			{id: 2, key: "a", start: 20, end: 30, how: "not-replayable"},
+		}), true, "", ""},
+		{"a not-replayable record before any run", buildHistory(wait, eRun, []hcall{
+			{id: 1, key: "a", start: 0, end: 5, how: "not-replayable"},
+			{id: 2, key: "a", start: 10, end: 20, how: "reserved"},
+		}), false, "not linearizable", ""},
 		{"a second reserved run", buildHistory(wait, eRaise, []hcall{
 			{id: 1, key: "a", start: 0, end: 10, how: "reserved"},
 			{id: 2, key: "a", start: 20, end: 30, how: "reserved"},

@@ -42,9 +42,15 @@ const (
 	errContext
 	// errOther: anything else. Never expected.
 	errOther
+	// errNotReplayable: ErrNotReplayable (the key's result was too large to
+	// keep for the process that ran it: a fleet with mixed limits).
+	errNotReplayable
+	// errKilled: the call never returned: its process was killed (kill -9)
+	// while it ran. Its end is the moment the process was gone.
+	errKilled
 )
 
-var errClassNames = [...]string{"value", "in_progress", "storage", "key_reuse", "lease_lost", "context", "other"}
+var errClassNames = [...]string{"value", "in_progress", "storage", "key_reuse", "lease_lost", "context", "other", "not_replayable", "killed"}
 
 func (c errClass) String() string { return errClassNames[c] }
 
@@ -61,6 +67,8 @@ func classify(err error) errClass {
 		return errKeyReuse
 	case errors.Is(err, coordinator.ErrLeaseLost):
 		return errLeaseLost
+	case errors.Is(err, coordinator.ErrNotReplayable):
+		return errNotReplayable
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
 		return errContext
 	}
@@ -83,6 +91,9 @@ type call struct {
 	class    errClass
 	err      error
 	panicked any // what Do panicked with, if it did
+	// modes, when set, are the modes of the process that made the call (a
+	// fleet storm's processes differ); else the history's.
+	modes *modes
 
 	// Set by the action, on the caller's goroutine.
 	invoked   bool   // the action was called
@@ -136,7 +147,23 @@ func (c *call) pkey() string { return c.op + ":" + c.key }
 // because the in-flight mode is run, the store up (an unprotected run in
 // mode run is unprotectedRun).
 func (h *history) runMode(c *call) bool {
-	return c.ran && !c.protected && h.inFlight == coordinator.InFlightRun && !c.unprotected.Load()
+	return c.ran && !c.protected && h.inFlightOf(c) == coordinator.InFlightRun && !c.unprotected.Load()
+}
+
+// inFlightOf returns the in-flight mode of the process that made c.
+func (h *history) inFlightOf(c *call) coordinator.InFlightMode {
+	if c.modes != nil {
+		return c.modes.inFlight
+	}
+	return h.inFlight
+}
+
+// onErrorOf returns the on-storage-error mode of the process that made c.
+func (h *history) onErrorOf(c *call) coordinator.OnStorageErrorMode {
+	if c.modes != nil {
+		return c.modes.onError
+	}
+	return h.onError
 }
 
 // unprotectedRun reports whether the call's action ran without a reservation
@@ -144,7 +171,7 @@ func (h *history) runMode(c *call) bool {
 // reported it unprotected), or without one in in-flight mode wait or raise
 // at all.
 func (h *history) unprotectedRun(c *call) bool {
-	return c.ran && !c.protected && (h.inFlight != coordinator.InFlightRun || c.unprotected.Load())
+	return c.ran && !c.protected && (h.inFlightOf(c) != coordinator.InFlightRun || c.unprotected.Load())
 }
 
 // value returns the value the action of call id on (op, key, fp) produces:
