@@ -491,12 +491,12 @@ func (f *fleet) replace(w *worker, graceful bool, name string, bin fleetBinary, 
 // fleetSpec is one fleet storm: the workers' first configurations, and what
 // each is replaced with during the storm, in order.
 type fleetSpec struct {
-	name    string
-	common  map[string]string
-	before  []fleetConf // the workers at the start, one each
-	after   []fleetConf // what the deploy replaces them with, in turn
-	big     int         // see caller's bigEvery
-	hang    time.Duration // the history's hang limit
+	name   string
+	common map[string]string
+	before []fleetConf   // the workers at the start, one each
+	after  []fleetConf   // what the deploy replaces them with, in turn
+	big    int           // see caller's bigEvery
+	hang   time.Duration // the history's hang limit
 	// readers read every key after the storm, one worker each, before this
 	// release's own final reads: every completed key must replay on every
 	// release.
