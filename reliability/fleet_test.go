@@ -44,7 +44,17 @@ type fleetBinary struct {
 var (
 	fleetBuildMu sync.Mutex
 	fleetBuilt   = map[string]fleetBinary{}
+	fleetBinDir  string // the binaries' folder, removed after the tests
 )
+
+// removeFleetBinaries removes the worker binaries built by this test binary.
+func removeFleetBinaries() {
+	fleetBuildMu.Lock()
+	defer fleetBuildMu.Unlock()
+	if fleetBinDir != "" {
+		_ = os.RemoveAll(fleetBinDir)
+	}
+}
 
 // buildFleetWorker builds reliability/fleetworker from this checkout (commit
 // "") or from commit of this repository's history (its files as they were,
@@ -60,18 +70,27 @@ func buildFleetWorker(t *testing.T, commit string) fleetBinary {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := os.TempDir()
+	if fleetBinDir == "" {
+		if fleetBinDir, err = os.MkdirTemp("", "idemkit-fleet-bin-"); err != nil {
+			t.Fatal(err)
+		}
+	}
 	src, release := root, "this checkout"
 	if commit != "" {
-		src = filepath.Join(dir, "idemkit-fleet-"+commit)
+		// The commit's files, kept between runs (a commit never changes);
+		// extracted into a fresh folder and renamed into place, so that an
+		// interrupted extraction is never taken for a whole one.
+		src = filepath.Join(os.TempDir(), "idemkit-fleet-"+commit)
 		if _, err := os.Stat(filepath.Join(src, "go.mod")); err != nil {
-			if err := os.MkdirAll(src, 0o755); err != nil {
+			tmp, err := os.MkdirTemp("", "idemkit-fleet-src-")
+			if err != nil {
 				t.Fatal(err)
 			}
+			defer os.RemoveAll(tmp)
 			// git archive: the commit's files, without touching the
 			// repository (no worktree, no checkout).
 			archive := exec.Command("git", "-C", root, "archive", "--format=tar", commit)
-			untar := exec.Command("tar", "-x", "-C", src)
+			untar := exec.Command("tar", "-x", "-C", tmp)
 			pipe, err := archive.StdoutPipe()
 			if err != nil {
 				t.Fatal(err)
@@ -88,6 +107,10 @@ func buildFleetWorker(t *testing.T, commit string) fleetBinary {
 			if err := untar.Wait(); err != nil {
 				t.Fatalf("untar %s: %v: %s", commit, err, uerr.String())
 			}
+			_ = os.RemoveAll(src) // an interrupted extraction's leftovers
+			if err := os.Rename(tmp, src); err != nil {
+				t.Fatal(err)
+			}
 		}
 		main, err := os.ReadFile(filepath.Join(root, "reliability", "fleetworker", "main.go"))
 		if err != nil {
@@ -101,7 +124,7 @@ func buildFleetWorker(t *testing.T, commit string) fleetBinary {
 		}
 		release = "commit " + commit
 	}
-	bin := filepath.Join(dir, fmt.Sprintf("idemkit-fleetworker-%d-%s", os.Getpid(), cmpOr(commit, "head")))
+	bin := filepath.Join(fleetBinDir, "fleetworker-"+cmpOr(commit, "head"))
 	build := exec.Command("go", "build", "-race", "-o", bin, "./reliability/fleetworker")
 	build.Dir = src
 	if outp, err := build.CombinedOutput(); err != nil {
@@ -501,6 +524,10 @@ type fleetSpec struct {
 	// release's own final reads: every completed key must replay on every
 	// release.
 	readers []fleetConf
+	// boundary: the storm crosses a boundary the docs say a fleet must not
+	// (another key prefix): runFleet reports what the checker found
+	// instead of failing on it.
+	boundary bool
 }
 
 // fleetConf is one worker's release and environment.
@@ -579,6 +606,9 @@ func runFleet(t *testing.T, lv level, spec fleetSpec, addr string) *report {
 	h := &history{inFlight: coordinator.InFlightWait, onError: coordinator.OnStorageErrorRun, calls: f.calls, effects: f.effects, hangLimit: spec.hang}
 	r := h.check()
 	t.Logf("%s: %s; events %s", spec.name, r.summary(), formatCounts(f.counts))
+	if spec.boundary {
+		return r
+	}
 	for _, s := range r.failures() {
 		t.Error(s)
 	}
@@ -847,4 +877,31 @@ func TestFleetUpgrade(t *testing.T) {
 			runFleet(t, lv, spec, fleetRedis(t))
 		})
 	}
+}
+
+// TestFleetKeyPrefix shows that the key prefix is a hard boundary: a deploy
+// that changes IDEMPOTENCY_KEY_PREFIX makes the new processes blind to the
+// records of the old ones, so keys held or completed under the old prefix
+// run again under the new one (and the results of the old prefix are never
+// replayed by the new processes). The storm expects those second runs: it
+// fails if there are none, since then it would not show the boundary.
+func TestFleetKeyPrefix(t *testing.T) {
+	lv := suiteLevel(t)
+	if lv != levelFull {
+		t.Skip("the key prefix storm runs in the full suite")
+	}
+	bin := buildFleetWorker(t, "")
+	common, hang := fleetTimings(false)
+	spec := fleetSpec{name: "key_prefix", common: common, hang: hang, boundary: true}
+	for range fleetWorkers {
+		spec.before = append(spec.before, fleetConf{bin: bin})
+	}
+	for range fleetWorkers + 1 {
+		spec.after = append(spec.after, fleetConf{bin: bin, env: map[string]string{"IDEMPOTENCY_KEY_PREFIX": "fleet:other:"}})
+	}
+	r := runFleet(t, lv, spec, fleetRedis(t))
+	if len(r.notAllowed) == 0 && len(r.illegalKeys) == 0 {
+		t.Fatalf("no key ran twice across two key prefixes: the storm did not show the boundary")
+	}
+	t.Logf("across the prefix change: %d keys ran a second time, %d keys' histories not linearizable", len(r.notAllowed), len(r.illegalKeys))
 }

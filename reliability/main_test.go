@@ -26,7 +26,15 @@ var ignoreProbe = goleak.IgnoreAnyFunction("github.com/redis/go-redis/v9/interna
 func TestMain(m *testing.M) {
 	// go-redis logs every failed dial; the storms' faults make thousands.
 	redis.SetLogger(quiet{})
-	goleak.VerifyTestMain(redistest.Main(m), ignoreProbe)
+	goleak.VerifyTestMain(cleanFleet{redistest.Main(m)}, ignoreProbe)
+}
+
+// cleanFleet removes the fleet storms' worker binaries after the tests.
+type cleanFleet struct{ m goleak.TestingM }
+
+func (c cleanFleet) Run() int {
+	defer removeFleetBinaries()
+	return c.m.Run()
 }
 
 // quiet is a go-redis logger that says nothing.

@@ -50,6 +50,31 @@ func testReserveExistingPending(t *testing.T, e *env) {
 	e.check("Get after the refused Reserves", e.get(key), record(first), 0)
 }
 
+// testReserveExistingPendingShorterLease: a pending record is a live
+// holder's whatever the writer's own lease: a writer whose lease is a
+// hundredth of the holder's (a process of a fleet in the middle of a deploy
+// that raised the lease) gets the record back and writes nothing, however
+// often it meets it.
+func testReserveExistingPendingShorterLease(t *testing.T, e *env) {
+	key := e.key("reserve-existing-pending-shorter-lease")
+	first := pending(token(), "fp-1", longTTL)
+	e.mustReserve(key, first)
+	for range 3 {
+		for _, w := range []coordinator.Write{
+			pending(token(), "fp-1", longTTL/100),
+			pending(token(), "fp-2", longTTL/100),
+			completed(token(), "fp-1", []byte("second"), longTTL/100),
+		} {
+			existing, ok := e.reserve(key, w)
+			if ok {
+				t.Fatalf("Reserve(%s) of a %s write with TTL %v over a pending record with TTL %v: written = true, want false", key, w.State, w.TTL, first.TTL)
+			}
+			e.check("record returned by Reserve", existing, record(first), 0)
+		}
+	}
+	e.check("Get after the refused Reserves", e.get(key), record(first), 0)
+}
+
 func testReserveExistingCompleted(t *testing.T, e *env) {
 	key := e.key("reserve-existing-completed")
 	first := completed(token(), "fp-1", []byte("first"), lease)

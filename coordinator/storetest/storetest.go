@@ -107,6 +107,7 @@ var groups = []group{
 		{"AbsentWritesCompleted", false, testReserveAbsentCompleted},
 		{"EmptyFingerprint", false, testReserveEmptyFingerprint},
 		{"ExistingPendingIsReturned", false, testReserveExistingPending},
+		{"ExistingPendingWhateverTheWritersLease", false, testReserveExistingPendingShorterLease},
 		{"ExistingCompletedIsReturned", false, testReserveExistingCompleted},
 		{"ExistingUnreadableIsReturned", true, testReserveExistingUnreadable},
 		{"WriteCompletedIfAbsent", false, testReserveWriteCompletedIfAbsent},
