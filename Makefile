@@ -41,7 +41,7 @@ test:
 # scenario's figures. IDEMPOTENCY_TEST_RELIABILITY_REPORT=file appends them to
 # file, tab-separated; IDEMPOTENCY_TEST_RELIABILITY_SEED replays a storm's keys.
 test-reliability:
-	IDEMPOTENCY_TEST_RELIABILITY=full $(GO) test -race -count=1 -timeout 60m -v ./reliability/
+	IDEMPOTENCY_TEST_RELIABILITY=full $(GO) test -race -count=1 -timeout 90m -v ./reliability/
 
 test-reliability-short:
 	IDEMPOTENCY_TEST_RELIABILITY=short $(GO) test -race -count=1 -timeout 20m ./reliability/

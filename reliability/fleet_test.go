@@ -578,7 +578,7 @@ func runFleet(t *testing.T, lv level, spec fleetSpec, addr string) *report {
 	// SIGTERM and by kill -9.
 	restartEvery := 700 * time.Millisecond
 	if lv == levelFull {
-		restartEvery = 2 * time.Second
+		restartEvery = 1500 * time.Millisecond
 	}
 	time.Sleep(restartEvery)
 	for i, c := range spec.after {
