@@ -35,8 +35,11 @@ import (
 // every query option of RedisURL apply to every node, its host is ignored,
 // and its database must be 0 (a cluster has no other). With Sentinel they
 // apply to the master the sentinels name, the database too, and the host is
-// ignored; the client follows the sentinels' failovers. The
-// client fails fast when Redis is down (one dial attempt per connection)
+// ignored; the client follows the sentinels' failovers. A cluster client
+// rides through a resharding: a command that meets MOVED, ASK, TRYAGAIN or
+// CLUSTERDOWN past go-redis's own redirections, or a refused connection,
+// is sent again until its context's deadline (redisrepo.AddClusterRetry).
+// The client fails fast when Redis is down (one dial attempt per connection)
 // and honours context deadlines (ContextTimeoutEnabled), so the storage
 // timeout bounds every call; its dial timeout is the lease within
 // [IDEMPOTENCY_STORAGE_TIMEOUT, 5s], for the background saves (dialTimeout).
@@ -89,7 +92,13 @@ func NewRedisClient(s Settings) (redis.UniversalClient, error) {
 	}
 	switch top {
 	case topologyCluster:
-		return redis.NewClusterClient(clusterOptions(opts, s.RedisClusterAddrs)), nil
+		c := redis.NewClusterClient(clusterOptions(opts, s.RedisClusterAddrs))
+		// A resharding is not an outage: go-redis follows MOVED and ASK a
+		// few times only, which a slot in flight outlasts (issue 34).
+		// First, so that a circuit breaker added later sees one result
+		// per call.
+		redisrepo.AddClusterRetry(c)
+		return c, nil
 	case topologySentinel:
 		if errs := s.sentinelErrors(); len(errs) > 0 {
 			// The sentinel variables' own checks (Validate's): go-redis

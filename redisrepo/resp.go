@@ -21,14 +21,19 @@ var errWrongType = errors.New("redisrepo: WRONGTYPE")
 // spends some twenty allocations deciding whether to retry it, on every
 // first run. An error reply is returned as errWrongType, as a replyErr when
 // it is final (see final), or else sent again as a parsed command, so that
-// go-redis follows a cluster redirection (MOVED,
-// ASK) or retries what it retries (LOADING, TRYAGAIN...), and returns what
-// that gives. An EVALSHA of a hot script that meets NOSCRIPT is sent again
-// as an EVAL of its text (see hotScript). The string aliases the reply, which has no other user.
+// go-redis follows a cluster redirection (MOVED, ASK, with ASKING) or
+// retries what it retries (LOADING, TRYAGAIN...), and returns what that
+// gives; a resharding reply that outlasts go-redis's tries, or a refused
+// connection on a cluster, is ridden through (see rideThrough). An EVALSHA
+// of a hot script that meets NOSCRIPT is sent again as an EVAL of its text
+// (see hotScript). The string aliases the reply, which has no other user.
 func (s *Store) bulk(ctx context.Context, args ...any) (v []byte, found bool, err error) {
 	raw := redis.NewRawCmd(ctx, args...)
 	_ = s.client.Process(ctx, raw)
 	if err := raw.Err(); err != nil {
+		if clusterRetry(s.client, err) { // a removed node's address: never sent
+			return s.parsed(ctx, args)
+		}
 		return nil, false, err
 	}
 	b := raw.Val()
@@ -62,6 +67,12 @@ func (s *Store) bulk(ctx context.Context, args ...any) (v []byte, found bool, er
 		if final(b[1:]) {
 			return nil, false, replyErr(b[1 : len(b)-2])
 		}
+		if r, ok := s.client.(reloader); ok && bytes.HasPrefix(b[1:], []byte("MOVED ")) {
+			// go-redis does not see a raw reply's MOVED, so it would not
+			// reload its stale slot map, and every call on the slot would
+			// pay this second round trip until the periodic reload.
+			r.ReloadState(ctx)
+		}
 		return s.parsed(ctx, args)
 	default:
 		return nil, false, fmt.Errorf("redisrepo: unexpected reply %q", b)
@@ -69,15 +80,16 @@ func (s *Store) bulk(ctx context.Context, args ...any) (v []byte, found bool, er
 }
 
 // parsed sends args as a parsed command: the slow path of bulk, after an
-// error reply.
+// error reply. It rides through a resharding (see Store.process): go-redis
+// follows a redirection a few times only, and a raw reply not at all.
 func (s *Store) parsed(ctx context.Context, args []any) ([]byte, bool, error) {
 	cmd := redis.NewCmd(ctx, args...)
-	_ = s.client.Process(ctx, cmd)
+	_ = s.process(ctx, cmd)
 	v, err := cmd.Result()
 	if isReplyError(err, "NOSCRIPT") {
 		if e := evalArgs(args); e[0] == argEval { // redirected to a server that lacks the script
 			cmd = redis.NewCmd(ctx, e...)
-			_ = s.client.Process(ctx, cmd)
+			_ = s.process(ctx, cmd)
 			v, err = cmd.Result()
 		}
 	}

@@ -390,14 +390,15 @@ func (s *Store) owner1(ctx context.Context, m coordinator.Method, key coordinato
 }
 
 // owner runs c, one of the scripts that act only for the owner of a pending
-// record, with EVALSHA, and whole with EVAL after NOSCRIPT (see hotScript).
+// record, with EVALSHA, and whole with EVAL after NOSCRIPT (see hotScript),
+// riding through a resharding (see Store.process).
 func (s *Store) owner(ctx context.Context, m coordinator.Method, c *command) (bool, error) {
 	cmd := redis.NewCmd(ctx, c.list()...)
-	_ = s.client.Process(ctx, cmd)
+	_ = s.process(ctx, cmd)
 	v, err := cmd.Result()
 	if isReplyError(err, "NOSCRIPT") {
 		cmd = redis.NewCmd(ctx, evalArgs(c.list())...)
-		_ = s.client.Process(ctx, cmd)
+		_ = s.process(ctx, cmd)
 		v, err = cmd.Result()
 	}
 	return ownerReply(m, v, err)

@@ -183,7 +183,9 @@ func (w *waiters) closeIdle(channel string, sub *subscription) {
 // run subscribes, then delivers each announced key to its waiters until quit.
 // When the subscription breaks, every waiter is woken (a message may have
 // been lost: they read again), and go-redis subscribes again at the next
-// receive.
+// receive. When the node drops a sharded subscription because the slot
+// moved (a resharding), run subscribes again, after w.sleep, on the slot's
+// new owner; the waiters poll meanwhile.
 //
 // Every step runs on a context that quit cancels, so that a connection that
 // hangs (a dial, a node that does not answer) ends with the subscription.
@@ -209,27 +211,51 @@ func (w *waiters) run(channel string, open func(context.Context) *redis.PubSub, 
 		}
 	}()
 	defer closer.Wait()
-	p := open(ctx) // dials: may hang until quit
-	mu.Lock()
-	ps = p
-	if quit {
-		_ = ps.Close()
+	subscribe := func() {
+		p := open(ctx) // dials: may hang until quit
+		mu.Lock()
+		ps = p
+		if quit {
+			_ = ps.Close()
+		}
+		mu.Unlock()
 	}
-	mu.Unlock()
+	subscribe()
 	for {
 		msg, err := ps.Receive(ctx)
+		moved := resharding(err)
 		switch m := msg.(type) {
 		case *redis.Message:
 			w.wake(m.Payload)
 			continue
 		case *redis.Subscription:
-			w.wakeAll(channel)
-			continue
+			if m.Kind != "sunsubscribe" {
+				w.wakeAll(channel)
+				continue
+			}
+			// We never unsubscribe: the node did, as Redis does to the
+			// subscribers of a slot's sharded channels when the slot
+			// moves to another node (a resharding). go-redis keeps the
+			// connection to that node, deaf: subscribe again, where the
+			// slot lives now.
+			moved = true
 		case *redis.Pong:
 			continue
 		}
-		if err == nil {
+		if err == nil && !moved {
 			continue
+		}
+		if moved {
+			// The slot lives elsewhere now (the node's sunsubscribe, or
+			// its MOVED answer to a subscription sent on a stale slot
+			// map): let the client reload its map while we pause, then
+			// subscribe anew, on the slot's owner.
+			if r, ok := w.s.client.(reloader); ok {
+				r.ReloadState(ctx)
+			}
+			mu.Lock()
+			_ = ps.Close()
+			mu.Unlock()
 		}
 		t := time.NewTimer(w.sleep)
 		select {
@@ -244,6 +270,9 @@ func (w *waiters) run(channel string, open func(context.Context) *redis.PubSub, 
 			t.Stop()
 			return
 		case <-t.C:
+		}
+		if moved {
+			subscribe()
 		}
 	}
 }

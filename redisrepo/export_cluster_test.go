@@ -1,0 +1,7 @@
+package redisrepo
+
+// The retry of a resharding, for cluster_unit_test.go.
+var (
+	RideThrough  = rideThrough
+	ClusterRetry = clusterRetry
+)

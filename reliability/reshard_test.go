@@ -1,0 +1,278 @@
+//go:build linux
+
+package reliability_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/internal/redistest"
+	"github.com/idemkit/idempotency/redisrepo"
+)
+
+// Resharding a Redis Cluster under traffic (issue 34). While the CLI moves
+// slots (reshard, add-node + rebalance, reshard away + del-node), the nodes
+// answer MOVED (a stale slot map), ASK (a slot in migration), TRYAGAIN and
+// CLUSTERDOWN (a slot handed over), and a removed node refuses connections.
+// None of that is an outage: every store call must ride through it within
+// its storage timeout. Before the fix (go-redis's redirect loop of three
+// tries, the raw path's one re-send), storms logged storage errors for these
+// replies, and with IDEMPOTENCY_ON_STORAGE_ERROR=run keys ran twice.
+
+// reshardStorm sizes a reshard storm.
+type reshardStorm struct {
+	callers int
+	keys    int           // key space; Zipf-drawn, so a few keys are hot
+	warmup  time.Duration // traffic before the first operation
+	after   time.Duration // traffic after the last
+	rounds  int           // how many times the three operations run
+	slots   int           // slots of the first reshard
+}
+
+func reshardConfig(lv level) reshardStorm {
+	c := reshardStorm{callers: 32, keys: 1000, warmup: 500 * time.Millisecond, after: 500 * time.Millisecond, rounds: 1, slots: 1000}
+	if lv == levelFull {
+		c.warmup, c.after, c.rounds, c.slots = 2*time.Second, 2*time.Second, 3, 3000
+	}
+	return c
+}
+
+// TestReshardUnderTraffic runs two coordinators, on two clients built as
+// idempotency.NewRedisClient builds them, with the module's circuit breaker
+// (one of them auto-pipelined, as IDEMPOTENCY_REDIS_AUTO_PIPELINE), that
+// share keys, while the cluster is
+// resharded, grown and shrunk. It counts every run of every key, a run
+// under the storage-error fallback included, and every storage error the
+// coordinators report: a resharding must cost none.
+func TestReshardUnderTraffic(t *testing.T) {
+	lv := suiteLevel(t)
+	// The short suite runs the default mode (a resharding is some 40s under
+	// -race, mostly redis-cli's); the full one both.
+	modes := []coordinator.OnStorageErrorMode{coordinator.OnStorageErrorRun}
+	if lv == levelFull {
+		modes = append(modes, coordinator.OnStorageErrorRaise)
+	}
+	for _, mode := range modes {
+		t.Run("onerror="+mode.String(), func(t *testing.T) {
+			runReshardStorm(t, lv, mode)
+		})
+	}
+}
+
+// reshardObserver counts the coordinators' storage errors and unprotected
+// runs, and keeps a few of the errors.
+type reshardObserver struct {
+	errors      atomic.Int64
+	unprotected atomic.Int64
+	mu          sync.Mutex
+	samples     map[string]int // by error type and message, with the port numbers masked
+}
+
+// as returns an observer that counts into o and labels its samples with
+// name, the coordinator's.
+func (o *reshardObserver) as(name string) coordinator.Observer {
+	return coordinator.ObserverFunc(func(ctx context.Context, e coordinator.Event) { o.observe(name, e) })
+}
+
+func (o *reshardObserver) observe(name string, e coordinator.Event) {
+	switch {
+	case e.Kind == coordinator.EventUnprotected:
+		o.unprotected.Add(1)
+	case e.Kind == coordinator.EventError && strings.HasPrefix(string(e.ErrorType), "storage_"):
+		o.errors.Add(1)
+		msg := name + " " + string(e.ErrorType) + ": " + maskNumbers(fmt.Sprint(e.Err))
+		o.mu.Lock()
+		o.samples[msg]++
+		o.mu.Unlock()
+	}
+}
+
+// maskNumbers replaces the digits of s by "N", so that errors that differ
+// only in a slot or a port count as one.
+func maskNumbers(s string) string {
+	var b strings.Builder
+	digits := false
+	for _, r := range s {
+		if r >= '0' && r <= '9' {
+			if !digits {
+				b.WriteByte('N')
+			}
+			digits = true
+			continue
+		}
+		digits = false
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+func runReshardStorm(t *testing.T, lv level, mode coordinator.OnStorageErrorMode) {
+	cfg := reshardConfig(lv)
+	cl := redistest.NewCluster(t, 3)
+	prefix := "reshard:" + strconv.FormatUint(rand.Uint64()%1e9, 36) + ":"
+	obs := &reshardObserver{samples: map[string]int{}}
+
+	var coords []*coordinator.Coordinator
+	for i := range 2 {
+		s := idempotency.DefaultSettings()
+		s.RedisClusterAddrs = cl.Addrs()
+		s.RedisAutoPipeline = i == 1
+		client, err := idempotency.NewRedisClient(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer client.Close()
+		// The module's circuit breaker, as Module adds it: a node removed
+		// from the cluster opens its breaker, and that must not fail
+		// calls either.
+		if err := idempotency.AddBreaker(client, s, nil); err != nil {
+			t.Fatal(err)
+		}
+		sc, err := idempotency.NewStoreClient(s, client)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := coordinator.New(redisrepo.New(sc, redisrepo.WithKeyPrefix(prefix)),
+			coordinator.WithStorageTimeout(s.StorageTimeout), coordinator.WithOnStorageError(mode), coordinator.WithObserver(obs.as([]string{"plain", "auto-pipelined"}[i])))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		coords = append(coords, c)
+	}
+
+	var (
+		mu      sync.Mutex
+		runs    = map[string]int{}    // by key: every run of its action
+		answers = map[string]string{} // by key: the value every call got
+		calls   atomic.Int64
+		refused atomic.Int64 // calls that got ErrStorage
+		other   atomic.Int64 // calls that got any other error
+		wrong   atomic.Int64 // calls whose value is not the key's one value
+		errs    = map[string]int{}
+	)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var once sync.Once
+	end := func() { once.Do(func() { close(stop); wg.Wait() }) }
+	defer end() // a failed operation ends the test: stop the callers first
+	seed := rand.Uint64()
+	t.Logf("seed %d", seed)
+	for i := range cfg.callers {
+		wg.Go(func() {
+			r := rand.New(rand.NewPCG(seed, uint64(i)))
+			z := rand.NewZipf(r, 1.1, 1, uint64(cfg.keys-1))
+			c := coords[i%len(coords)]
+			for n := 0; ; n++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				key := "k" + strconv.FormatUint(z.Uint64(), 10)
+				own := key + "/" + strconv.Itoa(i) + "/" + strconv.Itoa(n)
+				v, err := coordinator.Do(context.Background(), c, coordinator.Call{Operation: "reshard", Key: key},
+					func(ctx context.Context) (string, error) {
+						mu.Lock()
+						runs[key]++
+						mu.Unlock()
+						if d := time.Duration(r.IntN(3)) * time.Millisecond; d > 0 {
+							time.Sleep(d)
+						}
+						return own, nil
+					})
+				calls.Add(1)
+				switch {
+				case errors.Is(err, coordinator.ErrStorage):
+					refused.Add(1)
+				case err != nil:
+					other.Add(1)
+					mu.Lock()
+					errs[maskNumbers(err.Error())]++
+					mu.Unlock()
+				default:
+					mu.Lock()
+					if first, ok := answers[key]; !ok {
+						answers[key] = v
+					} else if first != v {
+						wrong.Add(1)
+					}
+					mu.Unlock()
+				}
+			}
+		})
+	}
+
+	start := time.Now()
+	time.Sleep(cfg.warmup)
+	for round := range cfg.rounds {
+		nodes := cl.Nodes()
+		a, b := nodes[0], nodes[1]
+		t0 := time.Now()
+		cl.Reshard(t, a, b, min(cfg.slots, cl.Slots(t, a)))
+		t.Logf("round %d: reshard of %d slots %s -> %s took %v", round, cfg.slots, a.Addr(), b.Addr(), time.Since(t0).Round(time.Millisecond))
+		t0 = time.Now()
+		added := cl.AddMaster(t)
+		cl.Rebalance(t)
+		t.Logf("round %d: add-node %s + rebalance took %v (%d slots on it)", round, added.Addr(), time.Since(t0).Round(time.Millisecond), cl.Slots(t, added))
+		t0 = time.Now()
+		victim := cl.Nodes()[0] // an original master: the first round removes one of the create's
+		to := cl.Nodes()[1]
+		cl.Remove(t, victim, to)
+		t.Logf("round %d: reshard away + del-node of %s took %v", round, victim.Addr(), time.Since(t0).Round(time.Millisecond))
+		// The removed node lives on for a while, reset: a client that
+		// still knows it may ask it, and then it is shut down.
+		time.Sleep(time.Second)
+		cl.Kill(victim)
+	}
+	time.Sleep(cfg.after)
+	end()
+	took := time.Since(start)
+
+	twice := 0
+	var sample []string
+	for key, n := range runs {
+		if n > 1 {
+			twice++
+			if len(sample) < 5 {
+				sample = append(sample, fmt.Sprintf("%s ran %d times", key, n))
+			}
+		}
+	}
+	t.Logf("%d calls on %d keys in %v (%d nodes at the end); %d keys ran twice or more; %d storage errors reported, %d unprotected runs; %d calls refused (ErrStorage), %d other errors, %d wrong values",
+		calls.Load(), len(runs), took.Round(time.Millisecond), len(cl.Nodes()), twice, obs.errors.Load(), obs.unprotected.Load(), refused.Load(), other.Load(), wrong.Load())
+	for msg, n := range obs.samples {
+		t.Logf("  %5d × %s", n, msg)
+	}
+	for msg, n := range errs {
+		t.Logf("  %5d × call error %s", n, msg)
+	}
+	if twice > 0 {
+		t.Errorf("%d keys ran more than once, e.g. %v", twice, sample)
+	}
+	if n := obs.errors.Load(); n > 0 {
+		t.Errorf("%d storage errors reported during the resharding: want none", n)
+	}
+	if n := obs.unprotected.Load(); n > 0 {
+		t.Errorf("%d actions ran unprotected", n)
+	}
+	if n := refused.Load(); n > 0 {
+		t.Errorf("%d calls refused with ErrStorage", n)
+	}
+	if n := other.Load() + wrong.Load(); n > 0 {
+		t.Errorf("%d calls neither a first run nor a replay of it", n)
+	}
+	if calls.Load() < int64(cfg.callers) {
+		t.Errorf("only %d calls", calls.Load())
+	}
+}
