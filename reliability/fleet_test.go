@@ -631,20 +631,12 @@ func (f *fleet) finalReadsVia(conf fleetConf) {
 		env[k] = v
 	}
 	w := f.start("reader", conf.bin, env)
-	targets := f.targets()
-	var wg sync.WaitGroup
-	for r := range finalReaders {
-		wg.Go(func() {
-			rnd := rand.New(rand.NewPCG(f.cfg.seed, uint64(2000+r)))
-			for i := r; i < len(targets); i += finalReaders {
-				tg := targets[i]
-				c := f.newCall(f.cfg.callers+finalReaders+r, tg.op, tg.key, tg.fp, true)
-				c.maxAction = 0
-				f.send(c, rnd)
-			}
-		})
-	}
-	wg.Wait()
+	readAll(f.cfg.seed, f.cfg.callers+finalReaders, f.targets(), func(client int, r *rand.Rand, tg readTarget) *call {
+		c := f.newCall(client, tg.op, tg.key, tg.fp, true)
+		c.maxAction = 0
+		f.send(c, r)
+		return c.call
+	})
 	w.mu.Lock()
 	w.open = false
 	w.mu.Unlock()
@@ -655,28 +647,11 @@ func (f *fleet) finalReadsVia(conf fleetConf) {
 	f.mu.Unlock()
 }
 
-// readTarget is a key to read after a storm, with the fingerprint to read it
-// with: none for opReuse, whose two fingerprints race.
-type readTarget struct{ op, key, fp string }
-
 // targets returns every key the storm's calls used, once each.
 func (f *fleet) targets() []readTarget {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	seen := map[string]bool{}
-	var out []readTarget
-	for _, cl := range f.calls {
-		if cl.final || seen[cl.pkey()] {
-			continue
-		}
-		seen[cl.pkey()] = true
-		fp := cl.fp
-		if cl.op == opReuse {
-			fp = ""
-		}
-		out = append(out, readTarget{cl.op, cl.key, fp})
-	}
-	return out
+	return targetsOf(f.calls)
 }
 
 func (f *fleet) liveWorkers() []*worker {
@@ -702,26 +677,10 @@ func (f *fleet) finalReads(t *testing.T, addr, prefix string) {
 	defer c.Close()
 	s := &storm{cfg: f.cfg, base: time.Unix(0, f.base), coord: c, obs: &observer{}, effect: map[string]int64{}}
 	s.calls = make([][]*call, f.cfg.callers+finalReaders)
-	targets := f.targets()
 	s.nextID.Store(int64(f.nextID))
-	var wg sync.WaitGroup
-	for w := range finalReaders {
-		wg.Go(func() {
-			r := rand.New(rand.NewPCG(f.cfg.seed, uint64(1000+w)))
-			for i := w; i < len(targets); i += finalReaders {
-				tg := targets[i]
-				deadline := time.Now().Add(10 * time.Second)
-				for {
-					cl := s.do(c, f.cfg.callers+w, r, tg.op, tg.key, tg.fp, true)
-					if retry := cl.class == errStorage || cl.class == errInProgress; !retry || time.Now().After(deadline) {
-						break
-					}
-					time.Sleep(50 * time.Millisecond)
-				}
-			}
-		})
-	}
-	wg.Wait()
+	readAll(f.cfg.seed, f.cfg.callers, f.targets(), func(client int, r *rand.Rand, tg readTarget) *call {
+		return s.do(c, client, r, tg.op, tg.key, tg.fp, true)
+	})
 	for _, cs := range s.calls {
 		f.calls = append(f.calls, cs...)
 	}

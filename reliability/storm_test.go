@@ -465,38 +465,59 @@ func (s *storm) finalReads(t *testing.T, b backend, prefix string) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	type target struct{ op, key, fp string }
-	seen := map[string]bool{}
-	var targets []target
+	var all []*call
 	for _, cs := range s.calls {
-		for _, cl := range cs {
-			if !seen[cl.pkey()] {
-				seen[cl.pkey()] = true
-				fp := cl.fp
-				if cl.op == opReuse {
-					fp = "" // no fingerprint: replays whichever was stored
-				}
-				targets = append(targets, target{cl.op, cl.key, fp})
-			}
-		}
+		all = append(all, cs...)
 	}
-	slices.SortFunc(targets, func(a, b target) int {
+	readAll(s.cfg.seed, s.cfg.callers, targetsOf(all), func(client int, r *rand.Rand, tg readTarget) *call {
+		return s.do(c, client, r, tg.op, tg.key, tg.fp, true)
+	})
+}
+
+// readTarget is a key to read after a storm, with the fingerprint to read it
+// with: none for opReuse, whose two fingerprints race, so that the read
+// replays whichever was stored.
+type readTarget struct{ op, key, fp string }
+
+// targetsOf returns every key that calls (final reads aside) used, once
+// each, sorted.
+func targetsOf(calls []*call) []readTarget {
+	seen := map[string]bool{}
+	var targets []readTarget
+	for _, cl := range calls {
+		if cl.final || seen[cl.pkey()] {
+			continue
+		}
+		seen[cl.pkey()] = true
+		fp := cl.fp
+		if cl.op == opReuse {
+			fp = ""
+		}
+		targets = append(targets, readTarget{cl.op, cl.key, fp})
+	}
+	slices.SortFunc(targets, func(a, b readTarget) int {
 		if a.op != b.op {
 			return compareStrings(a.op, b.op)
 		}
 		return compareStrings(a.key, b.key)
 	})
+	return targets
+}
+
+// readAll reads every target with finalReaders readers at once (reader w is
+// client firstClient+w) through read, which makes and records one call; a
+// read that failed with a storage error or ErrInProgress (the store still
+// recovering, a holder killed) is made again for up to 10s.
+func readAll(seed uint64, firstClient int, targets []readTarget, read func(client int, r *rand.Rand, tg readTarget) *call) {
 	var wg sync.WaitGroup
 	for w := range finalReaders {
 		wg.Go(func() {
-			r := rand.New(rand.NewPCG(s.cfg.seed, uint64(1000+w)))
+			r := rand.New(rand.NewPCG(seed, uint64(1000+firstClient+w)))
 			for i := w; i < len(targets); i += finalReaders {
-				tg := targets[i]
 				deadline := time.Now().Add(10 * time.Second)
 				for {
-					cl := s.do(c, s.cfg.callers+w, r, tg.op, tg.key, tg.fp, true)
-					retry := cl.class == errStorage || cl.class == errInProgress
-					if !retry || time.Now().After(deadline) {
+					cl := read(firstClient+w, r, targets[i])
+					if retry := cl.class == errStorage || cl.class == errInProgress; !retry || time.Now().After(deadline) {
 						break
 					}
 					time.Sleep(50 * time.Millisecond)
