@@ -57,6 +57,17 @@ func startServer(dir string, port int, extra ...string) (*proc, error) {
 // spawn starts one server (redis-server, or EnvServer's) and waits for it to
 // answer PING.
 func spawn(dir string, port int, extra []string) (*proc, error) {
+	bin, err := serverPath()
+	if err != nil {
+		return nil, err
+	}
+	return spawnBinary(bin, dir, port, extra)
+}
+
+// spawnBinary starts the server binary bin in dir on port, with the
+// arguments of every server of this package and then extra, and waits for
+// it to answer PING.
+func spawnBinary(bin, dir string, port int, extra []string) (*proc, error) {
 	logPath := filepath.Join(dir, "redis-"+strconv.Itoa(port)+".log")
 	args := append([]string{
 		"--port", strconv.Itoa(port),
@@ -69,10 +80,6 @@ func spawn(dir string, port int, extra []string) (*proc, error) {
 		// DEBUG unless it is enabled).
 		"--enable-debug-command", "local",
 	}, extra...)
-	bin, err := serverPath()
-	if err != nil {
-		return nil, err
-	}
 	return startProc(exec.Command(bin, args...), dir, port, logPath, filepath.Base(bin))
 }
 

@@ -126,32 +126,8 @@ func (s *Sentinel) Failover(ctx context.Context) (FailoverResult, error) {
 	if err != nil {
 		return FailoverResult{}, err
 	}
-	c := s.client()
-	defer c.Close()
-	sub := c.Subscribe(ctx, "+switch-master")
-	defer sub.Close()
-	if _, err := sub.Receive(ctx); err != nil { // the subscription's confirmation
-		return FailoverResult{}, fmt.Errorf("SUBSCRIBE +switch-master: %w", err)
-	}
-	if err := c.Failover(ctx, SentinelMaster).Err(); err != nil {
-		return FailoverResult{}, fmt.Errorf("SENTINEL FAILOVER: %w", err)
-	}
-	var res FailoverResult
-	select {
-	case <-sub.Channel():
-		res.Announced = time.Now()
-	case <-ctx.Done():
-		return FailoverResult{}, fmt.Errorf("no +switch-master from the sentinel: %w", ctx.Err())
-	}
-	for {
-		if res.Master, err = s.Master(ctx); err == nil && res.Master != before {
-			break
-		}
-		if err := sleep(ctx, 10*time.Millisecond); err != nil {
-			return FailoverResult{}, fmt.Errorf("the sentinel still names %s as the master: %w", before, err)
-		}
-	}
-	if err := waitRole(ctx, res.Master, "master"); err != nil {
+	res, err := s.Promote(ctx)
+	if err != nil {
 		return FailoverResult{}, err
 	}
 	if err := waitReplicaInSync(ctx, before); err != nil {
@@ -195,6 +171,15 @@ func (s *Sentinel) waitReplicaKnown(ctx context.Context) error {
 // EnvServer's: valkey-server takes --sentinel too) in sentinel mode in dir, on a
 // free port, monitoring the master at masterAddr with a quorum of 1.
 func startSentinelProcess(dir, masterAddr string) (*proc, error) {
+	bin, err := serverPath()
+	if err != nil {
+		return nil, err
+	}
+	return startSentinelWith(bin, dir, masterAddr)
+}
+
+// startSentinelWith is startSentinelProcess with the server binary bin.
+func startSentinelWith(bin, dir, masterAddr string) (*proc, error) {
 	port, err := freePort(false)
 	if err != nil {
 		return nil, err
@@ -210,10 +195,6 @@ func startSentinelProcess(dir, masterAddr string) (*proc, error) {
 		"sentinel failover-timeout %s 5000\n",
 		port, dir, logPath, SentinelMaster, host, masterPort, SentinelMaster, SentinelMaster)
 	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
-		return nil, err
-	}
-	bin, err := serverPath()
-	if err != nil {
 		return nil, err
 	}
 	return startProc(exec.Command(bin, conf, "--sentinel"), dir, port, logPath, filepath.Base(bin)+" --sentinel")
