@@ -3,6 +3,7 @@ package redisrepo
 import (
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -13,17 +14,20 @@ import (
 // interval of the last check, costs no second round trip. The interval only
 // decides when to look; whether a record is wedged is decided on the server
 // by the record alone (it has no expiry), never by this process's lease.
+//
+// Many callers meet one hot key at once (a burst of retries): a meeting that
+// is not due reads without a lock.
 type sightings struct {
-	mu  sync.Mutex
-	m   map[string]sighting
+	m   sync.Map     // Redis key → *sighting
+	n   atomic.Int64 // entries in m, about
 	now func() time.Time
 }
 
 // sighting is a pending record met under a key: its token, and when it was
-// first met or last checked.
+// first met or last checked (now's Unix nanoseconds).
 type sighting struct {
 	token string
-	since time.Time
+	since atomic.Int64
 }
 
 // maxSightings bounds the memory of sightings: when it is full, it forgets
@@ -36,29 +40,33 @@ const maxSightings = 4096
 const maxCheckEvery = 30 * time.Second
 
 func newSightings() *sightings {
-	return &sightings{m: make(map[string]sighting), now: time.Now}
+	return &sightings{now: time.Now}
 }
 
 // due reports whether Reserve, having met the pending record with token
 // under rkey, should check it for an expiry now: it has met that record
 // before, every (at most maxCheckEvery) or longer ago, and not checked it
-// since. Otherwise it notes the meeting and reports false.
+// since. Otherwise it notes the meeting and reports false. Of callers that
+// find one record due at once, one is told so.
 func (g *sightings) due(rkey, token string, every time.Duration) bool {
 	every = min(every, maxCheckEvery)
-	now := g.now()
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if s, ok := g.m[rkey]; ok && s.token == token {
-		if now.Sub(s.since) < every {
-			return false
+	now := g.now().UnixNano()
+	if v, ok := g.m.Load(rkey); ok {
+		s := v.(*sighting)
+		if s.token == token {
+			since := s.since.Load()
+			return now-since >= int64(every) && s.since.CompareAndSwap(since, now)
 		}
-		g.m[rkey] = sighting{token: s.token, since: now}
-		return true
 	}
-	if len(g.m) >= maxSightings {
-		clear(g.m)
+	if g.n.Load() >= maxSightings {
+		g.m.Clear()
+		g.n.Store(0)
 	}
 	// rkey and token alias a command's buffer and a reply: keep copies.
-	g.m[strings.Clone(rkey)] = sighting{token: strings.Clone(token), since: now}
+	s := &sighting{token: strings.Clone(token)}
+	s.since.Store(now)
+	if _, loaded := g.m.Swap(strings.Clone(rkey), s); !loaded {
+		g.n.Add(1)
+	}
 	return false
 }
