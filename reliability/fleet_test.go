@@ -198,7 +198,6 @@ type fleet struct {
 	counts  map[string]int
 	nextID  int
 	effects map[string]int64
-	nextW   int
 }
 
 func (f *fleet) now() int64 { return time.Now().UnixNano() - f.base }
