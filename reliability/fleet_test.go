@@ -707,7 +707,9 @@ func fleetTimings(defaultLike bool) (map[string]string, time.Duration) {
 	if defaultLike {
 		return map[string]string{"IDEMPOTENCY_LEASE": "30s", "IDEMPOTENCY_STORAGE_TIMEOUT": "1s", "IDEMPOTENCY_WAIT_TIMEOUT": "3s"}, 10 * time.Second
 	}
-	return map[string]string{"IDEMPOTENCY_LEASE": "2s", "IDEMPOTENCY_STORAGE_TIMEOUT": "200ms"}, 5 * time.Second
+	// The hang limit: four wait bounds, for worker processes built with
+	// -race on a machine that CI may load with busy loops.
+	return map[string]string{"IDEMPOTENCY_LEASE": "2s", "IDEMPOTENCY_STORAGE_TIMEOUT": "200ms"}, 8 * time.Second
 }
 
 // settingChange is a setting an operator changes on a running fleet: the
