@@ -57,7 +57,7 @@ test-reliability-short:
 # IDEMPOTENCY_TEST_REDIS_SERVER instead of redis-server, and the CLI beside it.
 # The first of: beside the checkout, beside its parent, the workplace's
 # shared folder.
-VALKEY_CANDIDATES := $(abspath $(dir $(lastword $(MAKEFILE_LIST)))../shared/tools/build-valkey.sh) $(abspath $(dir $(lastword $(MAKEFILE_LIST)))../../shared/tools/build-valkey.sh) /work/shared/tools/build-valkey.sh
+VALKEY_CANDIDATES := $(abspath $(dir $(lastword $(MAKEFILE_LIST)))../shared/tools/build-valkey.sh) $(abspath $(dir $(lastword $(MAKEFILE_LIST)))../../shared/tools/build-valkey.sh)
 VALKEY_BUILD ?= $(or $(firstword $(wildcard $(VALKEY_CANDIDATES))),$(firstword $(VALKEY_CANDIDATES)))
 VALKEY_DIR ?=
 VALKEY_PACKAGES := ./internal/redistest/ ./redisrepo/... . ./idemconsume/... ./cmd/idemctl/ ./observability/

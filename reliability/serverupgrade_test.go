@@ -42,7 +42,7 @@ const (
 // valkeyBuildCandidates are the Makefile's VALKEY_CANDIDATES, relative to
 // the repository's root (the test runs in reliability/): beside the
 // checkout, beside its parent, the workplace's shared folder.
-var valkeyBuildCandidates = []string{"../../shared/tools/build-valkey.sh", "../../../shared/tools/build-valkey.sh", "/work/shared/tools/build-valkey.sh"}
+var valkeyBuildCandidates = []string{"../../shared/tools/build-valkey.sh", "../../../shared/tools/build-valkey.sh"}
 
 // valkeyBuildTimeout bounds the build script: minutes the first time (3-5
 // on two cores), then it only prints its cache folder.
