@@ -55,8 +55,7 @@ test-reliability-short:
 # cache folder the first time (minutes) and prints the folder; VALKEY_DIR, a
 # folder that holds both, skips it. internal/redistest starts
 # IDEMPOTENCY_TEST_REDIS_SERVER instead of redis-server, and the CLI beside it.
-# The first of: beside the checkout, beside its parent, the workplace's
-# shared folder.
+# The first of: beside the checkout, beside its parent.
 VALKEY_CANDIDATES := $(abspath $(dir $(lastword $(MAKEFILE_LIST)))../shared/tools/build-valkey.sh) $(abspath $(dir $(lastword $(MAKEFILE_LIST)))../../shared/tools/build-valkey.sh)
 VALKEY_BUILD ?= $(or $(firstword $(wildcard $(VALKEY_CANDIDATES))),$(firstword $(VALKEY_CANDIDATES)))
 VALKEY_DIR ?=

@@ -41,7 +41,7 @@ const (
 
 // valkeyBuildCandidates are the Makefile's VALKEY_CANDIDATES, relative to
 // the repository's root (the test runs in reliability/): beside the
-// checkout, beside its parent, the workplace's shared folder.
+// checkout, or beside its parent.
 var valkeyBuildCandidates = []string{"../../shared/tools/build-valkey.sh", "../../../shared/tools/build-valkey.sh"}
 
 // valkeyBuildTimeout bounds the build script: minutes the first time (3-5
