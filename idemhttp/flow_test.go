@@ -287,58 +287,6 @@ func TestAuthChallenge(t *testing.T) {
 	}
 }
 
-// Through a real server: 20 concurrent duplicates run the handler once, and
-// every response is the same.
-func TestConcurrentDuplicates(t *testing.T) {
-	c, _ := newCoordinator(t, coordinator.WithPollInterval(time.Millisecond))
-	var p payments
-	slow := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		time.Sleep(50 * time.Millisecond)
-		p.ServeHTTP(w, r)
-	})
-	srv := httptest.NewServer(route("POST /payments", slow, idemhttp.Middleware(c)))
-	defer srv.Close()
-
-	const n = 20
-	type result struct {
-		status   int
-		body     string
-		replayed bool
-		err      error
-	}
-	results := make(chan result, n)
-	var wg sync.WaitGroup
-	for range n {
-		wg.Go(func() {
-			req, _ := http.NewRequest("POST", srv.URL+"/payments", strings.NewReader(`{"amount":1999}`))
-			req.Header.Set(idemhttp.KeyHeader, `"8e03978e-40d5-43e8-bc93-6894a57f9324"`)
-			resp, err := srv.Client().Do(req)
-			if err != nil {
-				results <- result{err: err}
-				return
-			}
-			defer resp.Body.Close()
-			b, err := io.ReadAll(resp.Body)
-			results <- result{resp.StatusCode, string(b), resp.Header.Get(idemhttp.ReplayedHeader) == "true", err}
-		})
-	}
-	wg.Wait()
-	close(results)
-	replays, bodies := 0, map[string]int{}
-	for r := range results {
-		if r.err != nil || r.status != http.StatusCreated {
-			t.Fatalf("response %d %q: %v", r.status, r.body, r.err)
-		}
-		bodies[r.body]++
-		if r.replayed {
-			replays++
-		}
-	}
-	if p.n() != 1 || len(bodies) != 1 || replays != n-1 {
-		t.Fatalf("handler runs %d, distinct bodies %d, replays %d; want 1, 1, %d", p.n(), len(bodies), replays, n-1)
-	}
-}
-
 func TestPanicReleasesTheKey(t *testing.T) {
 	c, _ := newCoordinator(t)
 	panics := true
