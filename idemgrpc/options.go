@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/idemhttp"
+	"github.com/idemkit/idempotency/internal/protorpc"
 )
 
 // The metadata keys the interceptors speak. gRPC metadata keys are lowercase.
@@ -26,7 +27,7 @@ const (
 // DefaultRetryAfter is the longest retry delay that the RetryInfo of an
 // Aborted (in progress) or Unavailable (store down) refusal advises; see
 // WithRetryAfter.
-const DefaultRetryAfter = time.Second
+const DefaultRetryAfter = protorpc.DefaultRetryAfter
 
 // An Option configures the interceptors; pass options to
 // UnaryServerInterceptor or UnaryClientInterceptor. A nil Option is skipped.
@@ -175,12 +176,7 @@ func WithRetryAfter(d time.Duration) Option {
 // retries must not get the old refusal back. It mirrors idemhttp's
 // DefaultStorePolicy, which stores every status but 429 and 5xx.
 func DefaultStorePolicy(code codes.Code) bool {
-	switch code {
-	case codes.OK, codes.InvalidArgument, codes.NotFound, codes.AlreadyExists,
-		codes.PermissionDenied, codes.FailedPrecondition, codes.OutOfRange:
-		return true
-	}
-	return false
+	return protorpc.DefaultStorePolicy(protorpc.Code(code))
 }
 
 // validate checks the options and fills in the defaults that depend on them.
@@ -199,8 +195,7 @@ func (c *config) validate() error {
 		}
 		c.methodSet = make(map[string]bool, len(c.methods))
 		for _, m := range c.methods {
-			svc, meth, ok := strings.Cut(strings.TrimPrefix(m, "/"), "/")
-			if !strings.HasPrefix(m, "/") || !ok || svc == "" || meth == "" || strings.Contains(meth, "/") {
+			if !protorpc.ValidProcedure(m) {
 				bad("WithMethods", "must name full methods (/service/method), got %q", m)
 			}
 			c.methodSet[m] = true
