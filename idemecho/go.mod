@@ -3,7 +3,7 @@ module github.com/idemkit/idempotency/idemecho
 go 1.26.0
 
 require (
-	github.com/idemkit/idempotency v0.0.0-20261202045957-e19bc16bb6c0
+	github.com/idemkit/idempotency v0.0.0-20261204091553-6d0a4f58b741
 	github.com/labstack/echo/v4 v4.16.5
 	go.uber.org/goleak v1.3.0
 )

@@ -4,4 +4,4 @@ go 1.26.0
 
 replace github.com/idemkit/idempotency => ../..
 
-require github.com/idemkit/idempotency v0.0.0-20261202045957-e19bc16bb6c0
+require github.com/idemkit/idempotency v0.0.0-20261204091553-6d0a4f58b741
