@@ -113,18 +113,28 @@ package main
 import (
 	"fmt"
 
+	"github.com/idemkit/idempotency/idemconnect"
+	"github.com/idemkit/idempotency/idemecho"
+	"github.com/idemkit/idempotency/idemgin"
 	"github.com/idemkit/idempotency/idemgrpc"
 	"github.com/idemkit/idempotency/idemwatermill"
 	"github.com/idemkit/idempotency/observability/mixin"
 )
 
 func main() {
-	fmt.Println(idemgrpc.ContextWithKey, idemwatermill.IsDeadLetter, mixin.DashboardUID)
+	fmt.Println(idemgrpc.ContextWithKey, idemconnect.ContextWithKey, idemgin.Middleware, idemecho.Middleware,
+		idemwatermill.IsDeadLetter, mixin.DashboardUID)
 }
 GO
 	go mod edit -replace github.com/idemkit/idempotency=../idempotency
 	echo ">>> go mod edit -replace github.com/idemkit/idempotency/idemgrpc=../idempotency/idemgrpc"
 	go mod edit -replace github.com/idemkit/idempotency/idemgrpc=../idempotency/idemgrpc
+	echo ">>> go mod edit -replace github.com/idemkit/idempotency/idemconnect=../idempotency/idemconnect"
+	go mod edit -replace github.com/idemkit/idempotency/idemconnect=../idempotency/idemconnect
+	echo ">>> go mod edit -replace github.com/idemkit/idempotency/idemgin=../idempotency/idemgin"
+	go mod edit -replace github.com/idemkit/idempotency/idemgin=../idempotency/idemgin
+	echo ">>> go mod edit -replace github.com/idemkit/idempotency/idemecho=../idempotency/idemecho"
+	go mod edit -replace github.com/idemkit/idempotency/idemecho=../idempotency/idemecho
 	echo ">>> go mod edit -replace github.com/idemkit/idempotency/idemwatermill=../idempotency/idemwatermill"
 	go mod edit -replace github.com/idemkit/idempotency/idemwatermill=../idempotency/idemwatermill
 	echo ">>> go mod edit -replace github.com/idemkit/idempotency/observability/mixin=../idempotency/observability/mixin"

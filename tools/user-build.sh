@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds and vets each published nested module (idemgrpc, observability/mixin)
+# Builds and vets each published nested module (the adapters, the mixin)
 # as a user who requires it resolves it: in a copy without its replace
 # directives, against the version of the core its go.mod requires, which the
 # go command fetches from this repository's git history as it would from
