@@ -25,7 +25,9 @@ import (
 // without the middleware. An error it returns is answered by Echo's
 // HTTPErrorHandler inside the middleware, so that the error response (an
 // *echo.HTTPError's status and message) is what the key stores and replays,
-// as any other response; a panic goes on to Echo's Recover middleware and
+// as any other response; the middleware then returns the error, with the
+// response committed, so that middleware before it (a logger) sees it. A
+// replay returns nil. A panic goes on to Echo's Recover middleware and
 // releases the key. What the next handler writes is buffered, stored and
 // then sent.
 //
@@ -50,11 +52,15 @@ func Middleware(c *coordinator.Coordinator, opts ...idemhttp.Option) echo.Middle
 				// once, by idemhttp, with what was recorded.
 				ec.SetResponse(echo.NewResponse(w, ec.Echo()))
 				defer ec.SetResponse(outer)
-				if err := next(ec); err != nil {
-					ec.Error(err)
+				if passed = next(ec); passed != nil {
+					ec.Error(passed)
 				}
 			}))
 			h.ServeHTTP(outer, routed(ec))
+			// A protected handler's error has been answered (and the
+			// answer written): it goes on up the chain for the loggers and
+			// metrics there, and Echo's error handler, which skips a
+			// committed response, writes nothing more.
 			return passed
 		}
 	}
