@@ -682,7 +682,9 @@ func (h *history) extraReason(pkey string, e, prev *call, earlier []*call) (stri
 	// every run since the last loss window was unreserved (and so stored
 	// best effort).
 	// A protected run is also allowed after runs whose results the
-	// coordinator reported not kept for a cause the docs allow.
+	// coordinator reported not kept for a cause the docs allow, or that a
+	// loss window since they began may have lost (a reserved run inside a
+	// failover's window, followed by unprotected runs after it).
 	since := h.lastWindowBefore(pkey, e.actEnd)
 	reason := reasonAfterUnprot
 	for _, c := range earlier {
@@ -690,6 +692,9 @@ func (h *history) extraReason(pkey string, e, prev *call, earlier []*call) (stri
 			continue
 		}
 		cause := c.lossCause()
+		if w, ok := h.windowBetween(pkey, c.start, e.actEnd); cause == "" && ok {
+			cause = w.reason
+		}
 		if cause == "" {
 			return "", false
 		}

@@ -170,6 +170,17 @@ func TestChecker(t *testing.T) {
 			{id: 2, key: "a", start: 30, end: 35, how: "reserved"},
 			{id: 3, key: "a", start: 50, end: 51, how: "final-replay", ret: 2},
 		}, lossWindow{start: 5 * ms, end: 40 * ms, spans: true, reason: reasonSentinel}), true, "", reasonSentinel},
+		{"a run again after a write lost in a Sentinel failover, and an unprotected run", buildHistory(wait, eRun, []hcall{
+			{id: 1, key: "a", start: 10, end: 20, how: "reserved"},
+			{id: 2, key: "a", start: 42, end: 45, how: "unprotected"},
+			{id: 3, key: "a", start: 43, end: 50, how: "reserved"},
+			{id: 4, key: "a", start: 60, end: 61, how: "final-replay", ret: 3},
+		}, lossWindow{start: 5 * ms, end: 40 * ms, spans: true, reason: reasonSentinel}), true, "", reasonSentinel},
+		{"a run again after a stored write and an unprotected run", buildHistory(wait, eRun, []hcall{
+			{id: 1, key: "a", start: 10, end: 20, how: "reserved"},
+			{id: 2, key: "a", start: 42, end: 45, how: "unprotected"},
+			{id: 3, key: "a", start: 43, end: 50, how: "reserved"},
+		}), false, "extra run not allowed", ""},
 		{"a run again after a Sentinel failover that ended before the write", buildHistory(wait, eRaise, []hcall{
 			{id: 1, key: "a", start: 10, end: 20, how: "reserved"},
 			{id: 2, key: "a", start: 30, end: 35, how: "reserved"},
