@@ -20,13 +20,14 @@ build:
 # own so that the core's users do not get gRPC in their module graph
 # (docs/grpc.md); the Connect, gin and Echo adapters (docs/connect.md,
 # docs/gin.md, docs/echo.md) and the Watermill adapter (docs/consumers.md),
-# for the same reason; the
+# for the same reason; the PostgreSQL store (idempg, package doc), for pgx;
+# the
 # monitoring mixin (dashboard and rules; it requires only
 # the core); and the mixin's checks, a test-only module because they need the
 # Prometheus server module for its PromQL parser (docs/observability.md).
 # Every check below runs in each. A nested module is outside the root's
 # ./..., hence the loops.
-MODULES := . idemgrpc idemconnect idemgin idemecho idemwatermill observability/mixin observability/mixin/mixintest
+MODULES := . idemgrpc idemconnect idemgin idemecho idemwatermill idempg observability/mixin observability/mixin/mixintest
 each = set -e; for m in $(MODULES); do echo ">>> $$m: $(1)"; (cd $$m && $(1)); done
 
 # The README's test command. go test prints a package's line when the package

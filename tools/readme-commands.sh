@@ -117,13 +117,14 @@ import (
 	"github.com/idemkit/idempotency/idemecho"
 	"github.com/idemkit/idempotency/idemgin"
 	"github.com/idemkit/idempotency/idemgrpc"
+	"github.com/idemkit/idempotency/idempg"
 	"github.com/idemkit/idempotency/idemwatermill"
 	"github.com/idemkit/idempotency/observability/mixin"
 )
 
 func main() {
 	fmt.Println(idemgrpc.ContextWithKey, idemconnect.ContextWithKey, idemgin.Middleware, idemecho.Middleware,
-		idemwatermill.IsDeadLetter, mixin.DashboardUID)
+		idemwatermill.IsDeadLetter, idempg.SchemaVersion, mixin.DashboardUID)
 }
 GO
 	go mod edit -replace github.com/idemkit/idempotency=../idempotency
@@ -137,6 +138,8 @@ GO
 	go mod edit -replace github.com/idemkit/idempotency/idemecho=../idempotency/idemecho
 	echo ">>> go mod edit -replace github.com/idemkit/idempotency/idemwatermill=../idempotency/idemwatermill"
 	go mod edit -replace github.com/idemkit/idempotency/idemwatermill=../idempotency/idemwatermill
+	echo ">>> go mod edit -replace github.com/idemkit/idempotency/idempg=../idempotency/idempg"
+	go mod edit -replace github.com/idemkit/idempotency/idempg=../idempotency/idempg
 	echo ">>> go mod edit -replace github.com/idemkit/idempotency/observability/mixin=../idempotency/observability/mixin"
 	go mod edit -replace github.com/idemkit/idempotency/observability/mixin=../idempotency/observability/mixin
 	go mod tidy

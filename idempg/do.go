@@ -1,0 +1,448 @@
+package idempg
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idempotency/coordinator"
+)
+
+// Do runs action exactly once per (call.Operation, call.Key) for the writes
+// it makes through tx, and returns its result to every call with the same
+// key, encoded as JSON in between, as coordinator.Do does: a result stored
+// by Do replays in coordinator.Do over the same Store, and the other way
+// round. DoResult also says whether the result was replayed; DoWithCodec
+// takes another encoding.
+//
+// Do begins a READ COMMITTED transaction, claims the key in it (an INSERT of
+// a pending record that stays uncommitted), runs action with the
+// transaction, writes the completed record in the same transaction and
+// commits. The action's writes and the record commit together or not at
+// all. A concurrent caller with the same key waits on the row's lock for
+// the holder's transaction, then replays what committed or, after a
+// rollback, runs itself.
+//
+// Do returns the action's own error unchanged, after rolling the transaction
+// back (the key is left free: nothing happened); or an error matching
+// coordinator.ErrInvalidRequest when the call is invalid;
+// coordinator.ErrKeyReuse when the key was used for a request with another
+// fingerprint; coordinator.ErrInProgress (a *coordinator.InProgressError)
+// when another caller holds the key and the in-flight mode is raise, or the
+// wait bound (WithWaitTimeout, ctx's deadline) passed; a
+// *coordinator.NotReplayableError for a key whose result could not be kept;
+// ctx's error when ctx ended before the action ran; or a
+// *coordinator.StorageError (coordinator.ErrStorage) when the database
+// failed. A storage error means the transaction did not commit, or, for a
+// COMMIT whose answer was lost, that its outcome is unknown: in every case a
+// retry with the same key is safe, since it replays what committed or runs
+// the action once. There is no "run unprotected" mode: without the database
+// the action's writes cannot happen either, so a storage error never runs
+// the action.
+//
+// The action must not end the transaction: Commit and Rollback of tx return
+// an error and do nothing (tx.Begin makes a savepoint, as usual). It runs
+// with ctx; a ctx that ends before the COMMIT rolls everything back.
+func Do[T any](ctx context.Context, s *Store, call coordinator.Call, action func(ctx context.Context, tx pgx.Tx) (T, error)) (T, error) {
+	res, err := DoWithCodec(ctx, s, call, coordinator.JSONCodec[T]{}, action)
+	return res.Value, err
+}
+
+// DoResult is Do that also reports, in Result.Replayed, whether the value is
+// a stored result rather than this call's own.
+func DoResult[T any](ctx context.Context, s *Store, call coordinator.Call, action func(ctx context.Context, tx pgx.Tx) (T, error)) (coordinator.Result[T], error) {
+	return DoWithCodec(ctx, s, call, coordinator.JSONCodec[T]{}, action)
+}
+
+// DoWithCodec is DoResult with codec in place of JSON. When the action
+// fails, Result.Value is the value it returned with its error. A nil Store,
+// action or codec is an invalid request.
+func DoWithCodec[T any](ctx context.Context, s *Store, call coordinator.Call, codec coordinator.Codec[T], action func(ctx context.Context, tx pgx.Tx) (T, error)) (coordinator.Result[T], error) {
+	switch {
+	case s == nil:
+		return coordinator.Result[T]{}, invalid("store is nil")
+	case action == nil:
+		return coordinator.Result[T]{}, invalid("action is nil")
+	case codec == nil:
+		return coordinator.Result[T]{}, invalid("codec is nil")
+	}
+	ttl, err := s.cfg.check(call)
+	if err != nil {
+		return coordinator.Result[T]{}, err
+	}
+	f := &txFlow[T]{
+		s:      s,
+		key:    coordinator.Key{Operation: call.Operation, Key: call.Key},
+		fp:     call.Fingerprint,
+		ttl:    ttl,
+		token:  newToken(),
+		codec:  codec,
+		action: action,
+	}
+	return f.do(ctx)
+}
+
+func invalid(format string, args ...any) error {
+	return &coordinator.InvalidRequestError{Reason: fmt.Sprintf(format, args...)}
+}
+
+// check validates call as the coordinator does and returns the TTL its
+// result is kept for.
+func (c *config) check(call coordinator.Call) (time.Duration, error) {
+	for _, err := range []error{
+		coordinator.ValidateOperation(call.Operation),
+		coordinator.ValidateKey(call.Key),
+		coordinator.ValidateFingerprint(call.Fingerprint),
+	} {
+		if err != nil {
+			return 0, err
+		}
+	}
+	if call.TTL < 0 {
+		return 0, invalid("TTL %v is negative", call.TTL)
+	}
+	ttl, ok := c.operationTTLs[call.Operation]
+	switch {
+	case ok:
+	case call.TTL > 0:
+		ttl = call.TTL
+	default:
+		ttl = c.defaultTTL
+	}
+	ttl = ttl.Truncate(time.Millisecond)
+	if ttl < c.minTTL || ttl > c.maxTTL {
+		return 0, invalid("TTL %v is outside [%v, %v]", call.TTL, c.minTTL, c.maxTTL)
+	}
+	return ttl, nil
+}
+
+// newToken returns an owner token as the coordinator makes them: 64 random
+// bits, 16 lowercase hex digits.
+func newToken() string {
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], rand.Uint64())
+	return hex.EncodeToString(b[:])
+}
+
+// Tunables of the transactional call.
+const (
+	// maxRounds bounds the rounds of a call (a read, or a transaction that
+	// meets a record it cannot settle): takeovers that keep losing races
+	// end in ErrInProgress instead of looping.
+	maxRounds = 64
+	// maxPoll is the longest interval between the reads of a wait for a
+	// coordinator's reservation.
+	maxPoll = 500 * time.Millisecond
+	// claimLease is the expiry of the pending record that a transaction
+	// writes as its claim. Nobody else sees that record before it is
+	// completed in the same transaction; the lease only matters if an action
+	// commits the transaction behind Do's back (with SQL), so that the key
+	// is not held for a whole record TTL.
+	claimLease = coordinator.DefaultLease
+	// txRetryAfter is InProgressError.RetryAfter for a key that another
+	// transaction holds: nothing says how long it will run.
+	txRetryAfter = time.Second
+	// cleanupTimeout bounds a rollback.
+	cleanupTimeout = 5 * time.Second
+	// maxReasonLen bounds the reason a not-replayable record keeps, as in
+	// the coordinator.
+	maxReasonLen = 256
+)
+
+// The SQL of the transactional call, besides the Store's.
+const (
+	saveLockTimeout    = `SELECT set_config('idempg.lock_timeout', current_setting('lock_timeout'), true)`
+	restoreLockTimeout = `SELECT set_config('lock_timeout', current_setting('idempg.lock_timeout'), true)`
+
+	// takeOver makes the row, which the transaction has locked, its own
+	// pending record: a heal of a record nobody can read, or of one that
+	// expired since the claim looked.
+	takeOver = `UPDATE idempotency_records
+SET state = 'pending', token = $3, fingerprint = $4, result = NULL,
+	expires_at = clock_timestamp() + $5 * interval '1 millisecond', created_at = clock_timestamp()
+WHERE operation = $1 AND key = $2`
+
+	// completeClaim completes the transaction's own claim; no expiry
+	// check: the row is the transaction's, however long the action ran.
+	completeClaim = `UPDATE idempotency_records
+SET state = $4, result = $5, expires_at = clock_timestamp() + $6 * interval '1 millisecond'
+WHERE operation = $1 AND key = $2 AND token = $3 AND state = 'pending'`
+)
+
+// step is what a round of the call does next.
+type step uint8
+
+const (
+	stepDone step = iota // the call's answer is known
+	stepRun              // claim the key and run the action
+	stepWait             // a coordinator holds the key: wait until it lets go
+)
+
+// txFlow is one transactional call.
+type txFlow[T any] struct {
+	s      *Store
+	key    coordinator.Key
+	fp     string
+	ttl    time.Duration
+	token  string
+	codec  coordinator.Codec[T]
+	action func(context.Context, pgx.Tx) (T, error)
+	until  time.Time // the wait bound
+}
+
+func (f *txFlow[T]) do(ctx context.Context) (coordinator.Result[T], error) {
+	f.until = time.Now().Add(f.s.cfg.waitTimeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(f.until) {
+		f.until = d
+	}
+	// A read first, outside any transaction: a replay costs one round trip
+	// and takes no lock.
+	rec, err := f.s.Get(ctx, f.key)
+	if err != nil {
+		return coordinator.Result[T]{}, f.failed(ctx, coordinator.MethodGet, err)
+	}
+	for range maxRounds {
+		res, next, err := f.settle(rec)
+		if next == stepRun {
+			res, rec, next, err = f.inTx(ctx)
+		}
+		switch next {
+		case stepDone:
+			return res, err
+		case stepWait:
+			if rec, err = f.await(ctx, rec); err != nil {
+				return coordinator.Result[T]{}, err
+			}
+		}
+	}
+	return coordinator.Result[T]{}, f.inProgress(0)
+}
+
+// settle decides what a record means for the call: an answer (a replay, a
+// reused key, a not-replayable result, ErrInProgress in mode raise), a run
+// (absent, unreadable, or a result the codec cannot decode: the key heals),
+// or a wait for a coordinator's reservation.
+func (f *txFlow[T]) settle(rec coordinator.Record) (coordinator.Result[T], step, error) {
+	if f.fp != "" && rec.Fingerprint != "" && f.fp != rec.Fingerprint {
+		return coordinator.Result[T]{}, stepDone, &coordinator.KeyReuseError{
+			Operation: f.key.Operation, Key: f.key.Key, Stored: rec.Fingerprint, Got: f.fp}
+	}
+	switch rec.State {
+	case coordinator.StatePending:
+		if f.s.cfg.inFlight == coordinator.InFlightRaise {
+			return coordinator.Result[T]{}, stepDone, f.inProgress(rec.TTL)
+		}
+		return coordinator.Result[T]{}, stepWait, nil
+	case coordinator.StateNotReplayable:
+		return coordinator.Result[T]{}, stepDone, &coordinator.NotReplayableError{
+			Operation: f.key.Operation, Key: f.key.Key, Reason: string(rec.Result)}
+	case coordinator.StateCompleted:
+		if v, err := f.codec.Decode(rec.Result); err == nil {
+			return coordinator.Result[T]{Value: v, Replayed: true}, stepDone, nil
+		}
+	}
+	return coordinator.Result[T]{}, stepRun, nil
+}
+
+// inTx is one transaction: claim the key, and run the action and commit
+// its result, or settle the record that holds the key. It returns the
+// record and stepWait when a coordinator's reservation holds the key.
+func (f *txFlow[T]) inTx(ctx context.Context) (res coordinator.Result[T], rec coordinator.Record, next step, err error) {
+	wait := time.Millisecond // mode raise: at once, but for a brief lock
+	if f.s.cfg.inFlight == coordinator.InFlightWait {
+		wait = time.Until(f.until)
+		if d, ok := ctx.Deadline(); ok {
+			// Let the lock wait end before ctx does, so that a caller whose
+			// deadline is the wait bound hears ErrInProgress.
+			wait = min(wait, time.Until(d)*9/10)
+		}
+		if wait < time.Millisecond {
+			return res, rec, stepDone, f.inProgress(0)
+		}
+	}
+	tx, err := f.s.db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	if err != nil {
+		return res, rec, stepDone, f.failed(ctx, coordinator.MethodReserve, err)
+	}
+	// Rolled back on every way out but a commit, a panicking action's
+	// included. The rollback runs when the caller has hung up too.
+	committed := false
+	defer func() {
+		if !committed {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+			_ = tx.Rollback(rctx)
+			cancel()
+		}
+	}()
+
+	written, rec, err := f.claim(ctx, tx, wait)
+	switch {
+	case lockNotAvailable(err):
+		return res, rec, stepDone, f.inProgress(txRetryAfter)
+	case err != nil:
+		return res, rec, stepDone, f.failed(ctx, coordinator.MethodReserve, err)
+	}
+	if !written {
+		// The row is locked by the claim: rec is what is there, and nobody
+		// can change it before this transaction ends.
+		if res, next, err = f.settle(rec); next != stepRun {
+			return res, rec, next, err
+		}
+		tag, err := tx.Exec(ctx, takeOver, f.key.Operation, f.key.Key, f.token, f.fp, claimLease.Milliseconds())
+		if err == nil && tag.RowsAffected() != 1 {
+			err = errors.New("the locked record is gone")
+		}
+		if err != nil {
+			return res, rec, stepDone, f.failed(ctx, coordinator.MethodReserve, err)
+		}
+	}
+
+	v, err := f.action(ctx, ownedTx{tx})
+	if err != nil {
+		return coordinator.Result[T]{Value: v}, rec, stepDone, err
+	}
+	state, payload := f.keep(v)
+	tag, err := tx.Exec(ctx, completeClaim, f.key.Operation, f.key.Key, f.token, state, payload, f.ttl.Milliseconds())
+	if err == nil && tag.RowsAffected() != 1 {
+		err = errors.New("the action's transaction changed or deleted the key's record")
+	}
+	if err != nil {
+		return res, rec, stepDone, &coordinator.StorageError{Method: coordinator.MethodComplete,
+			Operation: f.key.Operation, Key: f.key.Key, Err: fmt.Errorf("complete in the transaction: %w", err)}
+	}
+	committed = true // by now or never: pgx closes the transaction whatever Commit returns
+	if err := tx.Commit(ctx); err != nil {
+		return res, rec, stepDone, &coordinator.StorageError{Method: coordinator.MethodComplete,
+			Operation: f.key.Operation, Key: f.key.Key,
+			Err: fmt.Errorf("commit (rolled back, or its outcome is unknown: a retry replays or runs once): %w", err)}
+	}
+	return coordinator.Result[T]{Value: v}, rec, stepDone, nil
+}
+
+// claim writes the call's pending record in tx if the key is absent (no
+// row, or an expired one), waiting on the row's lock for another
+// transaction that holds it, for as long as the in-flight mode and the wait
+// bound allow (wait): lock_timeout is set for the claim and put back as it
+// was for the action. When it does not write, it returns the record that is
+// there. It is one round trip.
+func (f *txFlow[T]) claim(ctx context.Context, tx pgx.Tx, wait time.Duration) (written bool, rec coordinator.Record, err error) {
+	b := &pgx.Batch{}
+	b.Queue(saveLockTimeout)
+	b.Queue(setLockTimeout, lockTimeout(wait))
+	b.Queue(insertRecord, f.key.Operation, f.key.Key, statePending, f.token, f.fp, nil, claimLease.Milliseconds(),
+		false, "").QueryRow(func(row pgx.Row) error {
+		err := row.Scan(&written)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		return err
+	})
+	b.Queue(selectRecord, f.key.Operation, f.key.Key).QueryRow(func(row pgx.Row) error {
+		var err error
+		rec, err = scanRecord(row)
+		return err
+	})
+	b.Queue(restoreLockTimeout)
+	err = tx.SendBatch(ctx, b).Close()
+	return written, rec, err
+}
+
+// keep returns what the record of the action's result v holds: the
+// encoded result, or, when it cannot be kept (the codec failed or panicked,
+// or the result is over the size limit), a not-replayable record with the
+// reason, so that the action never runs again for the key.
+func (f *txFlow[T]) keep(v T) (state string, payload []byte) {
+	payload, err := safeEncode(f.codec, v)
+	var why string
+	switch {
+	case err != nil:
+		why = "the result cannot be encoded: " + err.Error()
+	case len(payload) > f.s.cfg.maxResultBytes:
+		why = fmt.Sprintf("the result is %d bytes, more than the limit of %d", len(payload), f.s.cfg.maxResultBytes)
+	default:
+		return stateCompleted, nonNil(payload)
+	}
+	if len(why) > maxReasonLen {
+		why = why[:maxReasonLen]
+	}
+	return stateNotReplayable, []byte(why)
+}
+
+// safeEncode encodes v, turning a panic of the codec into an error.
+func safeEncode[T any](codec coordinator.Codec[T], v T) (b []byte, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			b, err = nil, fmt.Errorf("codec panicked: %v", p)
+		}
+	}()
+	return codec.Encode(v)
+}
+
+// await waits, polling with backoff, until the record under the key is no
+// longer a pending reservation (of a coordinator), and returns it. It
+// returns ErrInProgress at the wait bound, a *coordinator.StorageError when a
+// read fails, or ctx's error.
+func (f *txFlow[T]) await(ctx context.Context, rec coordinator.Record) (coordinator.Record, error) {
+	interval := f.s.cfg.pollInterval
+	for rec.State == coordinator.StatePending {
+		wait := min(interval, time.Until(f.until))
+		if wait <= 0 {
+			return rec, f.inProgress(rec.TTL)
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return rec, f.inProgress(rec.TTL)
+			}
+			return rec, ctx.Err()
+		case <-t.C:
+		}
+		interval = min(interval*2, max(maxPoll, f.s.cfg.pollInterval))
+		var err error
+		if rec, err = f.s.Get(ctx, f.key); err != nil {
+			return rec, f.failed(ctx, coordinator.MethodGet, err)
+		}
+	}
+	return rec, nil
+}
+
+// inProgress is the error for a key that another caller holds.
+func (f *txFlow[T]) inProgress(retryAfter time.Duration) *coordinator.InProgressError {
+	if retryAfter <= 0 {
+		retryAfter = txRetryAfter
+	}
+	return &coordinator.InProgressError{Operation: f.key.Operation, Key: f.key.Key, RetryAfter: retryAfter}
+}
+
+// failed returns the error of a database failure before the action ran:
+// ctx's error when ctx has ended, a *coordinator.StorageError otherwise.
+func (f *txFlow[T]) failed(ctx context.Context, m coordinator.Method, err error) error {
+	if ctx.Err() != nil {
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) && time.Now().After(f.until) && m == coordinator.MethodReserve {
+			return f.inProgress(0)
+		}
+		return ctx.Err()
+	}
+	return &coordinator.StorageError{Method: m, Operation: f.key.Operation, Key: f.key.Key, Err: err}
+}
+
+// ownedTx is the transaction as the action gets it: Do commits or rolls it
+// back, so its own Commit and Rollback refuse.
+type ownedTx struct{ pgx.Tx }
+
+// errOwned is what Commit and Rollback of the action's transaction return.
+var errOwned = errors.New("idempg: the transaction belongs to Do: return from the action to commit, or return an error to roll back")
+
+// Commit refuses: Do commits.
+func (ownedTx) Commit(context.Context) error { return errOwned }
+
+// Rollback refuses: Do rolls back when the action returns an error.
+func (ownedTx) Rollback(context.Context) error { return errOwned }

@@ -1,0 +1,4 @@
+package idempg
+
+// SweepSQL is the sweep's statement, for a test that checks its plan.
+const SweepSQL = sweepRecords

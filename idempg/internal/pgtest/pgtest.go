@@ -1,0 +1,248 @@
+// Package pgtest starts a throwaway PostgreSQL server for the tests of
+// idempg: initdb into a temporary directory, then postgres on a free port of
+// 127.0.0.1 with its unix socket in that directory. Tests connect through
+// the socket.
+//
+// PostgreSQL refuses to run as root. When the tests run as root (as CI
+// does), the server's files are given to the "postgres" user that Debian's
+// postgresql package creates, and initdb and postgres run as that user
+// (through the process credentials, no su or sudo needed).
+//
+// The binaries are looked up on PATH, then in /usr/lib/postgresql/*/bin
+// (Debian's layout, newest version first). When none is found, Start returns
+// an error matching ErrNotFound, and Skip skips the test, unless
+// IDEMPOTENCY_TEST_REQUIRE_POSTGRES=1, which makes it fail.
+package pgtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// RequireEnv is the environment variable that, set to 1, turns a missing
+// PostgreSQL into a test failure instead of a skip.
+const RequireEnv = "IDEMPOTENCY_TEST_REQUIRE_POSTGRES"
+
+// ErrNotFound is returned by Start when no PostgreSQL binaries are found.
+var ErrNotFound = errors.New("pgtest: no PostgreSQL binaries (initdb, postgres) on PATH or in /usr/lib/postgresql/*/bin; apt-get install postgresql")
+
+// Required reports whether RequireEnv is set to 1.
+func Required() bool { return os.Getenv(RequireEnv) == "1" }
+
+// Server is a running PostgreSQL server that Start started.
+type Server struct {
+	// DSN connects to the server's "postgres" database as its superuser,
+	// through the unix socket.
+	DSN string
+	// Version is the server's major version, e.g. "15".
+	Version string
+
+	dir  string
+	cmd  *exec.Cmd
+	done chan struct{}
+	log  string
+}
+
+// Start initialises a database cluster in a new temporary directory and
+// starts postgres on it. Stop stops it and removes the directory.
+func Start() (*Server, error) {
+	bin, err := findBin()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "idempg-pg-")
+	if err != nil {
+		return nil, fmt.Errorf("pgtest: %w", err)
+	}
+	s := &Server{dir: dir, done: make(chan struct{}), log: filepath.Join(dir, "postgres.log")}
+	if err := s.start(bin); err != nil {
+		s.Stop()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *Server) start(bin string) error {
+	cred, err := credential()
+	if err != nil {
+		return err
+	}
+	if cred != nil {
+		if err := os.Chown(s.dir, int(cred.Uid), int(cred.Gid)); err != nil {
+			return fmt.Errorf("pgtest: give %s to the postgres user: %w", s.dir, err)
+		}
+	}
+	data := filepath.Join(s.dir, "data")
+	const superuser = "idempg"
+	initdb := exec.Command(filepath.Join(bin, "initdb"), "-D", data, "-U", superuser, "--auth=trust",
+		"-E", "UTF8", "--locale=C", "--no-sync")
+	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	if out, err := initdb.CombinedOutput(); err != nil {
+		return fmt.Errorf("pgtest: initdb: %w\n%s", err, out)
+	}
+	v, _ := os.ReadFile(filepath.Join(data, "PG_VERSION"))
+	s.Version = strings.TrimSpace(string(v))
+
+	port, err := freePort()
+	if err != nil {
+		return err
+	}
+	logf, err := os.Create(s.log)
+	if err != nil {
+		return fmt.Errorf("pgtest: %w", err)
+	}
+	defer logf.Close()
+	s.cmd = exec.Command(filepath.Join(bin, "postgres"), "-D", data,
+		"-p", strconv.Itoa(port), "-k", s.dir,
+		"-c", "listen_addresses=127.0.0.1",
+		"-c", "max_connections=200",
+		// Durability is not under test: these make the server fast on a
+		// shared machine.
+		"-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off")
+	s.cmd.Stdout, s.cmd.Stderr = logf, logf
+	// Pdeathsig: a test binary that dies takes its server with it.
+	s.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Pdeathsig: syscall.SIGKILL}
+	if err := s.cmd.Start(); err != nil {
+		return fmt.Errorf("pgtest: start postgres: %w", err)
+	}
+	go func() {
+		_ = s.cmd.Wait()
+		close(s.done)
+	}()
+	s.DSN = fmt.Sprintf("host=%s port=%d user=%s dbname=postgres sslmode=disable", s.dir, port, superuser)
+	return s.ready()
+}
+
+// ready waits until the server accepts a connection.
+func (s *Server) ready() error {
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		conn, err := pgx.Connect(ctx, s.DSN)
+		if err == nil {
+			err = conn.Ping(ctx)
+			_ = conn.Close(ctx)
+		}
+		cancel()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-s.done:
+			return fmt.Errorf("pgtest: postgres exited at start-up:\n%s", s.logTail())
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("pgtest: postgres not ready after 60s: %w\n%s", err, s.logTail())
+		}
+	}
+}
+
+// Stop stops the server (a fast shutdown, then SIGKILL after 10s) and
+// removes its directory. It may be called on a nil Server and more than once.
+func (s *Server) Stop() {
+	if s == nil {
+		return
+	}
+	if s.cmd != nil && s.cmd.Process != nil {
+		_ = s.cmd.Process.Signal(syscall.SIGINT) // fast shutdown
+		select {
+		case <-s.done:
+		case <-time.After(10 * time.Second):
+			_ = s.cmd.Process.Kill()
+			<-s.done
+		}
+	}
+	if s.dir != "" {
+		_ = os.RemoveAll(s.dir)
+	}
+}
+
+// Skip ends a test that needs a server that could not be started: it skips
+// when err matches ErrNotFound and RequireEnv is not set, and fails
+// otherwise.
+func Skip(t testing.TB, err error) {
+	t.Helper()
+	if errors.Is(err, ErrNotFound) && !Required() {
+		t.Skipf("%v (set %s=1 to fail instead)", err, RequireEnv)
+	}
+	t.Fatalf("no PostgreSQL server: %v", err)
+}
+
+func (s *Server) logTail() string {
+	b, _ := os.ReadFile(s.log)
+	if len(b) > 4000 {
+		b = b[len(b)-4000:]
+	}
+	return string(b)
+}
+
+// findBin returns the directory that holds initdb and postgres.
+func findBin() (string, error) {
+	if p, err := exec.LookPath("initdb"); err == nil {
+		dir := filepath.Dir(p)
+		if real, err := filepath.EvalSymlinks(p); err == nil {
+			dir = filepath.Dir(real) // /usr/local/bin/initdb -> /usr/lib/postgresql/15/bin/initdb
+		}
+		if _, err := os.Stat(filepath.Join(dir, "postgres")); err == nil {
+			return dir, nil
+		}
+	}
+	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	slices.SortFunc(dirs, func(a, b string) int { return version(b) - version(a) })
+	for _, dir := range dirs {
+		_, e1 := os.Stat(filepath.Join(dir, "initdb"))
+		_, e2 := os.Stat(filepath.Join(dir, "postgres"))
+		if e1 == nil && e2 == nil {
+			return dir, nil
+		}
+	}
+	return "", ErrNotFound
+}
+
+// version returns the major version in a path /usr/lib/postgresql/N/bin.
+func version(dir string) int {
+	n, _ := strconv.Atoi(filepath.Base(filepath.Dir(dir)))
+	return n
+}
+
+// credential returns the credential to run the server with: nil when the
+// tests do not run as root, the "postgres" user's otherwise.
+func credential() (*syscall.Credential, error) {
+	if os.Geteuid() != 0 {
+		return nil, nil
+	}
+	u, err := user.Lookup("postgres")
+	if err != nil {
+		return nil, fmt.Errorf("pgtest: running as root, and PostgreSQL refuses root: no user \"postgres\" to run it as (%w)", err)
+	}
+	uid, err1 := strconv.ParseUint(u.Uid, 10, 32)
+	gid, err2 := strconv.ParseUint(u.Gid, 10, 32)
+	if err := errors.Join(err1, err2); err != nil {
+		return nil, fmt.Errorf("pgtest: user postgres: %w", err)
+	}
+	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("pgtest: find a free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}

@@ -1,0 +1,35 @@
+package idempg_test
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/idemkit/idempotency/idempg/internal/pgtest"
+)
+
+// server is the PostgreSQL server of this package's tests, started by
+// TestMain; nil when none could be started, and then serverErr says why.
+var (
+	server    *pgtest.Server
+	serverErr error
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) != "" {
+		// A child process of TestTwoProcesses: one call, then exit.
+		os.Exit(child())
+	}
+	server, serverErr = pgtest.Start()
+	if serverErr != nil && (!errors.Is(serverErr, pgtest.ErrNotFound) || pgtest.Required()) {
+		fmt.Fprintln(os.Stderr, serverErr)
+		os.Exit(1)
+	}
+	if server != nil {
+		fmt.Fprintf(os.Stderr, "idempg tests: PostgreSQL %s at %s\n", server.Version, server.DSN)
+	}
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(int) { server.Stop() }))
+}
