@@ -5,7 +5,7 @@ go 1.26.0
 require (
 	github.com/alicebob/miniredis/v2 v2.40.0
 	github.com/gin-gonic/gin v1.12.0
-	github.com/idemkit/idempotency v0.0.0-20261204091553-6d0a4f58b741
+	github.com/idemkit/idempotency v0.0.0-20261204100929-d125f7e2bb9d
 	go.uber.org/fx v1.24.0
 	go.uber.org/goleak v1.3.0
 	go.uber.org/zap v1.28.0

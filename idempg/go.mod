@@ -3,7 +3,7 @@ module github.com/idemkit/idempotency/idempg
 go 1.26.0
 
 require (
-	github.com/idemkit/idempotency v0.0.0-20261202045957-e19bc16bb6c0
+	github.com/idemkit/idempotency v0.0.0-20261204100929-d125f7e2bb9d
 	github.com/jackc/pgx/v5 v5.13.0
 	go.uber.org/goleak v1.3.0
 )

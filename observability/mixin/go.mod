@@ -4,4 +4,4 @@ go 1.26.0
 
 replace github.com/idemkit/idempotency => ../..
 
-require github.com/idemkit/idempotency v0.0.0-20261204091553-6d0a4f58b741
+require github.com/idemkit/idempotency v0.0.0-20261204100929-d125f7e2bb9d
