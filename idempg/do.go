@@ -2,11 +2,8 @@ package idempg
 
 import (
 	"context"
-	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -16,10 +13,14 @@ import (
 
 // Do runs action exactly once per (call.Operation, call.Key) for the writes
 // it makes through tx, and returns its result to every call with the same
-// key, encoded as JSON in between, as coordinator.Do does: a result stored
-// by Do replays in coordinator.Do over the same Store, and the other way
-// round. DoResult also says whether the result was replayed; DoWithCodec
-// takes another encoding.
+// key, encoded as JSON in between, as coordinator.Do does. c is the
+// coordinator whose store is an idempg *Store (the one the fx module
+// provides, or coordinator.New over New's Store); Do follows its settings
+// (in-flight mode, wait timeout, TTLs, result limit, kill switch) and
+// reports to its observer, so the metrics, logs and spans are those of
+// c.Do. A result stored by Do replays in c.Do, and the other way round.
+// DoResult also says whether the result was replayed; DoWithCodec takes
+// another encoding.
 //
 // Do begins a READ COMMITTED transaction, claims the key in it (an INSERT of
 // a pending record that stays uncommitted), runs action with the
@@ -31,103 +32,104 @@ import (
 //
 // Do returns the action's own error unchanged, after rolling the transaction
 // back (the key is left free: nothing happened); or an error matching
-// coordinator.ErrInvalidRequest when the call is invalid;
-// coordinator.ErrKeyReuse when the key was used for a request with another
-// fingerprint; coordinator.ErrInProgress (a *coordinator.InProgressError)
-// when another caller holds the key and the in-flight mode is raise, or the
-// wait bound (WithWaitTimeout, ctx's deadline) passed; a
-// *coordinator.NotReplayableError for a key whose result could not be kept;
-// ctx's error when ctx ended before the action ran; or a
+// coordinator.ErrInvalidRequest when the call is invalid or c's store is not
+// an idempg *Store; coordinator.ErrKeyReuse when the key was used for a
+// request with another fingerprint; coordinator.ErrInProgress (a
+// *coordinator.InProgressError) when another caller holds the key and the
+// in-flight mode is raise, or the wait bound (the wait timeout, ctx's
+// deadline) passed; a *coordinator.NotReplayableError for a key whose result
+// could not be kept; ctx's error when ctx ended before the action ran; or a
 // *coordinator.StorageError (coordinator.ErrStorage) when the database
 // failed. A storage error means the transaction did not commit, or, for a
 // COMMIT whose answer was lost, that its outcome is unknown: in every case a
 // retry with the same key is safe, since it replays what committed or runs
-// the action once. There is no "run unprotected" mode: without the database
-// the action's writes cannot happen either, so a storage error never runs
-// the action.
+// the action once. The on-storage-error mode does not apply: without the
+// database the action's writes cannot happen either, so a storage error
+// never runs the action. In-flight mode run is treated as wait: the
+// transactional call always holds its key, since that is what makes it
+// exactly once.
+//
+// With the kill switch off (coordinator.WithEnabled(false)), Do runs action
+// in a transaction and commits it, and reads and writes no record.
 //
 // The action must not end the transaction: Commit and Rollback of tx return
 // an error and do nothing (tx.Begin makes a savepoint, as usual). It runs
 // with ctx; a ctx that ends before the COMMIT rolls everything back.
-func Do[T any](ctx context.Context, s *Store, call coordinator.Call, action func(ctx context.Context, tx pgx.Tx) (T, error)) (T, error) {
-	res, err := DoWithCodec(ctx, s, call, coordinator.JSONCodec[T]{}, action)
+func Do[T any](ctx context.Context, c *coordinator.Coordinator, call coordinator.Call, action func(ctx context.Context, tx pgx.Tx) (T, error)) (T, error) {
+	res, err := DoWithCodec(ctx, c, call, coordinator.JSONCodec[T]{}, action)
 	return res.Value, err
 }
 
 // DoResult is Do that also reports, in Result.Replayed, whether the value is
 // a stored result rather than this call's own.
-func DoResult[T any](ctx context.Context, s *Store, call coordinator.Call, action func(ctx context.Context, tx pgx.Tx) (T, error)) (coordinator.Result[T], error) {
-	return DoWithCodec(ctx, s, call, coordinator.JSONCodec[T]{}, action)
+func DoResult[T any](ctx context.Context, c *coordinator.Coordinator, call coordinator.Call, action func(ctx context.Context, tx pgx.Tx) (T, error)) (coordinator.Result[T], error) {
+	return DoWithCodec(ctx, c, call, coordinator.JSONCodec[T]{}, action)
 }
 
 // DoWithCodec is DoResult with codec in place of JSON. When the action
-// fails, Result.Value is the value it returned with its error. A nil Store,
-// action or codec is an invalid request.
-func DoWithCodec[T any](ctx context.Context, s *Store, call coordinator.Call, codec coordinator.Codec[T], action func(ctx context.Context, tx pgx.Tx) (T, error)) (coordinator.Result[T], error) {
+// fails, Result.Value is the value it returned with its error. A nil
+// coordinator, action or codec is an invalid request.
+func DoWithCodec[T any](ctx context.Context, c *coordinator.Coordinator, call coordinator.Call, codec coordinator.Codec[T], action func(ctx context.Context, tx pgx.Tx) (T, error)) (coordinator.Result[T], error) {
 	switch {
-	case s == nil:
-		return coordinator.Result[T]{}, invalid("store is nil")
+	case c == nil:
+		return coordinator.Result[T]{}, invalid("coordinator is nil")
 	case action == nil:
 		return coordinator.Result[T]{}, invalid("action is nil")
 	case codec == nil:
 		return coordinator.Result[T]{}, invalid("codec is nil")
 	}
-	ttl, err := s.cfg.check(call)
+	s, ok := c.Store().(*Store)
+	if !ok {
+		return coordinator.Result[T]{}, invalid("the coordinator's store is a %T, not an *idempg.Store: the transactional call needs the PostgreSQL store", c.Store())
+	}
+	if !c.Enabled() {
+		return unprotected(ctx, s, action)
+	}
+	plan, err := c.Plan(call)
 	if err != nil {
 		return coordinator.Result[T]{}, err
 	}
+	if plan.InFlight == coordinator.InFlightRun {
+		plan.InFlight = coordinator.InFlightWait
+	}
 	f := &txFlow[T]{
 		s:      s,
-		key:    coordinator.Key{Operation: call.Operation, Key: call.Key},
-		fp:     call.Fingerprint,
-		ttl:    ttl,
-		token:  newToken(),
+		c:      c,
+		plan:   plan,
+		key:    plan.Key,
+		fp:     plan.Fingerprint,
+		ttl:    plan.TTL,
+		token:  plan.Token,
 		codec:  codec,
 		action: action,
 	}
 	return f.do(ctx)
 }
 
+// unprotected runs action in a transaction of its own, with no record: the
+// kill switch is off.
+func unprotected[T any](ctx context.Context, s *Store, action func(context.Context, pgx.Tx) (T, error)) (res coordinator.Result[T], err error) {
+	tx, err := s.db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	if err != nil {
+		return res, err
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+			_ = tx.Rollback(rctx)
+			cancel()
+		}
+	}()
+	if res.Value, err = action(ctx, ownedTx{tx}); err != nil {
+		return res, err
+	}
+	committed = true
+	return res, tx.Commit(ctx)
+}
+
 func invalid(format string, args ...any) error {
 	return &coordinator.InvalidRequestError{Reason: fmt.Sprintf(format, args...)}
-}
-
-// check validates call as the coordinator does and returns the TTL its
-// result is kept for.
-func (c *config) check(call coordinator.Call) (time.Duration, error) {
-	for _, err := range []error{
-		coordinator.ValidateOperation(call.Operation),
-		coordinator.ValidateKey(call.Key),
-		coordinator.ValidateFingerprint(call.Fingerprint),
-	} {
-		if err != nil {
-			return 0, err
-		}
-	}
-	if call.TTL < 0 {
-		return 0, invalid("TTL %v is negative", call.TTL)
-	}
-	ttl, ok := c.operationTTLs[call.Operation]
-	switch {
-	case ok:
-	case call.TTL > 0:
-		ttl = call.TTL
-	default:
-		ttl = c.defaultTTL
-	}
-	ttl = ttl.Truncate(time.Millisecond)
-	if ttl < c.minTTL || ttl > c.maxTTL {
-		return 0, invalid("TTL %v is outside [%v, %v]", call.TTL, c.minTTL, c.maxTTL)
-	}
-	return ttl, nil
-}
-
-// newToken returns an owner token as the coordinator makes them: 64 random
-// bits, 16 lowercase hex digits.
-func newToken() string {
-	var b [8]byte
-	binary.LittleEndian.PutUint64(b[:], rand.Uint64())
-	return hex.EncodeToString(b[:])
 }
 
 // Tunables of the transactional call.
@@ -187,6 +189,8 @@ const (
 // txFlow is one transactional call.
 type txFlow[T any] struct {
 	s      *Store
+	c      *coordinator.Coordinator
+	plan   coordinator.Plan
 	key    coordinator.Key
 	fp     string
 	ttl    time.Duration
@@ -197,18 +201,18 @@ type txFlow[T any] struct {
 }
 
 func (f *txFlow[T]) do(ctx context.Context) (coordinator.Result[T], error) {
-	f.until = time.Now().Add(f.s.cfg.waitTimeout)
+	f.until = time.Now().Add(f.plan.WaitTimeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(f.until) {
 		f.until = d
 	}
 	// A read first, outside any transaction: a replay costs one round trip
 	// and takes no lock.
-	rec, err := f.s.Get(ctx, f.key)
+	rec, err := f.get(ctx)
 	if err != nil {
 		return coordinator.Result[T]{}, f.failed(ctx, coordinator.MethodGet, err)
 	}
 	for range maxRounds {
-		res, next, err := f.settle(rec)
+		res, next, err := f.settle(ctx, rec)
 		if next == stepRun {
 			res, rec, next, err = f.inTx(ctx)
 		}
@@ -228,24 +232,31 @@ func (f *txFlow[T]) do(ctx context.Context) (coordinator.Result[T], error) {
 // reused key, a not-replayable result, ErrInProgress in mode raise), a run
 // (absent, unreadable, or a result the codec cannot decode: the key heals),
 // or a wait for a coordinator's reservation.
-func (f *txFlow[T]) settle(rec coordinator.Record) (coordinator.Result[T], step, error) {
+func (f *txFlow[T]) settle(ctx context.Context, rec coordinator.Record) (coordinator.Result[T], step, error) {
 	if f.fp != "" && rec.Fingerprint != "" && f.fp != rec.Fingerprint {
-		return coordinator.Result[T]{}, stepDone, &coordinator.KeyReuseError{
-			Operation: f.key.Operation, Key: f.key.Key, Stored: rec.Fingerprint, Got: f.fp}
+		err := &coordinator.KeyReuseError{Operation: f.key.Operation, Key: f.key.Key, Stored: rec.Fingerprint, Got: f.fp}
+		f.report(ctx, coordinator.Event{Kind: coordinator.EventError, ErrorType: coordinator.ErrorKeyReuse, Err: err})
+		return coordinator.Result[T]{}, stepDone, err
 	}
 	switch rec.State {
 	case coordinator.StatePending:
-		if f.s.cfg.inFlight == coordinator.InFlightRaise {
+		f.report(ctx, coordinator.Event{Kind: coordinator.EventInFlight, Mode: f.plan.InFlight})
+		if f.plan.InFlight == coordinator.InFlightRaise {
 			return coordinator.Result[T]{}, stepDone, f.inProgress(rec.TTL)
 		}
 		return coordinator.Result[T]{}, stepWait, nil
 	case coordinator.StateNotReplayable:
-		return coordinator.Result[T]{}, stepDone, &coordinator.NotReplayableError{
-			Operation: f.key.Operation, Key: f.key.Key, Reason: string(rec.Result)}
+		err := &coordinator.NotReplayableError{Operation: f.key.Operation, Key: f.key.Key, Reason: string(rec.Result)}
+		f.report(ctx, coordinator.Event{Kind: coordinator.EventNotReplayable, Err: err})
+		return coordinator.Result[T]{}, stepDone, err
 	case coordinator.StateCompleted:
-		if v, err := f.codec.Decode(rec.Result); err == nil {
+		v, err := f.codec.Decode(rec.Result)
+		if err == nil {
+			f.report(ctx, coordinator.Event{Kind: coordinator.EventHit})
 			return coordinator.Result[T]{Value: v, Replayed: true}, stepDone, nil
 		}
+		f.report(ctx, coordinator.Event{Kind: coordinator.EventError, ErrorType: coordinator.ErrorDecode,
+			Err: fmt.Errorf("the stored result cannot be decoded, so the key runs again: %w", err)})
 	}
 	return coordinator.Result[T]{}, stepRun, nil
 }
@@ -255,7 +266,7 @@ func (f *txFlow[T]) settle(rec coordinator.Record) (coordinator.Result[T], step,
 // record and stepWait when a coordinator's reservation holds the key.
 func (f *txFlow[T]) inTx(ctx context.Context) (res coordinator.Result[T], rec coordinator.Record, next step, err error) {
 	wait := time.Millisecond // mode raise: at once, but for a brief lock
-	if f.s.cfg.inFlight == coordinator.InFlightWait {
+	if f.plan.InFlight == coordinator.InFlightWait {
 		wait = time.Until(f.until)
 		if d, ok := ctx.Deadline(); ok {
 			// Let the lock wait end before ctx does, so that a caller whose
@@ -266,8 +277,10 @@ func (f *txFlow[T]) inTx(ctx context.Context) (res coordinator.Result[T], rec co
 			return res, rec, stepDone, f.inProgress(0)
 		}
 	}
+	start := time.Now()
 	tx, err := f.s.db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if err != nil {
+		f.stored(ctx, coordinator.MethodReserve, start, err)
 		return res, rec, stepDone, f.failed(ctx, coordinator.MethodReserve, err)
 	}
 	// Rolled back on every way out but a commit, a panicking action's
@@ -282,8 +295,14 @@ func (f *txFlow[T]) inTx(ctx context.Context) (res coordinator.Result[T], rec co
 	}()
 
 	written, rec, err := f.claim(ctx, tx, wait)
+	f.stored(ctx, coordinator.MethodReserve, start, err)
 	switch {
 	case lockNotAvailable(err):
+		// Another transaction holds the key past the wait.
+		f.report(ctx, coordinator.Event{Kind: coordinator.EventInFlight, Mode: f.plan.InFlight})
+		if f.plan.InFlight == coordinator.InFlightWait {
+			f.report(ctx, coordinator.Event{Kind: coordinator.EventWaited, Outcome: coordinator.WaitTimeout, Duration: time.Since(start)})
+		}
 		return res, rec, stepDone, f.inProgress(txRetryAfter)
 	case err != nil:
 		return res, rec, stepDone, f.failed(ctx, coordinator.MethodReserve, err)
@@ -291,7 +310,7 @@ func (f *txFlow[T]) inTx(ctx context.Context) (res coordinator.Result[T], rec co
 	if !written {
 		// The row is locked by the claim: rec is what is there, and nobody
 		// can change it before this transaction ends.
-		if res, next, err = f.settle(rec); next != stepRun {
+		if res, next, err = f.settle(ctx, rec); next != stepRun {
 			return res, rec, next, err
 		}
 		tag, err := tx.Exec(ctx, takeOver, f.key.Operation, f.key.Key, f.token, f.fp, claimLease.Milliseconds())
@@ -303,25 +322,29 @@ func (f *txFlow[T]) inTx(ctx context.Context) (res coordinator.Result[T], rec co
 		}
 	}
 
+	f.report(ctx, coordinator.Event{Kind: coordinator.EventMiss})
 	v, err := f.action(ctx, ownedTx{tx})
 	if err != nil {
 		return coordinator.Result[T]{Value: v}, rec, stepDone, err
 	}
-	state, payload := f.keep(v)
+	state, payload := f.keep(ctx, v)
+	start = time.Now()
 	tag, err := tx.Exec(ctx, completeClaim, f.key.Operation, f.key.Key, f.token, state, payload, f.ttl.Milliseconds())
 	if err == nil && tag.RowsAffected() != 1 {
 		err = errors.New("the action's transaction changed or deleted the key's record")
 	}
 	if err != nil {
-		return res, rec, stepDone, &coordinator.StorageError{Method: coordinator.MethodComplete,
-			Operation: f.key.Operation, Key: f.key.Key, Err: fmt.Errorf("complete in the transaction: %w", err)}
+		f.stored(ctx, coordinator.MethodComplete, start, err)
+		return res, rec, stepDone, f.saveFailed(ctx, fmt.Errorf("complete in the transaction: %w", err))
 	}
 	committed = true // by now or never: pgx closes the transaction whatever Commit returns
-	if err := tx.Commit(ctx); err != nil {
-		return res, rec, stepDone, &coordinator.StorageError{Method: coordinator.MethodComplete,
-			Operation: f.key.Operation, Key: f.key.Key,
-			Err: fmt.Errorf("commit (rolled back, or its outcome is unknown: a retry replays or runs once): %w", err)}
+	err = tx.Commit(ctx)
+	f.stored(ctx, coordinator.MethodComplete, start, err)
+	if err != nil {
+		return res, rec, stepDone, f.saveFailed(ctx,
+			fmt.Errorf("commit (rolled back, or its outcome is unknown: a retry replays or runs once): %w", err))
 	}
+	f.report(ctx, coordinator.Event{Kind: coordinator.EventStored})
 	return coordinator.Result[T]{Value: v}, rec, stepDone, nil
 }
 
@@ -357,20 +380,21 @@ func (f *txFlow[T]) claim(ctx context.Context, tx pgx.Tx, wait time.Duration) (w
 // encoded result, or, when it cannot be kept (the codec failed or panicked,
 // or the result is over the size limit), a not-replayable record with the
 // reason, so that the action never runs again for the key.
-func (f *txFlow[T]) keep(v T) (state string, payload []byte) {
+func (f *txFlow[T]) keep(ctx context.Context, v T) (state string, payload []byte) {
 	payload, err := safeEncode(f.codec, v)
 	var why string
 	switch {
 	case err != nil:
 		why = "the result cannot be encoded: " + err.Error()
-	case len(payload) > f.s.cfg.maxResultBytes:
-		why = fmt.Sprintf("the result is %d bytes, more than the limit of %d", len(payload), f.s.cfg.maxResultBytes)
+	case len(payload) > f.plan.MaxResultBytes:
+		why = fmt.Sprintf("the result is %d bytes, more than the limit of %d", len(payload), f.plan.MaxResultBytes)
 	default:
 		return stateCompleted, nonNil(payload)
 	}
 	if len(why) > maxReasonLen {
 		why = why[:maxReasonLen]
 	}
+	f.report(ctx, coordinator.Event{Kind: coordinator.EventError, ErrorType: coordinator.ErrorRecordValidation, Err: errors.New(why)})
 	return stateNotReplayable, []byte(why)
 }
 
@@ -389,10 +413,15 @@ func safeEncode[T any](codec coordinator.Codec[T], v T) (b []byte, err error) {
 // returns ErrInProgress at the wait bound, a *coordinator.StorageError when a
 // read fails, or ctx's error.
 func (f *txFlow[T]) await(ctx context.Context, rec coordinator.Record) (coordinator.Record, error) {
-	interval := f.s.cfg.pollInterval
+	start := time.Now()
+	waited := func(o coordinator.WaitOutcome) {
+		f.report(ctx, coordinator.Event{Kind: coordinator.EventWaited, Outcome: o, Duration: time.Since(start)})
+	}
+	interval := f.plan.PollInterval
 	for rec.State == coordinator.StatePending {
 		wait := min(interval, time.Until(f.until))
 		if wait <= 0 {
+			waited(coordinator.WaitTimeout)
 			return rec, f.inProgress(rec.TTL)
 		}
 		t := time.NewTimer(wait)
@@ -400,16 +429,27 @@ func (f *txFlow[T]) await(ctx context.Context, rec coordinator.Record) (coordina
 		case <-ctx.Done():
 			t.Stop()
 			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				waited(coordinator.WaitTimeout)
 				return rec, f.inProgress(rec.TTL)
 			}
+			waited(coordinator.WaitCanceled)
 			return rec, ctx.Err()
 		case <-t.C:
 		}
-		interval = min(interval*2, max(maxPoll, f.s.cfg.pollInterval))
+		interval = min(interval*2, max(maxPoll, f.plan.PollInterval))
 		var err error
-		if rec, err = f.s.Get(ctx, f.key); err != nil {
+		if rec, err = f.get(ctx); err != nil {
+			waited(coordinator.WaitError)
 			return rec, f.failed(ctx, coordinator.MethodGet, err)
 		}
+	}
+	switch {
+	case f.fp != "" && rec.Fingerprint != "" && f.fp != rec.Fingerprint:
+		waited(coordinator.WaitReuse)
+	case rec.State == coordinator.StateAbsent:
+		waited(coordinator.WaitTakeover)
+	default:
+		waited(coordinator.WaitHit)
 	}
 	return rec, nil
 }
@@ -431,7 +471,44 @@ func (f *txFlow[T]) failed(ctx context.Context, m coordinator.Method, err error)
 		}
 		return ctx.Err()
 	}
-	return &coordinator.StorageError{Method: m, Operation: f.key.Operation, Key: f.key.Key, Err: err}
+	t := coordinator.ErrorStorageGet
+	if m == coordinator.MethodReserve {
+		t = coordinator.ErrorStorageReserve
+	}
+	se := &coordinator.StorageError{Method: m, Operation: f.key.Operation, Key: f.key.Key, Err: err}
+	f.report(ctx, coordinator.Event{Kind: coordinator.EventError, ErrorType: t, Method: m, Err: se})
+	return se
+}
+
+// saveFailed returns, and reports, the error of a completion or commit that
+// failed after the action ran.
+func (f *txFlow[T]) saveFailed(ctx context.Context, err error) error {
+	se := &coordinator.StorageError{Method: coordinator.MethodComplete, Operation: f.key.Operation, Key: f.key.Key, Err: err}
+	f.report(ctx, coordinator.Event{Kind: coordinator.EventError, ErrorType: coordinator.ErrorStorageSave,
+		Method: coordinator.MethodComplete, Err: se})
+	return se
+}
+
+// get reads the key's record and reports the store call. The read is not
+// bounded by the coordinator's storage timeout: it waits for a connection of
+// the pool, which the transactions of other calls may all hold for as long
+// as their actions run; ctx bounds it.
+func (f *txFlow[T]) get(ctx context.Context) (coordinator.Record, error) {
+	start := time.Now()
+	rec, err := f.s.Get(ctx, f.key)
+	f.stored(ctx, coordinator.MethodGet, start, err)
+	return rec, err
+}
+
+// stored reports a store call of method m that began at start.
+func (f *txFlow[T]) stored(ctx context.Context, m coordinator.Method, start time.Time, err error) {
+	f.report(ctx, coordinator.Event{Kind: coordinator.EventStorageCall, Method: m, Duration: time.Since(start), Err: err})
+}
+
+// report sends e, for the call's key, to the coordinator's observer.
+func (f *txFlow[T]) report(ctx context.Context, e coordinator.Event) {
+	e.Key = f.key
+	f.c.Report(ctx, e)
 }
 
 // ownedTx is the transaction as the action gets it: Do commits or rolls it

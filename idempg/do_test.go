@@ -23,7 +23,7 @@ import (
 func TestDoConcurrentCallers(t *testing.T) {
 	const keys, callers = 4, 50
 	db := newDB(t, keys*callers+8)
-	s := db.store(t)
+	s := db.coord(t)
 	var runs atomic.Int32
 	type out struct {
 		res coordinator.Result[string]
@@ -88,7 +88,7 @@ func TestDoConcurrentCallers(t *testing.T) {
 // An action that fails leaves no record and no ledger row; a retry runs.
 func TestDoActionErrorRollsBack(t *testing.T) {
 	db := newDB(t, 4)
-	s := db.store(t)
+	s := db.coord(t)
 	key := uniqueKey("fails")
 	boom := errors.New("boom")
 	v, err := idempg.Do(t.Context(), s, call(key), func(ctx context.Context, tx pgx.Tx) (int, error) {
@@ -128,7 +128,7 @@ func TestDoActionErrorRollsBack(t *testing.T) {
 // A panicking action rolls back and the panic goes on.
 func TestDoActionPanics(t *testing.T) {
 	db := newDB(t, 4)
-	s := db.store(t)
+	s := db.coord(t)
 	key := uniqueKey("panics")
 	func() {
 		defer func() {
@@ -151,7 +151,7 @@ func TestDoActionPanics(t *testing.T) {
 // holdKey runs Do on key in the background with an action that writes a
 // ledger row and holds the transaction open until release is closed. It
 // returns once the action runs, with a channel of Do's error.
-func holdKey(t *testing.T, s *idempg.Store, key string, release <-chan struct{}) <-chan error {
+func holdKey(t *testing.T, s *coordinator.Coordinator, key string, release <-chan struct{}) <-chan error {
 	t.Helper()
 	inside := make(chan struct{})
 	done := make(chan error, 1)
@@ -176,8 +176,8 @@ func holdKey(t *testing.T, s *idempg.Store, key string, release <-chan struct{})
 
 func TestDoRaiseWhileHeld(t *testing.T) {
 	db := newDB(t, 8)
-	holder := db.store(t)
-	raise := db.store(t, idempg.WithInFlight(coordinator.InFlightRaise))
+	holder := db.coord(t)
+	raise := db.coord(t, coordinator.WithInFlight(coordinator.InFlightRaise))
 	key := uniqueKey("raise")
 	release, open := gate(t)
 	done := holdKey(t, holder, key, release)
@@ -214,8 +214,8 @@ func TestDoRaiseWhileHeld(t *testing.T) {
 // ErrInProgress without running; one with a longer bound replays.
 func TestDoWaitBound(t *testing.T) {
 	db := newDB(t, 8)
-	holder := db.store(t)
-	short := db.store(t, idempg.WithWaitTimeout(200*time.Millisecond))
+	holder := db.coord(t)
+	short := db.coord(t, coordinator.WithWaitTimeout(200*time.Millisecond))
 	key := uniqueKey("bound")
 	release, open := gate(t)
 	done := holdKey(t, holder, key, release)
@@ -263,7 +263,7 @@ func TestDoWaitBound(t *testing.T) {
 // a record; a retry runs once.
 func TestDoHolderBackendTerminated(t *testing.T) {
 	db := newDB(t, 8)
-	s := db.store(t)
+	s := db.coord(t)
 	key := uniqueKey("terminated")
 	pid := make(chan uint32, 1)
 	terminated, terminate := gate(t)
@@ -310,7 +310,7 @@ func TestDoHolderBackendTerminated(t *testing.T) {
 // breaks) rolls everything back: the key stays free.
 func TestDoCommitFails(t *testing.T) {
 	db := newDB(t, 4)
-	s := db.store(t)
+	s := db.coord(t)
 	ctx := t.Context()
 	if _, err := db.pool.Exec(ctx, `CREATE TABLE checked (v int, CONSTRAINT positive CHECK (v > 0));
 		CREATE TABLE parent (id int PRIMARY KEY);
@@ -336,7 +336,7 @@ func TestDoCommitFails(t *testing.T) {
 
 func TestDoKeyReuse(t *testing.T) {
 	db := newDB(t, 4)
-	s := db.store(t)
+	s := db.coord(t)
 	key := uniqueKey("reuse")
 	c := call(key)
 	c.Fingerprint = "fp-1"
@@ -356,7 +356,7 @@ func TestDoKeyReuse(t *testing.T) {
 
 func TestDoInvalid(t *testing.T) {
 	db := newDB(t, 4)
-	s := db.store(t, idempg.WithOperationTTLs(map[string]time.Duration{"test.short": 2 * time.Second}))
+	s := db.coord(t, coordinator.WithOperationTTLs(map[string]time.Duration{"test.short": 2 * time.Second}))
 	ok := func(context.Context, pgx.Tx) (int, error) { return 1, nil }
 	for name, f := range map[string]func() error{
 		"nil store":  func() error { _, err := idempg.Do(t.Context(), nil, call("k"), ok); return err },
@@ -389,7 +389,7 @@ func TestDoInvalid(t *testing.T) {
 	if _, err := idempg.Do(t.Context(), s, c, ok); err != nil {
 		t.Fatal(err)
 	}
-	if rec := record(t, s, c.Operation, c.Key); rec.TTL <= 0 || rec.TTL > 2*time.Second {
+	if rec := record(t, s.Store(), c.Operation, c.Key); rec.TTL <= 0 || rec.TTL > 2*time.Second {
 		t.Errorf("TTL of a record of an operation with a 2s TTL: %v", rec.TTL)
 	}
 }
@@ -399,7 +399,7 @@ func TestDoInvalid(t *testing.T) {
 // second run.
 func TestDoNotReplayable(t *testing.T) {
 	db := newDB(t, 4)
-	s := db.store(t, idempg.WithMaxResultBytes(10))
+	s := db.coord(t, coordinator.WithMaxResultBytes(10))
 	key := uniqueKey("large")
 	v, err := idempg.Do(t.Context(), s, call(key), func(ctx context.Context, tx pgx.Tx) (string, error) {
 		return strings.Repeat("x", 100), insertLedger(ctx, tx, key, "large")
@@ -424,14 +424,14 @@ func TestDoNotReplayable(t *testing.T) {
 // transaction. A stored result the codec cannot decode heals the same way.
 func TestDoHealsUnreadable(t *testing.T) {
 	db := newDB(t, 4)
-	s := db.store(t)
+	s := db.coord(t)
 	k := coordinator.Key{Operation: "test.op", Key: uniqueKey("unreadable")}
 	corrupt(t, db, k)
 	v, err := idempg.Do(t.Context(), s, call(k.Key), func(context.Context, pgx.Tx) (int, error) { return 5, nil })
 	if err != nil || v != 5 {
 		t.Fatalf("Do over an unreadable record = %d, %v; want a fresh 5", v, err)
 	}
-	if rec := record(t, s, k.Operation, k.Key); rec.State != coordinator.StateCompleted || string(rec.Result) != "5" {
+	if rec := record(t, s.Store(), k.Operation, k.Key); rec.State != coordinator.StateCompleted || string(rec.Result) != "5" {
 		t.Fatalf("record after the heal = %+v, want completed 5", rec)
 	}
 	// As a string, "5" is not JSON it can decode: run again and replace.
@@ -445,8 +445,8 @@ func TestDoHealsUnreadable(t *testing.T) {
 // results, and Do waits for a coordinator's reservation.
 func TestDoWithCoordinator(t *testing.T) {
 	db := newDB(t, 8)
-	s := db.store(t, idempg.WithPollInterval(5*time.Millisecond))
-	c, err := coordinator.New(s)
+	s := db.coord(t, coordinator.WithPollInterval(5*time.Millisecond))
+	c, err := coordinator.New(s.Store())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -516,9 +516,9 @@ func TestDoWithCoordinator(t *testing.T) {
 	}
 
 	// Raise mode refuses a coordinator's reservation at once.
-	raise := db.store(t, idempg.WithInFlight(coordinator.InFlightRaise))
+	raise := db.coord(t, coordinator.WithInFlight(coordinator.InFlightRaise))
 	key = uniqueKey("coordinator-holds-raise")
-	if _, _, err := s.Reserve(ctx, coordinator.Key{Operation: "test.op", Key: key},
+	if _, _, err := s.Store().Reserve(ctx, coordinator.Key{Operation: "test.op", Key: key},
 		coordinator.Write{State: coordinator.StatePending, Token: "someone", TTL: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
@@ -530,7 +530,7 @@ func TestDoWithCoordinator(t *testing.T) {
 
 	// A reservation whose lease runs out is taken over.
 	key = uniqueKey("coordinator-expires")
-	if _, _, err := s.Reserve(ctx, coordinator.Key{Operation: "test.op", Key: key},
+	if _, _, err := s.Store().Reserve(ctx, coordinator.Key{Operation: "test.op", Key: key},
 		coordinator.Write{State: coordinator.StatePending, Token: "crashed", TTL: 300 * time.Millisecond}); err != nil {
 		t.Fatal(err)
 	}
@@ -548,8 +548,8 @@ func TestDoWithCoordinator(t *testing.T) {
 // replays Do's result instead of running.
 func TestCoordinatorWaitsForDo(t *testing.T) {
 	db := newDB(t, 8)
-	s := db.store(t)
-	c, err := coordinator.New(s, coordinator.WithStorageTimeout(300*time.Millisecond), coordinator.WithOnStorageError(coordinator.OnStorageErrorRun))
+	s := db.coord(t)
+	c, err := coordinator.New(s.Store(), coordinator.WithStorageTimeout(300*time.Millisecond), coordinator.WithOnStorageError(coordinator.OnStorageErrorRun))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -589,7 +589,11 @@ func TestDoDatabaseDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	s, err := idempg.New(pool)
+	store, err := idempg.New(pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := coordinator.New(store)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -606,7 +610,7 @@ func TestDoDatabaseDown(t *testing.T) {
 // The action may not end Do's transaction.
 func TestDoActionCannotCommit(t *testing.T) {
 	db := newDB(t, 4)
-	s := db.store(t)
+	s := db.coord(t)
 	key := uniqueKey("owned")
 	_, err := idempg.Do(t.Context(), s, call(key), func(ctx context.Context, tx pgx.Tx) (int, error) {
 		if err := tx.Commit(ctx); err == nil {
@@ -637,7 +641,7 @@ func TestDoActionCannotCommit(t *testing.T) {
 // key runs again.
 func TestDoRecordExpires(t *testing.T) {
 	db := newDB(t, 4)
-	s := db.store(t, idempg.WithMinTTL(time.Millisecond))
+	s := db.coord(t, coordinator.WithMinTTL(time.Millisecond))
 	key := uniqueKey("expires")
 	c := call(key)
 	c.TTL = 150 * time.Millisecond
@@ -652,7 +656,7 @@ func TestDoRecordExpires(t *testing.T) {
 		}
 	}
 	time.Sleep(300 * time.Millisecond)
-	if rec := record(t, s, c.Operation, key); rec.State != coordinator.StateAbsent {
+	if rec := record(t, s.Store(), c.Operation, key); rec.State != coordinator.StateAbsent {
 		t.Fatalf("record after its TTL = %+v, want absent", rec)
 	}
 	if v, err := idempg.Do(t.Context(), s, c, action); err != nil || v != 2 {
@@ -675,7 +679,11 @@ func TestDoRestoresLockTimeout(t *testing.T) {
 	}
 	defer pool.Close()
 	for _, mode := range []coordinator.InFlightMode{coordinator.InFlightWait, coordinator.InFlightRaise} {
-		s, err := idempg.New(pool, idempg.WithInFlight(mode))
+		store, err := idempg.New(pool)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := coordinator.New(store, coordinator.WithInFlight(mode))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -687,5 +695,119 @@ func TestDoRestoresLockTimeout(t *testing.T) {
 		if err != nil || got != "7s" {
 			t.Errorf("mode %s: lock_timeout in the action = %q, %v; want the session's 7s", mode, got, err)
 		}
+	}
+}
+
+// eventLog is an Observer that keeps the kinds of the events of one key.
+type eventLog struct {
+	mu    sync.Mutex
+	kinds []string
+}
+
+func (l *eventLog) Observe(_ context.Context, e coordinator.Event) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s := e.Kind.String()
+	switch e.Kind {
+	case coordinator.EventStorageCall:
+		s += ":" + string(e.Method)
+	case coordinator.EventInFlight:
+		s += ":" + string(e.Mode)
+	case coordinator.EventWaited:
+		s += ":" + string(e.Outcome)
+	case coordinator.EventError:
+		s += ":" + string(e.ErrorType)
+	}
+	l.kinds = append(l.kinds, s)
+}
+
+func (l *eventLog) take() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s := strings.Join(l.kinds, " ")
+	l.kinds = nil
+	return s
+}
+
+// Do reports to the coordinator's observer what c.Do reports, so metrics,
+// logs and spans see its calls; with the kill switch off it reports nothing
+// and keeps no record.
+func TestDoReportsEvents(t *testing.T) {
+	db := newDB(t, 8)
+	log := &eventLog{}
+	c := db.coord(t, coordinator.WithObserver(log))
+	raise := db.coord(t, coordinator.WithObserver(log), coordinator.WithInFlight(coordinator.InFlightRaise))
+	key := uniqueKey("events")
+	action := func(ctx context.Context, tx pgx.Tx) (string, error) { return "v", insertLedger(ctx, tx, key, "v") }
+
+	steps := []struct {
+		name string
+		do   func() error
+		want string
+	}{
+		{"first run", func() error { _, err := idempg.Do(t.Context(), c, call(key), action); return err },
+			"storage_call:get storage_call:reserve miss storage_call:complete stored"},
+		{"replay", func() error { _, err := idempg.Do(t.Context(), c, call(key), action); return err },
+			"storage_call:get hit"},
+	}
+	for _, st := range steps {
+		if err := st.do(); err != nil {
+			t.Fatalf("%s: %v", st.name, err)
+		}
+		if got := log.take(); got != st.want {
+			t.Errorf("%s: events %q, want %q", st.name, got, st.want)
+		}
+	}
+	first := call(key + "-fp")
+	first.Fingerprint = "request-a"
+	if _, err := idempg.Do(t.Context(), c, first, action); err != nil {
+		t.Fatal(err)
+	}
+	log.take()
+	reused := first
+	reused.Fingerprint = "request-b"
+	if _, err := idempg.Do(t.Context(), c, reused, action); !errors.Is(err, coordinator.ErrKeyReuse) {
+		t.Fatalf("key reuse: %v", err)
+	}
+	if got, want := log.take(), "storage_call:get error:key_reuse"; got != want {
+		t.Errorf("key reuse: events %q, want %q", got, want)
+	}
+
+	// A collision in mode raise with a transaction that holds the key.
+	held := uniqueKey("events-held")
+	release, open := gate(t)
+	done := holdKey(t, c, held, release)
+	log.take()
+	if _, err := idempg.Do(t.Context(), raise, call(held), action); !errors.Is(err, coordinator.ErrInProgress) {
+		t.Fatalf("raise: %v, want ErrInProgress", err)
+	}
+	if got, want := log.take(), "storage_call:get storage_call:reserve in_flight:raise"; got != want {
+		t.Errorf("raise on a held key: events %q, want %q", got, want)
+	}
+	open()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	log.take()
+
+	// The kill switch off: the action runs in a transaction, no record, no
+	// event.
+	off := db.coord(t, coordinator.WithObserver(log), coordinator.WithEnabled(false))
+	free := uniqueKey("events-off")
+	for range 2 {
+		if _, err := idempg.Do(t.Context(), off, call(free), func(ctx context.Context, tx pgx.Tx) (string, error) {
+			return "", insertLedger(ctx, tx, free, "off")
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := db.ledger(t, free); n != 2 {
+		t.Errorf("kill switch off: %d ledger rows, want 2 (every call runs)", n)
+	}
+	if rec := record(t, off.Store(), "test.op", free); rec.State != coordinator.StateAbsent {
+		t.Errorf("kill switch off: record %+v, want none", rec)
+	}
+	if got := log.take(); got != "" {
+		t.Errorf("kill switch off: events %q, want none", got)
 	}
 }

@@ -16,7 +16,16 @@
 //
 // # The transactional call
 //
-//	charge, err := idempg.Do(ctx, store, coordinator.Call{
+// Do takes the coordinator whose store is the idempg Store (the fx module
+// idempgfx provides both, configured from IDEMPOTENCY_* variables), and
+// follows its settings: in-flight mode, wait timeout, TTLs, result limit and
+// kill switch; its events go to the coordinator's observer, so its metrics,
+// logs and spans are those of every other call:
+//
+//	store, err := idempg.New(pool)
+//	c, err := coordinator.New(store, coordinator.WithObserver(obs))
+//	...
+//	charge, err := idempg.Do(ctx, c, coordinator.Call{
 //		Operation:   "payment.charge",
 //		Key:         key,
 //		Fingerprint: fp,
@@ -60,7 +69,7 @@
 // # When the database fails
 //
 // A coordinator's storage-error modes (run the action unprotected, or
-// refuse) mean one thing here: Do never runs the action without the
+// refuse) do not apply to Do: Do never runs the action without the
 // database, since the action's writes could not happen either. A database
 // failure before the action returns a *coordinator.StorageError
 // (coordinator.ErrStorage) without running it. A failure after it (writing
@@ -72,7 +81,8 @@
 // # Mixing Do and a coordinator on one key
 //
 // A key that a coordinator has reserved holds a committed pending record: Do
-// waits for it by polling (WithPollInterval), bounded by WithWaitTimeout,
+// waits for it by polling (coordinator.WithPollInterval), bounded by the
+// wait timeout (coordinator.WithWaitTimeout),
 // and takes it over when its lease expires. A key that Do holds is an
 // uncommitted row that the Store's methods cannot see: Get reports the key
 // as it was, and Reserve waits on the row's lock for three quarters of the

@@ -74,14 +74,26 @@ func newPool(t *testing.T, schema string, maxConns int32) *pgxpool.Pool {
 	return pool
 }
 
-// store returns a Store on db with opts; it fails the test on an error.
-func (db *testDB) store(t *testing.T, opts ...idempg.Option) *idempg.Store {
+// store returns a Store on db; it fails the test on an error.
+func (db *testDB) store(t *testing.T) *idempg.Store {
 	t.Helper()
-	s, err := idempg.New(db.pool, opts...)
+	s, err := idempg.New(db.pool)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
 	return s
+}
+
+// coord returns a coordinator with opts over a Store on db, as the
+// transactional call takes it; it fails the test on an error.
+func (db *testDB) coord(t *testing.T, opts ...coordinator.Option) *coordinator.Coordinator {
+	t.Helper()
+	c, err := coordinator.New(db.store(t), opts...)
+	if err != nil {
+		t.Fatalf("coordinator.New: %v", err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
 }
 
 // ledger returns the number of ledger rows of key.
@@ -105,7 +117,7 @@ func (db *testDB) rows(t *testing.T) int {
 }
 
 // record returns the live record of key as the Store reports it.
-func record(t *testing.T, s *idempg.Store, op, key string) coordinator.Record {
+func record(t *testing.T, s coordinator.Store, op, key string) coordinator.Record {
 	t.Helper()
 	rec, err := s.Get(context.Background(), coordinator.Key{Operation: op, Key: key})
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/idempg"
 )
 
@@ -55,7 +56,12 @@ func child() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
-	s, err := idempg.New(pool)
+	store, err := idempg.New(pool)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	s, err := coordinator.New(store)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2

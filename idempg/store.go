@@ -40,25 +40,20 @@ type DB interface {
 // so that a coordinator waits for the key (or raises) instead of taking the
 // wait for a storage failure.
 type Store struct {
-	db  DB
-	cfg config
+	db DB
 }
 
 var _ coordinator.Store = (*Store)(nil)
 
 // New returns a Store on db, which must hold the schema (Migrate,
-// CheckSchema). The options configure Do alone. New does no I/O; it returns
-// an error, naming every refused option, when an option's value is refused,
-// or when db is nil.
-func New(db DB, opts ...Option) (*Store, error) {
+// CheckSchema). It does no I/O; it returns an error when db is nil. The
+// transactional call takes its settings from the coordinator over the Store
+// (see Do).
+func New(db DB) (*Store, error) {
 	if db == nil {
 		return nil, errors.New("idempg: invalid configuration: db is nil")
 	}
-	cfg, err := newConfig(opts)
-	if err != nil {
-		return nil, err
-	}
-	return &Store{db: db, cfg: cfg}, nil
+	return &Store{db: db}, nil
 }
 
 // The states as the table spells them: coordinator.State's names.

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/coordinator/memstore"
 	"github.com/idemkit/idempotency/coordinator/storetest"
 	"github.com/idemkit/idempotency/idempg"
 )
@@ -96,43 +97,33 @@ func TestNew(t *testing.T) {
 	if _, err := idempg.New(nil); err == nil {
 		t.Error("New(nil) = nil error, want one")
 	}
-	var pool idempg.DB = (*fakeDB)(nil)
-	if _, err := idempg.New(pool, nil, idempg.WithWaitTimeout(time.Second)); err != nil {
-		t.Errorf("New with a nil option: %v", err)
-	}
-	_, err := idempg.New(pool,
-		idempg.WithInFlight(coordinator.InFlightRun),
-		idempg.WithWaitTimeout(0),
-		idempg.WithPollInterval(-1),
-		idempg.WithMinTTL(time.Hour), idempg.WithMaxTTL(time.Minute),
-		idempg.WithMaxResultBytes(0),
-		idempg.WithOperationTTLs(map[string]time.Duration{"bad op": time.Hour}))
-	for _, option := range []string{"WithInFlight", "WithWaitTimeout", "WithPollInterval", "WithMaxTTL", "WithDefaultTTL", "WithMaxResultBytes", "WithOperationTTLs"} {
-		if !refuses(err, option) {
-			t.Errorf("New error %v does not refuse %s", err, option)
-		}
+	if _, err := idempg.New((*fakeDB)(nil)); err != nil {
+		t.Errorf("New: %v", err)
 	}
 }
 
-// refuses reports whether err holds a *coordinator.OptionError of option.
-func refuses(err error, option string) bool {
-	var found bool
-	var walk func(error)
-	walk = func(err error) {
-		var oe *coordinator.OptionError
-		if errors.As(err, &oe) && oe.Option == option {
-			found = true
-		}
-		if j, ok := err.(interface{ Unwrap() []error }); ok {
-			for _, e := range j.Unwrap() {
-				walk(e)
-			}
-		} else if e := errors.Unwrap(err); e != nil {
-			walk(e)
+// Do needs a coordinator over an idempg Store: any other is an invalid
+// request, and the action does not run.
+func TestDoRefusesAnotherStore(t *testing.T) {
+	other, err := coordinator.New(memstore.New())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, c := range map[string]*coordinator.Coordinator{"nil": nil, "memstore": other} {
+		_, err := idempg.Do(t.Context(), c, coordinator.Call{Operation: "test.op", Key: "k"}, func(context.Context, pgx.Tx) (int, error) {
+			t.Errorf("%s: the action ran", name)
+			return 0, nil
+		})
+		if !errors.Is(err, coordinator.ErrInvalidRequest) {
+			t.Errorf("%s: Do = %v, want ErrInvalidRequest", name, err)
 		}
 	}
-	walk(err)
-	return found
+	if !strings.Contains(fmtErr(func() error {
+		_, err := idempg.Do(t.Context(), other, coordinator.Call{Operation: "test.op", Key: "k"}, func(context.Context, pgx.Tx) (int, error) { return 0, nil })
+		return err
+	}()), "*memstore.Store, not an *idempg.Store") {
+		t.Error("the error does not name the coordinator's store")
+	}
 }
 
 // fakeDB is a DB that is never called.
@@ -297,14 +288,15 @@ func TestSweeper(t *testing.T) {
 // completed record.
 func TestReserveWhileDoHolds(t *testing.T) {
 	db := newDB(t, 8)
-	s := db.store(t)
+	c := db.coord(t)
+	s := c.Store().(*idempg.Store)
 	key := uniqueKey("held")
 	k := coordinator.Key{Operation: "test.op", Key: key}
 	inside := make(chan struct{})
 	release, open := gate(t)
 	done := make(chan error, 1)
 	go func() {
-		_, err := idempg.Do(context.Background(), s, call(key), func(ctx context.Context, tx pgx.Tx) (string, error) {
+		_, err := idempg.Do(context.Background(), c, call(key), func(ctx context.Context, tx pgx.Tx) (string, error) {
 			close(inside)
 			<-release
 			return "held result", insertLedger(ctx, tx, key, "1")
