@@ -2,6 +2,8 @@ package idempotency
 
 import (
 	"context"
+	"errors"
+	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
@@ -53,6 +55,9 @@ const ObserversGroup = "idempotency.observers"
 //     a circuit breaker (AddBreaker; IDEMPOTENCY_BREAKER_FAILURES and
 //     IDEMPOTENCY_BREAKER_COOLDOWN): once Redis is known to be down, calls
 //     fail at once instead of each paying a storage timeout.
+//     An app whose store is PostgreSQL adds idempg.Module (a module of its
+//     own), which supplies a Backend: the coordinator then uses that store,
+//     and no Redis client is built.
 //   - *coordinator.Coordinator, configured by the settings. When
 //     IDEMPOTENCY_ENABLED is false, start-up logs a warning that protection
 //     is off.
@@ -98,7 +103,7 @@ var Module = fx.Module("idempotency",
 		provideCoordinator,
 		provideConsumerDeps, // only for ConsumeStream: an unexported type
 	),
-	fx.Provide(fx.Private, provideObserver, provideLogger),
+	fx.Provide(fx.Private, provideObserver, provideLogger, provideRedisBuilder),
 )
 
 // UseRedisClient points Module at a Redis client the app already has in its
@@ -235,11 +240,95 @@ type storeParams struct {
 	Client    redis.UniversalClient `name:"idempotency.redis" optional:"true"`
 }
 
-// provideStore is the module's coordinator.Store: the Redis store, unless a
-// test replaces it.
-func provideStore(s *redisrepo.Store) coordinator.Store { return s }
+// BackendName is the fx name under which Module looks for a Backend: a store
+// of another kind than Redis, from a module of its own (idempg.Module
+// provides one).
+const BackendName = "idempotency.backend"
 
-func provideRedisStore(p storeParams) (*redisrepo.Store, error) {
+// A Backend is a store other than Redis for Module: with one in the graph
+// under BackendName, Module's coordinator.Store is Backend.Store, Module
+// builds no Redis client, and the Redis variables do not apply. Module runs
+// Start and Stop with the app's lifecycle, Start with the module's logger.
+type Backend struct {
+	// Store is the store; not nil.
+	Store coordinator.Store
+	// Start, if not nil, runs on start, after the settings and before the
+	// coordinator's hooks; an error stops start-up. It is where a store
+	// checks that it is configured right (and logs an outage as a warning:
+	// only a misconfiguration should stop an app).
+	Start func(ctx context.Context, logger *zap.Logger) error
+	// Stop, if not nil, runs on stop.
+	Stop func(ctx context.Context) error
+}
+
+type storeChoice struct {
+	fx.In
+
+	Lifecycle fx.Lifecycle
+	Settings  Settings
+	Logger    moduleLogger
+	Backend   *Backend `name:"idempotency.backend" optional:"true"`
+	Redis     *redisBuilder
+}
+
+// provideStore is the module's coordinator.Store: the app's Backend, else
+// the Redis store.
+func provideStore(p storeChoice) (coordinator.Store, error) {
+	if p.Backend == nil {
+		if p.Settings.PostgresURL != "" {
+			return nil, fmt.Errorf("%s_POSTGRES_URL is set, but the app has no PostgreSQL store: add idempg.Module (github.com/idemkit/idempotency/idempg) to the app, or unset the variable", EnvPrefix)
+		}
+		return p.Redis.store()
+	}
+	if p.Backend.Store == nil {
+		return nil, errors.New("idempotency: the app's Backend (" + BackendName + ") has no Store")
+	}
+	p.Lifecycle.Append(fx.Hook{
+		OnStart: func(ctx context.Context) error {
+			if p.Backend.Start == nil {
+				return nil
+			}
+			return p.Backend.Start(ctx, p.Logger.Logger)
+		},
+		OnStop: func(ctx context.Context) error {
+			if p.Backend.Stop == nil {
+				return nil
+			}
+			return p.Backend.Stop(ctx)
+		},
+	})
+	return p.Backend.Store, nil
+}
+
+// provideRedisStore is the Redis store, for its operator tools; an app whose
+// store is a Backend has none.
+func provideRedisStore(p storeChoice) (*redisrepo.Store, error) {
+	if p.Backend != nil {
+		return nil, fmt.Errorf("idempotency: the app's store is a %T (%s), not Redis: there is no *redisrepo.Store", p.Backend.Store, BackendName)
+	}
+	return p.Redis.store()
+}
+
+// redisBuilder builds the module's Redis store once, when the graph first
+// needs it, so that an app whose store is a Backend opens no Redis client.
+type redisBuilder struct {
+	p     storeParams
+	built *redisrepo.Store
+	err   error
+	done  bool
+}
+
+func provideRedisBuilder(p storeParams) *redisBuilder { return &redisBuilder{p: p} }
+
+func (b *redisBuilder) store() (*redisrepo.Store, error) {
+	if !b.done {
+		b.built, b.err = buildRedisStore(b.p)
+		b.done = true
+	}
+	return b.built, b.err
+}
+
+func buildRedisStore(p storeParams) (*redisrepo.Store, error) {
 	if p.Client != nil {
 		// With IDEMPOTENCY_REDIS_AUTO_PIPELINE, the app's client's
 		// AutoPipeliner, which closes with that client: not the module's to
