@@ -58,7 +58,7 @@ func Migrate(ctx context.Context, db DB) error {
 	}
 	switch {
 	case v > SchemaVersion:
-		return fmt.Errorf("%w: the database is at schema version %d, newer than this idempg's (%d): upgrade the library", ErrSchema, v, SchemaVersion)
+		return newerSchemaError(v)
 	case v < SchemaVersion:
 		// Version 1 is the first: there is nothing older to migrate from.
 		// A later version adds its own statements here, applied in order
@@ -84,11 +84,23 @@ func CheckSchema(ctx context.Context, db DB) error {
 		return fmt.Errorf("idempg: check schema: %w", err)
 	case v == 0:
 		return fmt.Errorf("%w: no idempg tables (idempotency_schema) in the database's search path: run idempg.Migrate or apply idempg.Schema", ErrSchema)
+	case v > SchemaVersion:
+		return newerSchemaError(v)
 	case v != SchemaVersion:
 		return fmt.Errorf("%w: the database is at schema version %d, this idempg needs %d: run idempg.Migrate", ErrSchema, v, SchemaVersion)
 	}
 	return nil
 }
+
+// newerSchemaError is the ErrSchema of a database that a newer idempg
+// migrated: only an upgrade of the library helps.
+type newerSchemaError int
+
+func (v newerSchemaError) Error() string {
+	return fmt.Sprintf("%v: the database is at schema version %d, newer than this idempg's (%d): upgrade the library", ErrSchema, int(v), SchemaVersion)
+}
+
+func (newerSchemaError) Is(target error) bool { return target == ErrSchema }
 
 // querier is what version needs: a DB or a transaction.
 type querier interface {

@@ -50,6 +50,9 @@ type Server struct {
 	DSN string
 	// Version is the server's major version, e.g. "15".
 	Version string
+	// Port is the server's TCP port on 127.0.0.1, where it asks for
+	// passwords (scram-sha-256); the unix socket trusts every user.
+	Port int
 
 	dir  string
 	cmd  *exec.Cmd
@@ -88,7 +91,10 @@ func (s *Server) start(bin string) error {
 	}
 	data := filepath.Join(s.dir, "data")
 	const superuser = "idempg"
-	initdb := exec.Command(filepath.Join(bin, "initdb"), "-D", data, "-U", superuser, "--auth=trust",
+	initdb := exec.Command(filepath.Join(bin, "initdb"), "-D", data, "-U", superuser,
+		// Trust on the unix socket, which the tests use; passwords over TCP,
+		// for tests of a refused password.
+		"--auth-local=trust", "--auth-host=scram-sha-256",
 		"-E", "UTF8", "--locale=C", "--no-sync")
 	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
 	if out, err := initdb.CombinedOutput(); err != nil {
@@ -123,6 +129,7 @@ func (s *Server) start(bin string) error {
 		_ = s.cmd.Wait()
 		close(s.done)
 	}()
+	s.Port = port
 	s.DSN = fmt.Sprintf("host=%s port=%d user=%s dbname=postgres sslmode=disable", s.dir, port, superuser)
 	return s.ready()
 }

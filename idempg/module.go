@@ -1,0 +1,248 @@
+package idempg
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/fx"
+	"go.uber.org/zap"
+
+	"github.com/idemkit/idempotency"
+)
+
+// Module makes idempotency.Module's coordinator use the PostgreSQL store:
+//
+//	fx.New(idempotency.Module, idempg.Module, ...)
+//
+// It opens a pool on IDEMPOTENCY_POSTGRES_URL, sized by
+// IDEMPOTENCY_POSTGRES_MAX_CONNS and IDEMPOTENCY_POSTGRES_MIN_CONNS, unless
+// the app hands it its own pool (UsePool), and closes the pool it opened on
+// stop. It provides the *Store, and the coordinator that
+// idempotency.Module provides is over it: inject *coordinator.Coordinator
+// and call Do with it for a transactional call; the HTTP middleware and the
+// other adapters work over it unchanged, with the same metrics, logs and
+// spans.
+//
+// On start it checks the database. A misconfiguration stops the app with
+// an error that names the variable and never the password: a password or
+// user that the database refuses, a database that does not exist, a
+// permission the store needs that the user lacks, a TLS setting the server
+// cannot meet (IDEMPOTENCY_POSTGRES_URL); the idempg tables missing, or at
+// another schema version (IDEMPOTENCY_POSTGRES_MIGRATE: true applies the
+// schema with Migrate, false checks it with CheckSchema). An unreachable
+// database is an outage, not a misconfiguration: it is logged as a warning
+// and the app starts, and calls fail with coordinator.ErrStorage until the
+// database is back (with the schema checked on no call: run the check again
+// by restarting once it is).
+//
+// The start-up check takes at most 5s (a pgx message quotes the host, the
+// user and the database, never the password). It also runs a sweeper (Store.StartSweeper) that deletes expired records
+// every minute, in batches of 1,000, logging a failure as a warning.
+var Module = fx.Module("idempotency.postgres",
+	fx.Provide(
+		fx.Annotate(provideBackend, fx.ResultTags(`name:"`+idempotency.BackendName+`"`, ``)),
+		fx.Annotate(provideOwnPool, fx.ResultTags(`name:"`+PoolName+`"`)),
+	),
+	fx.Provide(fx.Private, providePool),
+)
+
+// PoolName is the fx name of the *pgxpool.Pool that Module opens on
+// IDEMPOTENCY_POSTGRES_URL, for the app's own queries; an app that hands
+// Module its pool (UsePool) has none under this name.
+const PoolName = "idempotency.postgres"
+
+// appPoolName is the fx name of the pool an app hands Module (UsePool).
+const appPoolName = "idempotency.postgres.app"
+
+// The sweeper that Module runs.
+const (
+	sweepInterval = time.Minute
+	sweepBatch    = 1000
+	// startupTimeout bounds the start-up check, so that an unreachable
+	// database is an outage logged well within fx's start timeout.
+	startupTimeout = 5 * time.Second
+)
+
+// UsePool makes Module use a pool the app already has in its graph, of type
+// P (*pgxpool.Pool, or any DB), instead of opening one on
+// IDEMPOTENCY_POSTGRES_URL. This is the usual setup when the actions write
+// to the app's database: the idempg tables live in it, and Do's transaction
+// is one of the app's. The app owns the pool: Module neither opens nor
+// closes it, and the POSTGRES_URL and POSTGRES_*_CONNS variables do not
+// apply.
+//
+//	fx.New(idempotency.Module, idempg.Module, idempg.UsePool[*pgxpool.Pool](), ...)
+func UsePool[P DB]() fx.Option {
+	return fx.Provide(fx.Annotate(
+		func(p P) DB { return p },
+		fx.ResultTags(`name:"`+appPoolName+`"`),
+	))
+}
+
+// pool is the store's database, and where it comes from.
+type pool struct {
+	db   DB
+	own  *pgxpool.Pool // opened by Module, closed on stop; nil with UsePool
+	name string        // the variable or option to blame for a refusal
+}
+
+type poolParams struct {
+	fx.In
+
+	Settings idempotency.Settings
+	App      DB `name:"idempotency.postgres.app" optional:"true"`
+}
+
+const urlVar = idempotency.EnvPrefix + "_POSTGRES_URL"
+
+func providePool(p poolParams) (*pool, error) {
+	if p.App != nil {
+		return &pool{db: p.App, name: "the app's pool (idempg.UsePool)"}, nil
+	}
+	s := p.Settings
+	if s.PostgresURL == "" {
+		return nil, fmt.Errorf("%s: must be set with idempg.Module: the PostgreSQL database of the store, as a postgres:// URL or a key=value connection string (or hand the module the app's pool: idempg.UsePool)", urlVar)
+	}
+	cfg, err := pgxpool.ParseConfig(s.PostgresURL)
+	if err != nil {
+		return nil, fmt.Errorf("%s: pgx cannot parse it: %s", urlVar, parseProblem(err))
+	}
+	if s.PostgresMaxConns > 0 {
+		cfg.MaxConns = s.PostgresMaxConns
+	}
+	if s.PostgresMinConns > 0 {
+		cfg.MinConns = s.PostgresMinConns
+	}
+	if cfg.MinConns > cfg.MaxConns {
+		return nil, fmt.Errorf("%s_POSTGRES_MIN_CONNS: %d is more than the pool's largest size, %d", idempotency.EnvPrefix, cfg.MinConns, cfg.MaxConns)
+	}
+	// NewWithConfig does no I/O: the first connection is made on start.
+	own, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %s", urlVar, parseProblem(err))
+	}
+	return &pool{db: own, own: own, name: urlVar}, nil
+}
+
+// parseProblem is what pgx says is wrong with a connection string, without
+// the string itself (pgx masks the password in it only as well as it can
+// tell where the password is).
+func parseProblem(err error) string {
+	var pe *pgconn.ParseConfigError
+	if errors.As(err, &pe) {
+		if inner := pe.Unwrap(); inner != nil && !strings.Contains(inner.Error(), pe.ConnString) {
+			return inner.Error()
+		}
+		return "check its form and parameters"
+	}
+	return err.Error()
+}
+
+// provideOwnPool is the pool Module opened, for the app.
+func provideOwnPool(p *pool) (*pgxpool.Pool, error) {
+	if p.own == nil {
+		return nil, errors.New("idempg: the store uses the app's pool (idempg.UsePool): there is no pool of the module's (" + PoolName + ")")
+	}
+	return p.own, nil
+}
+
+type backendParams struct {
+	fx.In
+
+	Settings idempotency.Settings
+	Pool     *pool
+}
+
+func provideBackend(p backendParams) (*idempotency.Backend, *Store, error) {
+	store, err := New(p.Pool.db)
+	if err != nil {
+		return nil, nil, err
+	}
+	var sweeper *Sweeper
+	b := &idempotency.Backend{
+		Store: store,
+		Start: func(ctx context.Context, logger *zap.Logger) error {
+			if err := startupCheck(ctx, p.Pool, p.Settings.PostgresMigrate, logger); err != nil {
+				p.Pool.close()
+				return err
+			}
+			var err error
+			sweeper, err = store.StartSweeper(sweepInterval, sweepBatch, func(err error) {
+				logger.Warn("idempg: sweeping expired records failed; trying again in a minute", zap.Error(err))
+			})
+			return err
+		},
+		Stop: func(context.Context) error {
+			if sweeper != nil {
+				sweeper.Stop()
+			}
+			p.Pool.close()
+			return nil
+		},
+	}
+	return b, store, nil
+}
+
+func (p *pool) close() {
+	if p.own != nil {
+		p.own.Close()
+	}
+}
+
+// startupCheck connects, and checks or applies the schema. It returns an
+// error for a misconfiguration, naming what to change, and logs an outage.
+func startupCheck(ctx context.Context, p *pool, migrate bool, logger *zap.Logger) error {
+	check, what := CheckSchema, "checking"
+	if migrate {
+		check, what = Migrate, "migrating"
+	}
+	ctx, cancel := context.WithTimeout(ctx, startupTimeout)
+	defer cancel()
+	err := check(ctx, p.db)
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, ErrSchema) {
+		var newer newerSchemaError
+		if migrate || errors.As(err, &newer) {
+			return fmt.Errorf("%s_POSTGRES_MIGRATE: %w", idempotency.EnvPrefix, err)
+		}
+		return fmt.Errorf("%s_POSTGRES_MIGRATE: %w (set %[1]s_POSTGRES_MIGRATE=true to apply it on start, or apply idempg.Schema with your migration tool)", idempotency.EnvPrefix, err)
+	}
+	if problem := refusal(err); problem != "" {
+		return fmt.Errorf("%s: %s", p.name, problem)
+	}
+	logger.Warn("idempg: the PostgreSQL store is unreachable at start-up; calls fail with a storage error until it answers, and the schema was not checked",
+		zap.String("doing", what), zap.Error(err))
+	return nil
+}
+
+// refusal says what misconfiguration err shows, or "" for an outage.
+func refusal(err error) string {
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) {
+		switch pg.Code {
+		case "28P01":
+			return "the database refused the password (" + pg.Code + " invalid_password)"
+		case "28000":
+			return "the database refused the user or the connection (" + pg.Code + " invalid_authorization_specification: an unknown user, or no pg_hba.conf entry for it): " + pg.Message
+		case "3D000":
+			return "the database does not exist (" + pg.Code + " invalid_catalog_name): " + pg.Message
+		case "42501":
+			return "the user lacks a permission the store needs on its tables (" + pg.Code + " insufficient_privilege): " + pg.Message
+		}
+		return ""
+	}
+	var tlsErr *tls.CertificateVerificationError
+	if errors.As(err, &tlsErr) || strings.Contains(err.Error(), "server refused TLS connection") ||
+		strings.Contains(err.Error(), "tls: ") {
+		return "the TLS connection cannot be made (check sslmode and the certificates): " + err.Error()
+	}
+	return ""
+}
