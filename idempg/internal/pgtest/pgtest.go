@@ -253,3 +253,20 @@ func freePort() (int, error) {
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
+
+// CreateDatabase creates the database name on the server at dsn (as its
+// superuser), dropping one of that name first.
+func CreateDatabase(ctx context.Context, dsn, name string) error {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return fmt.Errorf("pgtest: %w", err)
+	}
+	defer conn.Close(context.Background())
+	ident := pgx.Identifier{name}.Sanitize()
+	for _, sql := range []string{"DROP DATABASE IF EXISTS " + ident + " WITH (FORCE)", "CREATE DATABASE " + ident} {
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			return fmt.Errorf("pgtest: %s: %w", sql, err)
+		}
+	}
+	return nil
+}
