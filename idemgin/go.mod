@@ -5,7 +5,7 @@ go 1.26.0
 require (
 	github.com/alicebob/miniredis/v2 v2.40.0
 	github.com/gin-gonic/gin v1.12.0
-	github.com/idemkit/idempotency v0.0.0-20261204100929-d125f7e2bb9d
+	github.com/idemkit/idempotency v0.0.0-20261204142606-dd312b9cec0d
 	go.uber.org/fx v1.24.0
 	go.uber.org/goleak v1.3.0
 	go.uber.org/zap v1.28.0

@@ -3,7 +3,7 @@ module github.com/idemkit/idempotency/idempg
 go 1.26.0
 
 require (
-	github.com/idemkit/idempotency v0.0.0-20261204100929-d125f7e2bb9d
+	github.com/idemkit/idempotency v0.0.0-20261204142606-dd312b9cec0d
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/prometheus/client_golang v1.25.0
 	go.uber.org/fx v1.24.0
