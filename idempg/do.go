@@ -114,18 +114,22 @@ func unprotected[T any](ctx context.Context, s *Store, action func(context.Conte
 		return res, err
 	}
 	committed := false
-	defer func() {
-		if !committed {
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-			_ = tx.Rollback(rctx)
-			cancel()
-		}
-	}()
+	defer rollbackUnless(ctx, tx, &committed)
 	if res.Value, err = action(ctx, ownedTx{tx}); err != nil {
 		return res, err
 	}
 	committed = true
 	return res, tx.Commit(ctx)
+}
+
+// rollbackUnless rolls tx back unless *committed, bounded by cleanupTimeout
+// and also when ctx has ended (the caller hung up).
+func rollbackUnless(ctx context.Context, tx pgx.Tx, committed *bool) {
+	if !*committed {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+		_ = tx.Rollback(rctx)
+		cancel()
+	}
 }
 
 func invalid(format string, args ...any) error {
@@ -286,13 +290,7 @@ func (f *txFlow[T]) inTx(ctx context.Context) (res coordinator.Result[T], rec co
 	// Rolled back on every way out but a commit, a panicking action's
 	// included. The rollback runs when the caller has hung up too.
 	committed := false
-	defer func() {
-		if !committed {
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-			_ = tx.Rollback(rctx)
-			cancel()
-		}
-	}()
+	defer rollbackUnless(ctx, tx, &committed)
 
 	written, rec, err := f.claim(ctx, tx, wait)
 	f.stored(ctx, coordinator.MethodReserve, start, err)
