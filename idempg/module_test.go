@@ -14,6 +14,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/fx"
 	"go.uber.org/fx/fxtest"
 	"go.uber.org/zap"
@@ -43,6 +46,9 @@ func schemaURL(schema string) string { return server.DSN + " search_path=" + sch
 func TestModule(t *testing.T) {
 	db := newEmptyDB(t, 4)
 	reg := prometheus.NewRegistry()
+	spans := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+	defer func() { _ = tp.Shutdown(context.Background()) }()
 	var c *coordinator.Coordinator
 	var store *idempg.Store
 	var pool *pgxpool.Pool
@@ -55,6 +61,7 @@ func TestModule(t *testing.T) {
 		}),
 		fx.Supply(fx.Annotate(reg, fx.As(new(prometheus.Registerer)))),
 		fx.Supply(zap.NewNop()),
+		fx.Supply(fx.Annotate(tp, fx.As(new(trace.TracerProvider)))),
 		fx.Populate(&c, &store),
 		fx.Populate(fx.Annotate(&pool, fx.ParamTags(`name:"`+idempg.PoolName+`"`))),
 	)
@@ -70,11 +77,29 @@ func TestModule(t *testing.T) {
 	}
 
 	for i := range 3 {
-		res, err := idempg.DoResult(t.Context(), c, call("order-1"), func(ctx context.Context, tx pgx.Tx) (string, error) {
+		ctx, span := tp.Tracer("test").Start(t.Context(), fmt.Sprint("call-", i))
+		res, err := idempg.DoResult(ctx, c, call("order-1"), func(ctx context.Context, tx pgx.Tx) (string, error) {
 			return "entry", insertLedger(ctx, tx, "order-1", "entry")
 		})
+		span.End()
 		if err != nil || res.Value != "entry" || res.Replayed != (i > 0) {
 			t.Fatalf("Do #%d = %+v, %v", i, res, err)
+		}
+	}
+	// The calls' events are on their spans, as the coordinator's are.
+	for i, want := range []string{"idempotency.miss idempotency.stored", "idempotency.hit", "idempotency.hit"} {
+		var got []string
+		for _, sp := range spans.Ended() {
+			if sp.Name() == fmt.Sprint("call-", i) {
+				for _, e := range sp.Events() {
+					if e.Name != "idempotency.storage_call" {
+						got = append(got, e.Name)
+					}
+				}
+			}
+		}
+		if strings.Join(got, " ") != want {
+			t.Errorf("span of call %d: events %q, want %q", i, got, want)
 		}
 	}
 	if n := db.ledger(t, "order-1"); n != 1 {
