@@ -16,8 +16,9 @@
 //
 // # The transactional call
 //
-// Do takes the coordinator whose store is the idempg Store (the fx module
-// idempgfx provides both, configured from IDEMPOTENCY_* variables), and
+// Do takes the coordinator whose store is the idempg Store (with
+// idempotency.Module and [Module] in an fx app, the coordinator it provides,
+// configured from IDEMPOTENCY_* variables), and
 // follows its settings: in-flight mode, wait timeout, TTLs, result limit and
 // kill switch; its events go to the coordinator's observer, so its metrics,
 // logs and spans are those of every other call:
