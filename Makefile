@@ -9,7 +9,7 @@ GO ?= go
 STATICCHECK_VERSION ?= v0.8.2
 STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
-.PHONY: all build test test-reliability test-reliability-short test-valkey lint fmt-check vet staticcheck bench bench-table tidy-check readme-commands rules-check prometheus-e2e user-build require-core release release-dry-run ci ci-targets demo
+.PHONY: all build test test-reliability test-reliability-short test-valkey lint fmt-check vet staticcheck bench bench-table bench-pg tidy-check readme-commands rules-check prometheus-e2e user-build require-core release release-dry-run ci ci-targets demo
 
 all: build
 
@@ -114,6 +114,16 @@ bench:
 
 bench-table:
 	$(GO) run ./tools/benchtable $(BENCH_OUT)
+
+# The PostgreSQL store's transactional call beside a hand-written INSERT ...
+# ON CONFLICT transaction and beside the Redis store (docs/performance.md,
+# "PostgreSQL: the transactional call"), six passes into idempg/$(BENCH_OUT);
+# about ten minutes on two cores. Needs PostgreSQL and redis-server.
+#   go run golang.org/x/perf/cmd/benchstat@latest -col '/impl@(floor idempg)' idempg/bench.out
+bench-pg:
+	set -o pipefail; cd idempg && : > $(BENCH_OUT) && for i in $$(seq $(BENCH_COUNT)); do \
+		IDEMPOTENCY_TEST_REQUIRE_POSTGRES=1 $(GO) test -run '^$$' -bench Flows -benchmem -benchtime 2s -count 1 -timeout 30m . | tee -a $(BENCH_OUT) || exit 1; \
+	done
 
 tidy-check:
 	@$(call each,$(GO) mod tidy -diff)
