@@ -166,6 +166,21 @@ const (
 	saveLockTimeout    = `SELECT set_config('idempg.lock_timeout', current_setting('lock_timeout'), true)`
 	restoreLockTimeout = `SELECT set_config('lock_timeout', current_setting('idempg.lock_timeout'), true)`
 
+	// claimRecord writes the call's pending record if the key has no row.
+	// When another transaction holds an uncommitted row of the key, it
+	// waits for that transaction's end (lock_timeout bounds the wait), and
+	// then writes if that transaction rolled back. When a row is there, it
+	// writes nothing and takes no lock: the waiters of a key that completes
+	// all read its record at once, instead of queueing on its row.
+	claimRecord = `INSERT INTO idempotency_records
+	(operation, key, state, token, fingerprint, result, expires_at, created_at)
+VALUES ($1, $2, $3, $4, $5, NULL, clock_timestamp() + $6 * interval '1 millisecond', clock_timestamp())
+ON CONFLICT (operation, key) DO NOTHING
+RETURNING true`
+
+	// lockRow locks the key's row, expired or not.
+	lockRow = `SELECT true FROM idempotency_records WHERE operation = $1 AND key = $2 FOR UPDATE`
+
 	// takeOver makes the row, which the transaction has locked, its own
 	// pending record: a heal of a record nobody can read, or of one that
 	// expired since the claim looked.
@@ -269,17 +284,9 @@ func (f *txFlow[T]) settle(ctx context.Context, rec coordinator.Record) (coordin
 // its result, or settle the record that holds the key. It returns the
 // record and stepWait when a coordinator's reservation holds the key.
 func (f *txFlow[T]) inTx(ctx context.Context) (res coordinator.Result[T], rec coordinator.Record, next step, err error) {
-	wait := time.Millisecond // mode raise: at once, but for a brief lock
-	if f.plan.InFlight == coordinator.InFlightWait {
-		wait = time.Until(f.until)
-		if d, ok := ctx.Deadline(); ok {
-			// Let the lock wait end before ctx does, so that a caller whose
-			// deadline is the wait bound hears ErrInProgress.
-			wait = min(wait, time.Until(d)*9/10)
-		}
-		if wait < time.Millisecond {
-			return res, rec, stepDone, f.inProgress(0)
-		}
+	wait, ok := f.lockWait(ctx)
+	if !ok {
+		return res, rec, stepDone, f.inProgress(0)
 	}
 	start := time.Now()
 	tx, err := f.s.db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
@@ -294,23 +301,31 @@ func (f *txFlow[T]) inTx(ctx context.Context) (res coordinator.Result[T], rec co
 
 	written, rec, err := f.claim(ctx, tx, wait)
 	f.stored(ctx, coordinator.MethodReserve, start, err)
-	switch {
-	case lockNotAvailable(err):
-		// Another transaction holds the key past the wait.
-		f.report(ctx, coordinator.Event{Kind: coordinator.EventInFlight, Mode: f.plan.InFlight})
-		if f.plan.InFlight == coordinator.InFlightWait {
-			f.report(ctx, coordinator.Event{Kind: coordinator.EventWaited, Outcome: coordinator.WaitTimeout, Duration: time.Since(start)})
-		}
-		return res, rec, stepDone, f.inProgress(txRetryAfter)
-	case err != nil:
-		return res, rec, stepDone, f.failed(ctx, coordinator.MethodReserve, err)
+	if err != nil {
+		return res, rec, stepDone, f.claimFailed(ctx, start, err)
 	}
 	if !written {
-		// The row is locked by the claim: rec is what is there, and nobody
-		// can change it before this transaction ends.
+		// The claim took no lock: rec is the record that committed, and
+		// the other waiters of the key read it at the same time.
 		if res, next, err = f.settle(ctx, rec); next != stepRun {
 			return res, rec, next, err
 		}
+		// The record must be replaced (expired, or unreadable): lock its
+		// row, and settle what is there once it is locked.
+		found, locked, err := f.lock(ctx, tx)
+		if err != nil {
+			return res, rec, stepDone, f.claimFailed(ctx, start, err)
+		}
+		if !found {
+			// Deleted meanwhile (the sweeper): claim again, in a new round.
+			return res, coordinator.Record{}, stepRun, nil
+		}
+		if locked.State != rec.State || locked.Token != rec.Token {
+			if res, next, err = f.settle(ctx, locked); next != stepRun {
+				return res, locked, next, err
+			}
+		}
+		rec = locked
 		tag, err := tx.Exec(ctx, takeOver, f.key.Operation, f.key.Key, f.token, f.fp, claimLease.Milliseconds())
 		if err == nil && tag.RowsAffected() != 1 {
 			err = errors.New("the locked record is gone")
@@ -346,18 +361,17 @@ func (f *txFlow[T]) inTx(ctx context.Context) (res coordinator.Result[T], rec co
 	return coordinator.Result[T]{Value: v}, rec, stepDone, nil
 }
 
-// claim writes the call's pending record in tx if the key is absent (no
-// row, or an expired one), waiting on the row's lock for another
-// transaction that holds it, for as long as the in-flight mode and the wait
-// bound allow (wait): lock_timeout is set for the claim and put back as it
-// was for the action. When it does not write, it returns the record that is
-// there. It is one round trip.
+// claim writes the call's pending record in tx if the key has no row,
+// waiting for another transaction that inserted one, for as long as the
+// in-flight mode and the wait bound allow (wait): lock_timeout is set for
+// the claim and put back as it was for the action. When it does not write,
+// it returns the record that is there (absent when it expired), with no
+// lock taken. It is one round trip.
 func (f *txFlow[T]) claim(ctx context.Context, tx pgx.Tx, wait time.Duration) (written bool, rec coordinator.Record, err error) {
 	b := &pgx.Batch{}
 	b.Queue(saveLockTimeout)
 	b.Queue(setLockTimeout, lockTimeout(wait))
-	b.Queue(insertRecord, f.key.Operation, f.key.Key, statePending, f.token, f.fp, nil, claimLease.Milliseconds(),
-		false, "").QueryRow(func(row pgx.Row) error {
+	b.Queue(claimRecord, f.key.Operation, f.key.Key, statePending, f.token, f.fp, claimLease.Milliseconds()).QueryRow(func(row pgx.Row) error {
 		err := row.Scan(&written)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
@@ -372,6 +386,64 @@ func (f *txFlow[T]) claim(ctx context.Context, tx pgx.Tx, wait time.Duration) (w
 	b.Queue(restoreLockTimeout)
 	err = tx.SendBatch(ctx, b).Close()
 	return written, rec, err
+}
+
+// lock locks the key's row in tx, waiting for another transaction that
+// holds it as long as the in-flight mode and the wait bound allow, and
+// returns the record there once locked; found is false when there is no row
+// (deleted since the claim looked). It is one round trip.
+func (f *txFlow[T]) lock(ctx context.Context, tx pgx.Tx) (found bool, rec coordinator.Record, err error) {
+	wait, ok := f.lockWait(ctx)
+	if !ok {
+		wait = time.Millisecond
+	}
+	b := &pgx.Batch{}
+	b.Queue(setLockTimeout, lockTimeout(wait))
+	b.Queue(lockRow, f.key.Operation, f.key.Key).QueryRow(func(row pgx.Row) error {
+		err := row.Scan(&found)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		return err
+	})
+	b.Queue(selectRecord, f.key.Operation, f.key.Key).QueryRow(func(row pgx.Row) error {
+		var err error
+		rec, err = scanRecord(row)
+		return err
+	})
+	b.Queue(restoreLockTimeout)
+	err = tx.SendBatch(ctx, b).Close()
+	return found, rec, err
+}
+
+// lockWait is how long a claim or a lock may wait for another transaction:
+// a millisecond in mode raise (at once, but for a brief lock); in mode wait
+// until the wait bound, ending before ctx's deadline so that a caller whose
+// deadline is the wait bound hears ErrInProgress. ok is false when the
+// bound has passed.
+func (f *txFlow[T]) lockWait(ctx context.Context) (wait time.Duration, ok bool) {
+	if f.plan.InFlight != coordinator.InFlightWait {
+		return time.Millisecond, true
+	}
+	wait = time.Until(f.until)
+	if d, ok := ctx.Deadline(); ok {
+		wait = min(wait, time.Until(d)*9/10)
+	}
+	return wait, wait >= time.Millisecond
+}
+
+// claimFailed is the error of a claim or a lock that failed: ErrInProgress
+// when another transaction held the key past the wait, else a storage
+// error (or ctx's).
+func (f *txFlow[T]) claimFailed(ctx context.Context, start time.Time, err error) error {
+	if !lockNotAvailable(err) {
+		return f.failed(ctx, coordinator.MethodReserve, err)
+	}
+	f.report(ctx, coordinator.Event{Kind: coordinator.EventInFlight, Mode: f.plan.InFlight})
+	if f.plan.InFlight == coordinator.InFlightWait {
+		f.report(ctx, coordinator.Event{Kind: coordinator.EventWaited, Outcome: coordinator.WaitTimeout, Duration: time.Since(start)})
+	}
+	return f.inProgress(txRetryAfter)
 }
 
 // keep returns what the record of the action's result v holds: the

@@ -811,3 +811,44 @@ func TestDoReportsEvents(t *testing.T) {
 		t.Errorf("kill switch off: events %q, want none", got)
 	}
 }
+
+// Many callers meet an expired record at once: one takes the row over and
+// runs, the others wait for its transaction and replay its result.
+func TestDoConcurrentTakeover(t *testing.T) {
+	db := newDB(t, 24)
+	s := db.coord(t, coordinator.WithMinTTL(time.Millisecond))
+	key := uniqueKey("takeover")
+	c := call(key)
+	c.TTL = 100 * time.Millisecond
+	var runs atomic.Int32
+	action := func(ctx context.Context, tx pgx.Tx) (int32, error) {
+		n := runs.Add(1)
+		time.Sleep(20 * time.Millisecond) // long enough for the others to meet the held row
+		return n, insertLedger(ctx, tx, key, fmt.Sprint(n))
+	}
+	if _, err := idempg.Do(t.Context(), s, c, action); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond) // the record expires (the row stays: no sweeper)
+	c.TTL = time.Minute
+	got := make([]int32, 20)
+	var wg sync.WaitGroup
+	for i := range got {
+		wg.Go(func() {
+			v, err := idempg.Do(t.Context(), s, c, action)
+			if err != nil {
+				t.Errorf("caller %d: %v", i, err)
+			}
+			got[i] = v
+		})
+	}
+	wg.Wait()
+	if runs.Load() != 2 || db.ledger(t, key) != 2 {
+		t.Fatalf("runs %d, ledger rows %d; want 2 and 2 (the first, then one takeover)", runs.Load(), db.ledger(t, key))
+	}
+	for i, v := range got {
+		if v != 2 {
+			t.Errorf("caller %d got %d, want the takeover's 2", i, v)
+		}
+	}
+}
