@@ -163,8 +163,13 @@ const (
 
 // The SQL of the transactional call, besides the Store's.
 const (
-	saveLockTimeout    = `SELECT set_config('idempg.lock_timeout', current_setting('lock_timeout'), true)`
-	restoreLockTimeout = `SELECT set_config('lock_timeout', current_setting('idempg.lock_timeout'), true)`
+	// saveTimeouts and restoreTimeouts keep the session's lock_timeout and
+	// statement_timeout across a lock wait (setLockWait), so that the
+	// action runs with them.
+	saveTimeouts = `SELECT set_config('idempg.lock_timeout', current_setting('lock_timeout'), true),
+	set_config('idempg.statement_timeout', current_setting('statement_timeout'), true)`
+	restoreTimeouts = `SELECT set_config('lock_timeout', current_setting('idempg.lock_timeout'), true),
+	set_config('statement_timeout', current_setting('idempg.statement_timeout'), true)`
 
 	// claimRecord writes the call's pending record if the key has no row.
 	// When another transaction holds an uncommitted row of the key, it
@@ -364,13 +369,14 @@ func (f *txFlow[T]) inTx(ctx context.Context) (res coordinator.Result[T], rec co
 // claim writes the call's pending record in tx if the key has no row,
 // waiting for another transaction that inserted one, for as long as the
 // in-flight mode and the wait bound allow (wait): lock_timeout is set for
-// the claim and put back as it was for the action. When it does not write,
+// the claim, and statement_timeout turned off, and both are put back as
+// they were for the action. When it does not write,
 // it returns the record that is there (absent when it expired), with no
 // lock taken. It is one round trip.
 func (f *txFlow[T]) claim(ctx context.Context, tx pgx.Tx, wait time.Duration) (written bool, rec coordinator.Record, err error) {
 	b := &pgx.Batch{}
-	b.Queue(saveLockTimeout)
-	b.Queue(setLockTimeout, lockTimeout(wait))
+	b.Queue(saveTimeouts)
+	b.Queue(setLockWait, lockTimeout(wait))
 	b.Queue(claimRecord, f.key.Operation, f.key.Key, statePending, f.token, f.fp, claimLease.Milliseconds()).QueryRow(func(row pgx.Row) error {
 		err := row.Scan(&written)
 		if errors.Is(err, pgx.ErrNoRows) {
@@ -383,7 +389,7 @@ func (f *txFlow[T]) claim(ctx context.Context, tx pgx.Tx, wait time.Duration) (w
 		rec, err = scanRecord(row)
 		return err
 	})
-	b.Queue(restoreLockTimeout)
+	b.Queue(restoreTimeouts)
 	err = tx.SendBatch(ctx, b).Close()
 	return written, rec, err
 }
@@ -398,7 +404,7 @@ func (f *txFlow[T]) lock(ctx context.Context, tx pgx.Tx) (found bool, rec coordi
 		wait = time.Millisecond
 	}
 	b := &pgx.Batch{}
-	b.Queue(setLockTimeout, lockTimeout(wait))
+	b.Queue(setLockWait, lockTimeout(wait))
 	b.Queue(lockRow, f.key.Operation, f.key.Key).QueryRow(func(row pgx.Row) error {
 		err := row.Scan(&found)
 		if errors.Is(err, pgx.ErrNoRows) {
@@ -411,7 +417,7 @@ func (f *txFlow[T]) lock(ctx context.Context, tx pgx.Tx) (found bool, rec coordi
 		rec, err = scanRecord(row)
 		return err
 	})
-	b.Queue(restoreLockTimeout)
+	b.Queue(restoreTimeouts)
 	err = tx.SendBatch(ctx, b).Close()
 	return found, rec, err
 }

@@ -23,6 +23,11 @@ func TestMain(m *testing.M) {
 		// A child process of TestTwoProcesses: one call, then exit.
 		os.Exit(child())
 	}
+	if os.Getenv(stormChildEnv) != "" {
+		// A client process of TestStormProcessKilled: calls until its
+		// stdin ends, or it is killed.
+		os.Exit(stormChild())
+	}
 	server, serverErr = pgtest.Start()
 	if serverErr != nil && (!errors.Is(serverErr, pgtest.ErrNotFound) || pgtest.Required()) {
 		fmt.Fprintln(os.Stderr, serverErr)

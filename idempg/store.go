@@ -116,8 +116,11 @@ WHERE ` + ownedPending
 SET expires_at = clock_timestamp() + $4 * interval '1 millisecond'
 WHERE ` + ownedPending
 
-	// setLockTimeout sets lock_timeout for the rest of the transaction.
-	setLockTimeout = `SELECT set_config('lock_timeout', $1, true)`
+	// setLockWait sets lock_timeout to $1 for the rest of the transaction,
+	// and turns statement_timeout off: a session's statement_timeout
+	// shorter than the lock wait would end the wait with a statement
+	// timeout, which a caller takes for a database failure, not a held key.
+	setLockWait = `SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', '0', true)`
 )
 
 // Reserve implements coordinator.Store: if the key is absent (no row, or an
@@ -147,7 +150,7 @@ func (s *Store) Reserve(ctx context.Context, key coordinator.Key, w coordinator.
 	if d, ok := ctx.Deadline(); ok {
 		// Waiting longer than the caller would only turn a held key into a
 		// timeout, which a coordinator takes for a storage failure.
-		b.Queue(setLockTimeout, lockTimeout(time.Until(d)*3/4))
+		b.Queue(setLockWait, lockTimeout(time.Until(d)*3/4))
 	}
 	var written bool
 	b.Queue(insertRecord, key.Operation, key.Key, st, w.Token, w.Fingerprint, result, w.TTL.Milliseconds(),

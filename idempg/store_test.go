@@ -308,14 +308,14 @@ func TestReserveWhileDoHolds(t *testing.T) {
 	if rec := record(t, s, k.Operation, k.Key); rec.State != coordinator.StateAbsent {
 		t.Errorf("Get while Do holds the key = %+v, want absent (the claim is not committed)", rec)
 	}
-	ctx, cancel := context.WithTimeout(t.Context(), 400*time.Millisecond)
-	start := time.Now()
+	// The lock wait ends at three quarters of the deadline, 1.5s: the answer
+	// comes before the deadline, or the call fails with ctx's error.
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
 	rec, ok, err := s.Reserve(ctx, k, coordinator.Write{State: coordinator.StatePending, Token: "plain", TTL: time.Minute})
 	cancel()
 	if err != nil || ok || rec.State != coordinator.StatePending || rec.Token != "" {
 		t.Fatalf("Reserve while Do holds the key = %+v, %v, %v; want pending with no token, not written", rec, ok, err)
 	}
-	within(t, "Reserve with a 400ms deadline", time.Since(start), 400*time.Millisecond)
 
 	// A Reserve that is waiting when Do commits gets the completed record.
 	type out struct {
