@@ -221,7 +221,8 @@ type txFlow[T any] struct {
 	token  string
 	codec  coordinator.Codec[T]
 	action func(context.Context, pgx.Tx) (T, error)
-	until  time.Time // the wait bound
+	until  time.Time          // the wait bound
+	read   coordinator.Record // the record the last claim or lock read
 }
 
 func (f *txFlow[T]) do(ctx context.Context) (coordinator.Result[T], error) {
@@ -376,22 +377,9 @@ func (f *txFlow[T]) inTx(ctx context.Context) (res coordinator.Result[T], rec co
 func (f *txFlow[T]) claim(ctx context.Context, tx pgx.Tx, wait time.Duration) (written bool, rec coordinator.Record, err error) {
 	b := &pgx.Batch{}
 	b.Queue(saveTimeouts)
-	b.Queue(setLockWait, lockTimeout(wait))
-	b.Queue(claimRecord, f.key.Operation, f.key.Key, statePending, f.token, f.fp, claimLease.Milliseconds()).QueryRow(func(row pgx.Row) error {
-		err := row.Scan(&written)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil
-		}
-		return err
-	})
-	b.Queue(selectRecord, f.key.Operation, f.key.Key).QueryRow(func(row pgx.Row) error {
-		var err error
-		rec, err = scanRecord(row)
-		return err
-	})
-	b.Queue(restoreTimeouts)
-	err = tx.SendBatch(ctx, b).Close()
-	return written, rec, err
+	err = f.waitThenRead(ctx, tx, b, wait, &written, claimRecord,
+		f.key.Operation, f.key.Key, statePending, f.token, f.fp, claimLease.Milliseconds())
+	return written, f.read, err
 }
 
 // lock locks the key's row in tx, waiting for another transaction that
@@ -403,10 +391,18 @@ func (f *txFlow[T]) lock(ctx context.Context, tx pgx.Tx) (found bool, rec coordi
 	if !ok {
 		wait = time.Millisecond
 	}
-	b := &pgx.Batch{}
+	err = f.waitThenRead(ctx, tx, &pgx.Batch{}, wait, &found, lockRow, f.key.Operation, f.key.Key)
+	return found, f.read, err
+}
+
+// waitThenRead sends b with, after what it holds: the lock wait set to
+// wait, sql (which returns true or no row, into *flag), a read of the
+// key's record into f.read, and the session's timeouts put back.
+func (f *txFlow[T]) waitThenRead(ctx context.Context, tx pgx.Tx, b *pgx.Batch, wait time.Duration, flag *bool, sql string, args ...any) error {
+	*flag, f.read = false, coordinator.Record{}
 	b.Queue(setLockWait, lockTimeout(wait))
-	b.Queue(lockRow, f.key.Operation, f.key.Key).QueryRow(func(row pgx.Row) error {
-		err := row.Scan(&found)
+	b.Queue(sql, args...).QueryRow(func(row pgx.Row) error {
+		err := row.Scan(flag)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
 		}
@@ -414,12 +410,11 @@ func (f *txFlow[T]) lock(ctx context.Context, tx pgx.Tx) (found bool, rec coordi
 	})
 	b.Queue(selectRecord, f.key.Operation, f.key.Key).QueryRow(func(row pgx.Row) error {
 		var err error
-		rec, err = scanRecord(row)
+		f.read, err = scanRecord(row)
 		return err
 	})
 	b.Queue(restoreTimeouts)
-	err = tx.SendBatch(ctx, b).Close()
-	return found, rec, err
+	return tx.SendBatch(ctx, b).Close()
 }
 
 // lockWait is how long a claim or a lock may wait for another transaction:

@@ -6,8 +6,6 @@ import (
 	"os"
 	"testing"
 
-	"go.uber.org/goleak"
-
 	"github.com/idemkit/idempotency/idempg/internal/pgtest"
 )
 
@@ -36,22 +34,5 @@ func TestMain(m *testing.M) {
 	if server != nil {
 		fmt.Fprintf(os.Stderr, "idempg tests: PostgreSQL %s at %s\n", server.Version, server.DSN)
 	}
-	os.Exit(verify(m, server))
-}
-
-// verify runs the tests, stops srv, then fails the run if a goroutine is
-// left: the server's own go away with it, so the check comes after.
-// (goleak.VerifyTestMain with a Cleanup that stops the server would check
-// before the server stops, and would not fail the run: with a Cleanup,
-// goleak leaves the exit to it.)
-func verify(m *testing.M, srv *pgtest.Server) int {
-	code := m.Run()
-	srv.Stop()
-	if err := goleak.Find(); err != nil {
-		fmt.Fprintln(os.Stderr, "goleak:", err)
-		if code == 0 {
-			code = 1
-		}
-	}
-	return code
+	os.Exit(pgtest.Run(m, server))
 }

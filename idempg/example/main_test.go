@@ -16,7 +16,6 @@ import (
 
 	"go.uber.org/fx"
 	"go.uber.org/fx/fxtest"
-	"go.uber.org/goleak"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
@@ -38,7 +37,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, pgErr)
 		os.Exit(1)
 	}
-	os.Exit(verify(m, pg))
+	os.Exit(pgtest.Run(m, pg))
 }
 
 // startApp starts the app on a fresh database and returns its URL.
@@ -135,21 +134,4 @@ func TestTransferOnce(t *testing.T) {
 	if v.Transfers != 1 || v.Entries != 2 || v.Balances["alice"] != -1999 || v.Balances["bob"] != 1999 {
 		t.Errorf("ledger %+v, want one transfer of 1999 from alice to bob", v)
 	}
-}
-
-// verify runs the tests, stops srv, then fails the run if a goroutine is
-// left: the server's own go away with it, so the check comes after.
-// (goleak.VerifyTestMain with a Cleanup that stops the server would check
-// before the server stops, and would not fail the run: with a Cleanup,
-// goleak leaves the exit to it.)
-func verify(m *testing.M, srv *pgtest.Server) int {
-	code := m.Run()
-	srv.Stop()
-	if err := goleak.Find(); err != nil {
-		fmt.Fprintln(os.Stderr, "goleak:", err)
-		if code == 0 {
-			code = 1
-		}
-	}
-	return code
 }

@@ -31,6 +31,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.uber.org/goleak"
 )
 
 // RequireEnv is the environment variable that, set to 1, turns a missing
@@ -269,4 +270,22 @@ func CreateDatabase(ctx context.Context, dsn, name string) error {
 		}
 	}
 	return nil
+}
+
+// Run runs a package's tests (m.Run), stops srv (which may be nil), then
+// fails the run if a goroutine is left, and returns the exit code for
+// os.Exit. The server's own goroutines go away with it, so the check comes
+// after it stops. (goleak.VerifyTestMain with a Cleanup that stops the
+// server would check before the server stops, and would not fail the run:
+// with a Cleanup, goleak leaves the exit to it.)
+func Run(m *testing.M, srv *Server) int {
+	code := m.Run()
+	srv.Stop()
+	if err := goleak.Find(); err != nil {
+		fmt.Fprintln(os.Stderr, "goleak:", err)
+		if code == 0 {
+			code = 1
+		}
+	}
+	return code
 }
