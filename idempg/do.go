@@ -96,10 +96,6 @@ func DoWithCodec[T any](ctx context.Context, c *coordinator.Coordinator, call co
 		s:      s,
 		c:      c,
 		plan:   plan,
-		key:    plan.Key,
-		fp:     plan.Fingerprint,
-		ttl:    plan.TTL,
-		token:  plan.Token,
 		codec:  codec,
 		action: action,
 	}
@@ -215,10 +211,6 @@ type txFlow[T any] struct {
 	s      *Store
 	c      *coordinator.Coordinator
 	plan   coordinator.Plan
-	key    coordinator.Key
-	fp     string
-	ttl    time.Duration
-	token  string
 	codec  coordinator.Codec[T]
 	action func(context.Context, pgx.Tx) (T, error)
 	until  time.Time          // the wait bound
@@ -258,8 +250,8 @@ func (f *txFlow[T]) do(ctx context.Context) (coordinator.Result[T], error) {
 // (absent, unreadable, or a result the codec cannot decode: the key heals),
 // or a wait for a coordinator's reservation.
 func (f *txFlow[T]) settle(ctx context.Context, rec coordinator.Record) (coordinator.Result[T], step, error) {
-	if f.fp != "" && rec.Fingerprint != "" && f.fp != rec.Fingerprint {
-		err := &coordinator.KeyReuseError{Operation: f.key.Operation, Key: f.key.Key, Stored: rec.Fingerprint, Got: f.fp}
+	if f.plan.Fingerprint != "" && rec.Fingerprint != "" && f.plan.Fingerprint != rec.Fingerprint {
+		err := &coordinator.KeyReuseError{Operation: f.plan.Key.Operation, Key: f.plan.Key.Key, Stored: rec.Fingerprint, Got: f.plan.Fingerprint}
 		f.report(ctx, coordinator.Event{Kind: coordinator.EventError, ErrorType: coordinator.ErrorKeyReuse, Err: err})
 		return coordinator.Result[T]{}, stepDone, err
 	}
@@ -271,7 +263,7 @@ func (f *txFlow[T]) settle(ctx context.Context, rec coordinator.Record) (coordin
 		}
 		return coordinator.Result[T]{}, stepWait, nil
 	case coordinator.StateNotReplayable:
-		err := &coordinator.NotReplayableError{Operation: f.key.Operation, Key: f.key.Key, Reason: string(rec.Result)}
+		err := &coordinator.NotReplayableError{Operation: f.plan.Key.Operation, Key: f.plan.Key.Key, Reason: string(rec.Result)}
 		f.report(ctx, coordinator.Event{Kind: coordinator.EventNotReplayable, Err: err})
 		return coordinator.Result[T]{}, stepDone, err
 	case coordinator.StateCompleted:
@@ -332,7 +324,7 @@ func (f *txFlow[T]) inTx(ctx context.Context) (res coordinator.Result[T], rec co
 			}
 		}
 		rec = locked
-		tag, err := tx.Exec(ctx, takeOver, f.key.Operation, f.key.Key, f.token, f.fp, claimLease.Milliseconds())
+		tag, err := tx.Exec(ctx, takeOver, f.plan.Key.Operation, f.plan.Key.Key, f.plan.Token, f.plan.Fingerprint, claimLease.Milliseconds())
 		if err == nil && tag.RowsAffected() != 1 {
 			err = errors.New("the locked record is gone")
 		}
@@ -348,7 +340,7 @@ func (f *txFlow[T]) inTx(ctx context.Context) (res coordinator.Result[T], rec co
 	}
 	state, payload := f.keep(ctx, v)
 	start = time.Now()
-	tag, err := tx.Exec(ctx, completeClaim, f.key.Operation, f.key.Key, f.token, state, payload, f.ttl.Milliseconds())
+	tag, err := tx.Exec(ctx, completeClaim, f.plan.Key.Operation, f.plan.Key.Key, f.plan.Token, state, payload, f.plan.TTL.Milliseconds())
 	if err == nil && tag.RowsAffected() != 1 {
 		err = errors.New("the action's transaction changed or deleted the key's record")
 	}
@@ -378,7 +370,7 @@ func (f *txFlow[T]) claim(ctx context.Context, tx pgx.Tx, wait time.Duration) (w
 	b := &pgx.Batch{}
 	b.Queue(saveTimeouts)
 	err = f.waitThenRead(ctx, tx, b, wait, &written, claimRecord,
-		f.key.Operation, f.key.Key, statePending, f.token, f.fp, claimLease.Milliseconds())
+		f.plan.Key.Operation, f.plan.Key.Key, statePending, f.plan.Token, f.plan.Fingerprint, claimLease.Milliseconds())
 	return written, f.read, err
 }
 
@@ -391,7 +383,7 @@ func (f *txFlow[T]) lock(ctx context.Context, tx pgx.Tx) (found bool, rec coordi
 	if !ok {
 		wait = time.Millisecond
 	}
-	err = f.waitThenRead(ctx, tx, &pgx.Batch{}, wait, &found, lockRow, f.key.Operation, f.key.Key)
+	err = f.waitThenRead(ctx, tx, &pgx.Batch{}, wait, &found, lockRow, f.plan.Key.Operation, f.plan.Key.Key)
 	return found, f.read, err
 }
 
@@ -408,7 +400,7 @@ func (f *txFlow[T]) waitThenRead(ctx context.Context, tx pgx.Tx, b *pgx.Batch, w
 		}
 		return err
 	})
-	b.Queue(selectRecord, f.key.Operation, f.key.Key).QueryRow(func(row pgx.Row) error {
+	b.Queue(selectRecord, f.plan.Key.Operation, f.plan.Key.Key).QueryRow(func(row pgx.Row) error {
 		var err error
 		f.read, err = scanRecord(row)
 		return err
@@ -515,7 +507,7 @@ func (f *txFlow[T]) await(ctx context.Context, rec coordinator.Record) (coordina
 		}
 	}
 	switch {
-	case f.fp != "" && rec.Fingerprint != "" && f.fp != rec.Fingerprint:
+	case f.plan.Fingerprint != "" && rec.Fingerprint != "" && f.plan.Fingerprint != rec.Fingerprint:
 		waited(coordinator.WaitReuse)
 	case rec.State == coordinator.StateAbsent:
 		waited(coordinator.WaitTakeover)
@@ -530,7 +522,7 @@ func (f *txFlow[T]) inProgress(retryAfter time.Duration) *coordinator.InProgress
 	if retryAfter <= 0 {
 		retryAfter = txRetryAfter
 	}
-	return &coordinator.InProgressError{Operation: f.key.Operation, Key: f.key.Key, RetryAfter: retryAfter}
+	return &coordinator.InProgressError{Operation: f.plan.Key.Operation, Key: f.plan.Key.Key, RetryAfter: retryAfter}
 }
 
 // failed returns the error of a database failure before the action ran:
@@ -546,7 +538,7 @@ func (f *txFlow[T]) failed(ctx context.Context, m coordinator.Method, err error)
 	if m == coordinator.MethodReserve {
 		t = coordinator.ErrorStorageReserve
 	}
-	se := &coordinator.StorageError{Method: m, Operation: f.key.Operation, Key: f.key.Key, Err: err}
+	se := &coordinator.StorageError{Method: m, Operation: f.plan.Key.Operation, Key: f.plan.Key.Key, Err: err}
 	f.report(ctx, coordinator.Event{Kind: coordinator.EventError, ErrorType: t, Method: m, Err: se})
 	return se
 }
@@ -554,7 +546,7 @@ func (f *txFlow[T]) failed(ctx context.Context, m coordinator.Method, err error)
 // saveFailed returns, and reports, the error of a completion or commit that
 // failed after the action ran.
 func (f *txFlow[T]) saveFailed(ctx context.Context, err error) error {
-	se := &coordinator.StorageError{Method: coordinator.MethodComplete, Operation: f.key.Operation, Key: f.key.Key, Err: err}
+	se := &coordinator.StorageError{Method: coordinator.MethodComplete, Operation: f.plan.Key.Operation, Key: f.plan.Key.Key, Err: err}
 	f.report(ctx, coordinator.Event{Kind: coordinator.EventError, ErrorType: coordinator.ErrorStorageSave,
 		Method: coordinator.MethodComplete, Err: se})
 	return se
@@ -566,7 +558,7 @@ func (f *txFlow[T]) saveFailed(ctx context.Context, err error) error {
 // as their actions run; ctx bounds it.
 func (f *txFlow[T]) get(ctx context.Context) (coordinator.Record, error) {
 	start := time.Now()
-	rec, err := f.s.Get(ctx, f.key)
+	rec, err := f.s.Get(ctx, f.plan.Key)
 	f.stored(ctx, coordinator.MethodGet, start, err)
 	return rec, err
 }
@@ -578,7 +570,7 @@ func (f *txFlow[T]) stored(ctx context.Context, m coordinator.Method, start time
 
 // report sends e, for the call's key, to the coordinator's observer.
 func (f *txFlow[T]) report(ctx context.Context, e coordinator.Event) {
-	e.Key = f.key
+	e.Key = f.plan.Key
 	f.c.Report(ctx, e)
 }
 
