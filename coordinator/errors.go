@@ -37,6 +37,22 @@ var (
 	// errors.As with *NotReplayableError for the reason.
 	ErrNotReplayable = errors.New("idempotency: completed, result not replayable")
 
+	// ErrConflict matches a store error that says a concurrent transaction
+	// got in the way (a serialization failure, a deadlock) and went on doing
+	// so through the store's retries within the storage timeout. It is not
+	// an outage: another holder of the key is at work, so the action does
+	// not run whatever the on-storage-error mode is, and the call returns a
+	// *StorageError that matches both ErrStorage and ErrConflict.
+	ErrConflict = errors.New("idempotency: storage conflict")
+
+	// ErrMisconfigured matches a store error that the store answered with
+	// because of how it is set up, not because it is down: a statement that
+	// a connection pooler runs on the wrong server connection, a permission
+	// the store lacks. Like ErrConflict it never runs the action
+	// unprotected, whatever the on-storage-error mode is: the call returns a
+	// *StorageError that matches both ErrStorage and ErrMisconfigured.
+	ErrMisconfigured = errors.New("idempotency: storage misconfigured")
+
 	// ErrLeaseLost is the cause with which the action's context is cancelled
 	// when the coordinator learns that the reservation now belongs to another
 	// caller or is gone (see context.Cause).
@@ -155,6 +171,13 @@ func asStorageError(m Method, k Key, err error) *StorageError {
 		out.Operation, out.Key = k.Operation, k.Key
 	}
 	return &out
+}
+
+// answered reports whether err is a store error that the store answered
+// with (ErrConflict, ErrMisconfigured): not an outage, so never a reason to
+// run the action unprotected (docs/architecture.md, "When the store fails").
+func answered(err error) bool {
+	return errors.Is(err, ErrConflict) || errors.Is(err, ErrMisconfigured)
 }
 
 // InvalidRequestError is the error returned for an invalid Call or action.

@@ -396,8 +396,10 @@ func (f *flow[T]) awaitHolder(ctx context.Context, rec Record, deadline *time.Ti
 }
 
 // onStorageError decides what a store failure before the action means.
+// A store that answered with a conflict or a refusal is not down: the
+// action does not run, whatever the mode.
 func (f *flow[T]) onStorageError(ctx context.Context, se *StorageError) (Result[T], error) {
-	if f.c.cfg.onStorageError == OnStorageErrorRaise {
+	if f.c.cfg.onStorageError == OnStorageErrorRaise || answered(se) {
 		return Result[T]{}, se
 	}
 	f.observe(ctx, Event{Kind: EventUnprotected, Method: se.Method, Err: se})

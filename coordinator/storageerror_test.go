@@ -3,6 +3,7 @@ package coordinator_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"strings"
 	"testing"
@@ -458,5 +459,46 @@ func TestStorageError_UnreadableRecordIsNotAnOutage(t *testing.T) {
 				t.Fatal("counted as a storage error")
 			}
 		})
+	}
+}
+
+// A store that answers with a conflict or a refusal is not down: in every
+// in-flight mode and both on-storage-error modes, the call returns a
+// *StorageError that matches the sentinel, and the action does not run.
+func TestStorageAnswered_NeverRunsUnprotected(t *testing.T) {
+	answers := map[string]error{
+		"conflict":      fmt.Errorf("%w: ERROR: could not serialize access due to concurrent update (SQLSTATE 40001)", coordinator.ErrConflict),
+		"misconfigured": fmt.Errorf("%w: ERROR: prepared statement \"stmtcache_1\" already exists (SQLSTATE 42P05)", coordinator.ErrMisconfigured),
+	}
+	sentinels := map[string]error{"conflict": coordinator.ErrConflict, "misconfigured": coordinator.ErrMisconfigured}
+	for name, answer := range answers {
+		for _, inFlight := range []coordinator.InFlightMode{coordinator.InFlightWait, coordinator.InFlightRaise, coordinator.InFlightRun} {
+			for _, mode := range storageModes {
+				t.Run(name+"/"+string(inFlight)+"/"+string(mode), func(t *testing.T) {
+					f, fs, mem := newFaulty(t, coordinator.WithOnStorageError(mode), coordinator.WithInFlight(inFlight))
+					fs.Fail(coordinator.MethodReserve, answer)
+					fs.Fail(coordinator.MethodGet, answer)
+					var k counter
+					_, err := coordinator.Do(t.Context(), f.c, call("answered"), k.action("x"))
+					method := coordinator.MethodReserve
+					if inFlight == coordinator.InFlightRun {
+						method = coordinator.MethodGet
+					}
+					wantStorageError(t, err, method)
+					if !errors.Is(err, sentinels[name]) {
+						t.Fatalf("err = %v, want it to match %v", err, sentinels[name])
+					}
+					if k.n() != 0 {
+						t.Fatalf("action ran %d times, want 0", k.n())
+					}
+					if f.rec.count(coordinator.EventUnprotected, "") != 0 {
+						t.Fatalf("an unprotected run was reported")
+					}
+					if rec, _ := mem.Get(t.Context(), coordinator.Key{Operation: "op", Key: "answered"}); rec.State != coordinator.StateAbsent {
+						t.Fatalf("record = %v, want absent", rec.State)
+					}
+				})
+			}
+		}
 	}
 }
