@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idempotency/coordinator"
 )
@@ -29,7 +31,12 @@ type DB interface {
 // Leases and time to live are expires_at on the database's clock
 // (clock_timestamp()): a record whose expires_at has passed is absent for
 // every method, and the sweeper (Sweep, StartSweeper) deletes it later.
-// Each method touches only its key's row, in one round trip. Record.TTL is
+// Each method touches only its key's row, in one round trip, in a
+// transaction at READ COMMITTED whatever the database's default isolation
+// (SERIALIZABLE or REPEATABLE READ would fail collisions with
+// serialization failures); a serialization failure or a deadlock is sent
+// again within the context's deadline, and one that is left matches
+// coordinator.ErrConflict, which the coordinator never takes for an outage. Record.TTL is
 // the remaining time to live, to the microsecond.
 //
 // A key that an open transaction of Do holds is not visible to the other
@@ -128,7 +135,10 @@ WHERE ` + ownedPending
 // token w.ReplaceToken, it writes w with time to live w.TTL and returns
 // (coordinator.Record{}, true, nil); otherwise it returns the record under
 // the key and false. It is one round trip: the INSERT ... ON CONFLICT and
-// the read of the record that stopped it run as one implicit transaction.
+// the read of the record that stopped it run as one transaction at READ
+// COMMITTED, whatever the database's default isolation (a serialization
+// failure or a deadlock is sent again within ctx's deadline, and what is
+// left matches coordinator.ErrConflict).
 // A key held by an open transaction of Do is reported as pending with an
 // empty token once a lock wait of three quarters of the time left before
 // ctx's deadline has passed (see Store). It returns an error for a Write
@@ -146,28 +156,31 @@ func (s *Store) Reserve(ctx context.Context, key coordinator.Key, w coordinator.
 	if st != statePending {
 		result = nonNil(w.Result)
 	}
-	b := &pgx.Batch{}
-	if d, ok := ctx.Deadline(); ok {
-		// Waiting longer than the caller would only turn a held key into a
-		// timeout, which a coordinator takes for a storage failure.
-		b.Queue(setLockWait, lockTimeout(time.Until(d)*3/4))
-	}
-	var written bool
-	b.Queue(insertRecord, key.Operation, key.Key, st, w.Token, w.Fingerprint, result, w.TTL.Milliseconds(),
-		w.Replace, w.ReplaceToken).QueryRow(func(row pgx.Row) error {
-		err := row.Scan(&written)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil
+	var (
+		written bool
+		rec     coordinator.Record
+	)
+	err := s.send(ctx, func(b *pgx.Batch) {
+		written, rec = false, coordinator.Record{}
+		if d, ok := ctx.Deadline(); ok {
+			// Waiting longer than the caller would only turn a held key into
+			// a timeout, which a coordinator takes for a storage failure.
+			b.Queue(setLockWait, lockTimeout(time.Until(d)*3/4))
 		}
-		return err
+		b.Queue(insertRecord, key.Operation, key.Key, st, w.Token, w.Fingerprint, result, w.TTL.Milliseconds(),
+			w.Replace, w.ReplaceToken).QueryRow(func(row pgx.Row) error {
+			err := row.Scan(&written)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return nil
+			}
+			return err
+		})
+		b.Queue(selectRecord, key.Operation, key.Key).QueryRow(func(row pgx.Row) error {
+			var err error
+			rec, err = scanRecord(row)
+			return err
+		})
 	})
-	var rec coordinator.Record
-	b.Queue(selectRecord, key.Operation, key.Key).QueryRow(func(row pgx.Row) error {
-		var err error
-		rec, err = scanRecord(row)
-		return err
-	})
-	err := s.db.SendBatch(ctx, b).Close()
 	switch {
 	case lockNotAvailable(err):
 		return coordinator.Record{State: coordinator.StatePending}, false, nil
@@ -182,7 +195,14 @@ func (s *Store) Reserve(ctx context.Context, key coordinator.Key, w coordinator.
 // Get implements coordinator.Store: it returns the live record under key, or
 // a Record with State coordinator.StateAbsent.
 func (s *Store) Get(ctx context.Context, key coordinator.Key) (coordinator.Record, error) {
-	rec, err := scanRecord(s.db.QueryRow(ctx, selectRecord, key.Operation, key.Key))
+	var rec coordinator.Record
+	err := s.send(ctx, func(b *pgx.Batch) {
+		b.Queue(selectRecord, key.Operation, key.Key).QueryRow(func(row pgx.Row) error {
+			var err error
+			rec, err = scanRecord(row)
+			return err
+		})
+	})
 	if err != nil {
 		return coordinator.Record{}, fmt.Errorf("idempg: get %s: %w", key, err)
 	}
@@ -224,11 +244,109 @@ func (s *Store) Renew(ctx context.Context, key coordinator.Key, token string, le
 // exec runs a statement that changes at most one row and reports whether it
 // did.
 func (s *Store) exec(ctx context.Context, method string, key coordinator.Key, sql string, args ...any) (bool, error) {
-	tag, err := s.db.Exec(ctx, sql, args...)
+	var n int64
+	err := s.send(ctx, func(b *pgx.Batch) {
+		b.Queue(sql, args...).Exec(func(tag pgconn.CommandTag) error {
+			n = tag.RowsAffected()
+			return nil
+		})
+	})
 	if err != nil {
 		return false, fmt.Errorf("idempg: %s %s: %w", method, key, err)
 	}
-	return tag.RowsAffected() == 1, nil
+	return n == 1, nil
+}
+
+// send sends, in one round trip, the statements that fill queues, in a
+// transaction of their own at READ COMMITTED, whatever the database's or
+// the session's default isolation: at SERIALIZABLE or REPEATABLE READ a
+// collision on a key would fail with a serialization failure instead of
+// reading the record that won. A serialization failure or a deadlock is
+// sent again, with a short backoff, while ctx lasts (at most
+// maxConflictRetries times): nothing of a failed attempt committed. What is
+// left is returned as classify says. fill is called once per attempt and
+// must reset what its callbacks set.
+func (s *Store) send(ctx context.Context, fill func(b *pgx.Batch)) error {
+	for attempt := 0; ; attempt++ {
+		b := &pgx.Batch{}
+		b.Queue(beginReadCommitted)
+		fill(b)
+		b.Queue("COMMIT")
+		err := s.db.SendBatch(ctx, b).Close()
+		if err != nil {
+			s.abort(ctx)
+		}
+		if err == nil || !conflict(err) || attempt == maxConflictRetries || !pause(ctx, attempt) {
+			return classify(err)
+		}
+	}
+}
+
+// abort ends the transaction that a failed send may have left open on its
+// connection. A pool destroys a connection that comes back in a
+// transaction, so only a DB of another kind (a single *pgx.Conn) needs the
+// ROLLBACK, sent best effort.
+func (s *Store) abort(ctx context.Context) {
+	if _, ok := s.db.(*pgxpool.Pool); ok {
+		return
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	_, _ = s.db.Exec(rctx, "ROLLBACK")
+}
+
+// beginReadCommitted begins the transaction of every statement of the
+// store (see send) and of the transactional call.
+const beginReadCommitted = "BEGIN ISOLATION LEVEL READ COMMITTED"
+
+// maxConflictRetries bounds the attempts of a statement that meets
+// serialization failures or deadlocks; the caller's deadline bounds them in
+// time.
+const maxConflictRetries = 20
+
+// pause waits before attempt+1 of a statement that met a conflict: a
+// random time up to 1ms doubled per attempt, at most 64ms, so that the
+// transactions that collided do not collide again. It reports false when
+// ctx ended first.
+func pause(ctx context.Context, attempt int) bool {
+	d := time.Duration(rand.Int64N(int64(time.Millisecond<<min(attempt, 6)))) + time.Microsecond
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// conflict reports whether err is a serialization failure (40001) or a
+// deadlock (40P01): another transaction got in the way, and the same
+// statements sent again may go through.
+func conflict(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && (pe.Code == "40001" || pe.Code == "40P01")
+}
+
+// classify marks an error that the database answered with, and that is
+// not an outage, for the coordinator: a conflict (serialization failure,
+// deadlock) matches coordinator.ErrConflict; a prepared statement that a
+// connection pooler in transaction mode ran on another server connection
+// than the one it was prepared on (42P05 duplicate_prepared_statement,
+// 26000 invalid_sql_statement_name) matches coordinator.ErrMisconfigured.
+// Either way the coordinator never runs the action unprotected.
+func classify(err error) error {
+	var pe *pgconn.PgError
+	if err == nil || !errors.As(err, &pe) {
+		return err
+	}
+	switch pe.Code {
+	case "40001", "40P01":
+		return fmt.Errorf("%w: %w", coordinator.ErrConflict, err)
+	case "42P05", "26000":
+		return fmt.Errorf("%w (behind a connection pooler in transaction mode, such as PgBouncer, set default_query_exec_mode=exec in the connection string): %w", coordinator.ErrMisconfigured, err)
+	}
+	return err
 }
 
 // scanRecord reads a row of selectRecord; no row is an absent record.

@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // sweepRecords deletes up to $1 expired records, those that expired first
@@ -34,11 +37,17 @@ func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
 	if limit <= 0 {
 		return 0, fmt.Errorf("idempg: sweep: limit %d is not positive", limit)
 	}
-	tag, err := s.db.Exec(ctx, sweepRecords, limit)
+	var n int64
+	err := s.send(ctx, func(b *pgx.Batch) {
+		b.Queue(sweepRecords, limit).Exec(func(tag pgconn.CommandTag) error {
+			n = tag.RowsAffected()
+			return nil
+		})
+	})
 	if err != nil {
 		return 0, fmt.Errorf("idempg: sweep: %w", err)
 	}
-	return int(tag.RowsAffected()), nil
+	return int(n), nil
 }
 
 // Sweeper deletes expired records in the background; StartSweeper starts
