@@ -193,7 +193,6 @@ func (db *testDB) injected(t *testing.T) int {
 	return n
 }
 
-
 // A serialization failure or a deadlock is sent again within the deadline;
 // one that lasts is a *StorageError that matches ErrConflict, and the action
 // does not run in the default mode, run. A prepared statement that a pooler
