@@ -48,7 +48,14 @@
 // coordinator.Codec), so Do and a coordinator over the same Store replay
 // each other's results.
 //
-// READ COMMITTED is deliberate. Under it, an INSERT ... ON CONFLICT that has
+// READ COMMITTED is deliberate, and holds whatever the database's default
+// isolation: every statement of the Store also runs in a transaction at READ
+// COMMITTED, a serialization failure or deadlock is retried within the
+// context's deadline, and one that lasts matches coordinator.ErrConflict,
+// which never runs an action unprotected. Behind a pooler in transaction
+// mode (PgBouncer) use pgx's exec mode (default_query_exec_mode=exec in the
+// connection string); [Module] refuses the statement cache there at
+// start-up. Under it, an INSERT ... ON CONFLICT that has
 // waited for another transaction sees the row that transaction committed,
 // and the next statement sees it too; under REPEATABLE READ or SERIALIZABLE
 // the waiter would fail with a serialization error instead (the committed

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/fx"
@@ -33,7 +34,8 @@ import (
 // an error that names the variable and never the password: a password or
 // user that the database refuses, a database that does not exist, a
 // permission the store needs that the user lacks, a TLS setting the server
-// cannot meet (IDEMPOTENCY_POSTGRES_URL); the idempg tables missing, or at
+// cannot meet, pgx's statement cache behind a connection pooler such as
+// PgBouncer (IDEMPOTENCY_POSTGRES_URL; docs/stores.md); the idempg tables missing, or at
 // another schema version (IDEMPOTENCY_POSTGRES_MIGRATE: true applies the
 // schema with Migrate, false checks it with CheckSchema). An unreachable
 // database is an outage, not a misconfiguration: it is logged as a warning
@@ -204,9 +206,16 @@ func startupCheck(ctx context.Context, p *pool, migrate bool, logger *zap.Logger
 	}
 	ctx, cancel := context.WithTimeout(ctx, startupTimeout)
 	defer cancel()
-	err := check(ctx, p.db)
+	err := checkPooler(ctx, p.db)
+	if err == nil {
+		err = check(ctx, p.db)
+	}
 	if err == nil {
 		return nil
+	}
+	var pooled pooledError
+	if errors.As(err, &pooled) {
+		return fmt.Errorf("%s: %w", p.name, err)
 	}
 	if errors.Is(err, ErrSchema) {
 		var newer newerSchemaError
@@ -223,6 +232,40 @@ func startupCheck(ctx context.Context, p *pool, migrate bool, logger *zap.Logger
 	return nil
 }
 
+// pooledError is checkPooler's refusal of a pool that caches prepared
+// statements behind a connection pooler.
+type pooledError struct{ connPID, serverPID uint32 }
+
+func (e pooledError) Error() string {
+	return fmt.Sprintf("a connection pooler is between the store and PostgreSQL (the connection's backend pid is %d, the server's %d), "+
+		"and pgx caches prepared statements on the connection (default_query_exec_mode cache_statement, pgx's default), "+
+		"which a pooler in transaction mode, such as PgBouncer, runs on other server connections (SQLSTATE 42P05, 26000): "+
+		"add default_query_exec_mode=exec to the connection string (or set ConnConfig.DefaultQueryExecMode to pgx.QueryExecModeExec on the app's pool); "+
+		"docs/stores.md, \"Behind PgBouncer\"", e.connPID, e.serverPID)
+}
+
+// checkPooler refuses a DB whose connections cache prepared statements
+// (pgx's default) when a connection pooler sits between them and
+// PostgreSQL: the backend pid that the connection was given at start-up
+// (a pooler gives its own) is not the one the server reports. The probe
+// uses the simple protocol, so that it runs through any pooler.
+func checkPooler(ctx context.Context, db DB) error {
+	tx, err := db.BeginTx(ctx, pgx.TxOptions{})
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	var pid uint32
+	if err := tx.QueryRow(ctx, "SELECT pg_backend_pid()", pgx.QueryExecModeSimpleProtocol).Scan(&pid); err != nil {
+		return err
+	}
+	conn := tx.Conn()
+	if conn == nil || conn.PgConn().PID() == pid || conn.Config().DefaultQueryExecMode != pgx.QueryExecModeCacheStatement {
+		return nil
+	}
+	return pooledError{connPID: conn.PgConn().PID(), serverPID: pid}
+}
+
 // refusal says what misconfiguration err shows, or "" for an outage.
 func refusal(err error) string {
 	var pg *pgconn.PgError
@@ -234,6 +277,8 @@ func refusal(err error) string {
 			return "the database refused the user or the connection (" + pg.Code + " invalid_authorization_specification: an unknown user, or no pg_hba.conf entry for it): " + pg.Message
 		case "3D000":
 			return "the database does not exist (" + pg.Code + " invalid_catalog_name): " + pg.Message
+		case "42P05", "26000":
+			return "a prepared statement ran on another server connection than the one it was prepared on (" + pg.Code + "): a connection pooler in transaction mode, such as PgBouncer, is between the store and PostgreSQL: add default_query_exec_mode=exec to the connection string (docs/stores.md, \"Behind PgBouncer\")"
 		case "42501":
 			return "the user lacks a permission the store needs on its tables (" + pg.Code + " insufficient_privilege): " + pg.Message
 		}

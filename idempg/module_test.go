@@ -276,3 +276,53 @@ func TestModuleStartupChecks(t *testing.T) {
 		}
 	})
 }
+
+// Behind a PgBouncer in transaction mode, pgx's default statement cache is
+// refused at start-up, naming the variable and the fix; with the fix, the
+// app starts and the transactional call runs once per key.
+func TestModuleBehindPgBouncer(t *testing.T) {
+	_, dsn := bouncer(t)
+	start := func(url string, opts ...fx.Option) (*fx.App, error) {
+		app := fx.New(append([]fx.Option{idempotency.Module, idempg.Module, fx.NopLogger, fx.Supply(zap.NewNop()),
+			settings(func(s *idempotency.Settings) {
+				s.PostgresURL = url
+				s.MetricsEnabled = false
+			}), fx.Invoke(func(*coordinator.Coordinator) {})}, opts...)...)
+		if err := app.Err(); err != nil {
+			return app, err
+		}
+		return app, app.Start(t.Context())
+	}
+	t.Run("statement cache", func(t *testing.T) {
+		app, err := start(dsn)
+		if err == nil {
+			_ = app.Stop(t.Context())
+			t.Fatal("start-up succeeded, want the pooler refused")
+		}
+		for _, w := range []string{"IDEMPOTENCY_POSTGRES_URL: a connection pooler is between the store and PostgreSQL", "add default_query_exec_mode=exec"} {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("start-up error %q\ndoes not say %q", err, w)
+			}
+		}
+	})
+	t.Run("exec mode", func(t *testing.T) {
+		var c *coordinator.Coordinator
+		var pool *pgxpool.Pool
+		app, err := start(dsn+" default_query_exec_mode=exec", fx.Populate(&c), fx.Populate(fx.Annotate(&pool, fx.ParamTags(`name:"`+idempg.PoolName+`"`))))
+		if err != nil {
+			t.Fatalf("start-up: %v", err)
+		}
+		defer func() { _ = app.Stop(context.Background()) }()
+		key := uniqueKey("bounced")
+		for range 3 {
+			if _, err := idempg.Do(t.Context(), c, call(key), func(ctx context.Context, tx pgx.Tx) (int, error) {
+				return 1, insertLedger(ctx, tx, key, "x")
+			}); err != nil {
+				t.Fatalf("Do: %v", err)
+			}
+		}
+		if n := (&testDB{pool: pool}).ledger(t, key); n != 1 {
+			t.Fatalf("%d ledger rows, want 1", n)
+		}
+	})
+}

@@ -124,10 +124,25 @@ func isolatedDB(t *testing.T, isolation string) *testDB {
 // transaction pooling mode with pgx's exec mode (docs/stores.md).
 func bouncerDB(t *testing.T) *testDB {
 	t.Helper()
+	name, dsn := bouncer(t)
+	pool, err := pgxpool.New(context.Background(), dsn+" pool_max_conns=20 default_query_exec_mode=exec")
+	if err != nil {
+		t.Fatalf("pool: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	return &testDB{schema: name, pool: pool}
+}
+
+// bouncer creates a database of its own, migrated, with a ledger, whose
+// default isolation is SERIALIZABLE, and starts a PgBouncer in transaction
+// pooling mode in front of it; it returns the database's name and the
+// connection string through the PgBouncer.
+func bouncer(t *testing.T) (name, dsn string) {
+	t.Helper()
 	if server == nil {
 		pgtest.Skip(t, serverErr)
 	}
-	name := "b_" + strings.ToLower(uniqueKey("db")[3:])
+	name = "b_" + strings.ToLower(uniqueKey("db")[3:])
 	if err := pgtest.CreateDatabase(t.Context(), server.DSN, name); err != nil {
 		t.Fatal(err)
 	}
@@ -152,12 +167,7 @@ func bouncerDB(t *testing.T) *testDB {
 		pgtest.SkipPgBouncer(t, err)
 	}
 	t.Cleanup(b.Stop)
-	pool, err := pgxpool.New(context.Background(), b.DSN+" pool_max_conns=20 default_query_exec_mode=exec")
-	if err != nil {
-		t.Fatalf("pool: %v", err)
-	}
-	t.Cleanup(pool.Close)
-	return &testDB{schema: name, pool: pool}
+	return name, b.DSN
 }
 
 // failWrites makes the next n writes of keys that start with prefix fail
