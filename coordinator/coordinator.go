@@ -13,7 +13,8 @@ import (
 // DoWithCodec or Execute.
 type Coordinator struct {
 	store  Store
-	fencer Fencer // store, when it hands out fences; nil otherwise
+	fencer Fencer     // store, when it hands out fences; nil otherwise
+	tx     Transactor // store, when it claims keys in transactions; nil otherwise
 	cfg    config
 	obs    Observer
 	// deadlines are the storage timeout's shared deadlines (see begin).
@@ -45,7 +46,8 @@ func New(store Store, opts ...Option) (*Coordinator, error) {
 		return nil, fmt.Errorf("idempotency: invalid coordinator configuration: %w", &OptionError{Option: "WithFencedOperations",
 			Err: fmt.Errorf("the store (%T) hands out no fences: it does not implement coordinator.Fencer", store)})
 	}
-	c := &Coordinator{store: store, fencer: fencer, cfg: cfg, obs: cfg.observer, polls: make(map[Key]*poll),
+	tx, _ := store.(Transactor)
+	c := &Coordinator{store: store, fencer: fencer, tx: tx, cfg: cfg, obs: cfg.observer, polls: make(map[Key]*poll),
 		deadlines: newDeadlines(cfg.storageTimeout)}
 	c.idle = sync.NewCond(&c.mu)
 	return c, nil

@@ -27,6 +27,9 @@ func do[T any](ctx context.Context, c *Coordinator, call Call, codec Codec[T], a
 		return Result[T]{}, err
 	}
 	if !c.cfg.enabled {
+		if c.tx != nil {
+			return unprotectedTx(ctx, c.tx, call, action)
+		}
 		v, err := action(ctx)
 		return Result[T]{Value: v}, err
 	}
@@ -36,6 +39,9 @@ func do[T any](ctx context.Context, c *Coordinator, call Call, codec Codec[T], a
 		action: action,
 	}
 	f.newToken()
+	if c.tx != nil {
+		return f.transacted(ctx, c.tx)
+	}
 	if c.cfg.inFlight == InFlightRun {
 		return f.unreserved(ctx)
 	}

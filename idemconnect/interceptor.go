@@ -200,10 +200,10 @@ func (i *Interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 		switch {
 		case err == nil && res.Replayed:
 			return replay(ctx, res.Value)
-		case own != nil:
+		case own != nil && (err == nil || errors.Is(err, errNotStored)):
 			// The handler ran here: return what it returned, stored or not.
-			// (An error after the handler ran can only be errNotStored: once
-			// the action has run, the coordinator does not fail the call.)
+			// Any other error is a transactional store's failed commit: the
+			// handler's writes did not commit, and the caller hears so.
 			return own.resp, own.err
 		default:
 			return nil, refusal(req.Peer(), protorpc.Refuse("idemconnect", err, i.cfg.retryAfter))

@@ -176,10 +176,10 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 		// headers, which it did not do on a replay.
 		_ = grpc.SetHeader(ctx, metadata.Pairs(ReplayedHeader, "true"))
 		return reply(res.Value)
-	case own != nil:
-		// The handler ran here: return what it returned, stored or not. (An
-		// error after the handler ran can only be errNotStored: once the
-		// action has run, the coordinator does not fail the call.)
+	case own != nil && (err == nil || errors.Is(err, errNotStored)):
+		// The handler ran here: return what it returned, stored or not.
+		// Any other error is a transactional store's failed commit: the
+		// handler's writes did not commit, and the caller hears so.
 		return own.resp, own.err
 	default:
 		return nil, refusal(ctx, protorpc.Refuse("idemgrpc", err, s.cfg.retryAfter))

@@ -149,10 +149,8 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case err == nil && res.Replayed:
 		writeReplay(w, res.Value)
-	case own != nil:
-		// The handler ran here: send its response, stored or not. (An error
-		// after the handler ran can only be errNotStored: once the action has
-		// run, the coordinator does not fail the call.)
+	case own != nil && (err == nil || errors.Is(err, errNotStored)):
+		// The handler ran here: send its response, stored or not.
 		writeLive(w, own)
 	default:
 		h.fail(w, r, h.problemFor(w, err))

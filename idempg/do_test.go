@@ -390,7 +390,7 @@ func TestDoInvalid(t *testing.T) {
 	if _, err := idempg.Do(t.Context(), s, c, ok); err != nil {
 		t.Fatal(err)
 	}
-	if rec := record(t, s.Store(), c.Operation, c.Key); rec.TTL <= 0 || rec.TTL > 2*time.Second {
+	if rec := record(t, db.store(t), c.Operation, c.Key); rec.TTL <= 0 || rec.TTL > 2*time.Second {
 		t.Errorf("TTL of a record of an operation with a 2s TTL: %v", rec.TTL)
 	}
 }
@@ -432,7 +432,7 @@ func TestDoHealsUnreadable(t *testing.T) {
 	if err != nil || v != 5 {
 		t.Fatalf("Do over an unreadable record = %d, %v; want a fresh 5", v, err)
 	}
-	if rec := record(t, s.Store(), k.Operation, k.Key); rec.State != coordinator.StateCompleted || string(rec.Result) != "5" {
+	if rec := record(t, db.store(t), k.Operation, k.Key); rec.State != coordinator.StateCompleted || string(rec.Result) != "5" {
 		t.Fatalf("record after the heal = %+v, want completed 5", rec)
 	}
 	// As a string, "5" is not JSON it can decode: run again and replace.
@@ -447,7 +447,7 @@ func TestDoHealsUnreadable(t *testing.T) {
 func TestDoWithCoordinator(t *testing.T) {
 	db := newDB(t, 8)
 	s := db.coord(t, coordinator.WithPollInterval(5*time.Millisecond))
-	c, err := coordinator.New(s.Store())
+	c, err := coordinator.New(db.store(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -519,7 +519,7 @@ func TestDoWithCoordinator(t *testing.T) {
 	// Raise mode refuses a coordinator's reservation at once.
 	raise := db.coord(t, coordinator.WithInFlight(coordinator.InFlightRaise))
 	key = uniqueKey("coordinator-holds-raise")
-	if _, _, err := s.Store().Reserve(ctx, coordinator.Key{Operation: "test.op", Key: key},
+	if _, _, err := db.store(t).Reserve(ctx, coordinator.Key{Operation: "test.op", Key: key},
 		coordinator.Write{State: coordinator.StatePending, Token: "someone", TTL: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
@@ -531,7 +531,7 @@ func TestDoWithCoordinator(t *testing.T) {
 
 	// A reservation whose lease runs out is taken over.
 	key = uniqueKey("coordinator-expires")
-	if _, _, err := s.Store().Reserve(ctx, coordinator.Key{Operation: "test.op", Key: key},
+	if _, _, err := db.store(t).Reserve(ctx, coordinator.Key{Operation: "test.op", Key: key},
 		coordinator.Write{State: coordinator.StatePending, Token: "crashed", TTL: 300 * time.Millisecond}); err != nil {
 		t.Fatal(err)
 	}
@@ -550,7 +550,7 @@ func TestDoWithCoordinator(t *testing.T) {
 func TestCoordinatorWaitsForDo(t *testing.T) {
 	db := newDB(t, 8)
 	s := db.coord(t)
-	c, err := coordinator.New(s.Store(), coordinator.WithStorageTimeout(300*time.Millisecond), coordinator.WithOnStorageError(coordinator.OnStorageErrorRun))
+	c, err := coordinator.New(db.store(t), coordinator.WithStorageTimeout(300*time.Millisecond), coordinator.WithOnStorageError(coordinator.OnStorageErrorRun))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -657,7 +657,7 @@ func TestDoRecordExpires(t *testing.T) {
 		}
 	}
 	time.Sleep(300 * time.Millisecond)
-	if rec := record(t, s.Store(), c.Operation, key); rec.State != coordinator.StateAbsent {
+	if rec := record(t, db.store(t), c.Operation, key); rec.State != coordinator.StateAbsent {
 		t.Fatalf("record after its TTL = %+v, want absent", rec)
 	}
 	if v, err := idempg.Do(t.Context(), s, c, action); err != nil || v != 2 {
@@ -805,7 +805,7 @@ func TestDoReportsEvents(t *testing.T) {
 	if n := db.ledger(t, free); n != 2 {
 		t.Errorf("kill switch off: %d ledger rows, want 2 (every call runs)", n)
 	}
-	if rec := record(t, off.Store(), "test.op", free); rec.State != coordinator.StateAbsent {
+	if rec := record(t, db.store(t), "test.op", free); rec.State != coordinator.StateAbsent {
 		t.Errorf("kill switch off: record %+v, want none", rec)
 	}
 	if got := log.take(); got != "" {

@@ -66,9 +66,6 @@ func TestModule(t *testing.T) {
 		fx.Populate(fx.Annotate(&pool, fx.ParamTags(`name:"`+idempg.PoolName+`"`))),
 	)
 	app.RequireStart()
-	if c.Store() != coordinator.Store(store) {
-		t.Fatalf("the coordinator's store is %T, want the module's *idempg.Store", c.Store())
-	}
 	if got := pool.Config().MaxConns; got != 8 {
 		t.Errorf("pool MaxConns = %d, want IDEMPOTENCY_POSTGRES_MAX_CONNS's 8", got)
 	}
@@ -175,7 +172,7 @@ func TestModuleUsePool(t *testing.T) {
 	if err := db.pool.Ping(t.Context()); err != nil {
 		t.Errorf("the app's pool after stop: %v, want it open", err)
 	}
-	if rec := record(t, c.Store(), "test.op", "k"); rec.State != coordinator.StateCompleted {
+	if rec := record(t, db.store(t), "test.op", "k"); rec.State != coordinator.StateCompleted {
 		t.Errorf("record %+v, want completed in the app's database", rec)
 	}
 }

@@ -47,7 +47,8 @@ type DB interface {
 // so that a coordinator waits for the key (or raises) instead of taking the
 // wait for a storage failure.
 type Store struct {
-	db DB
+	db    DB
+	gates gates
 }
 
 var _ coordinator.Store = (*Store)(nil)

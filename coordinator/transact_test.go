@@ -1,0 +1,299 @@
+package coordinator_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/coordinator/memstore"
+)
+
+// txStore is an in-memory coordinator.Transactor: a claim is a reservation
+// that the key's mutex holds until the claim ends, the action's writes are
+// buffered in the claim and applied to effects only on Commit, and a claim
+// of a held key waits for the mutex up to its wait.
+type txStore struct {
+	*memstore.Store
+	mu      sync.Mutex
+	held    map[coordinator.Key]chan struct{}
+	effects map[string]int
+
+	failClaim, failCommit, failBegin error
+	claims, commits, rollbacks       atomic.Int32
+}
+
+var _ coordinator.Transactor = (*txStore)(nil)
+
+func newTxStore() *txStore {
+	return &txStore{Store: memstore.New(), held: map[coordinator.Key]chan struct{}{}, effects: map[string]int{}}
+}
+
+func (s *txStore) Claim(ctx context.Context, key coordinator.Key, w coordinator.Write, wait time.Duration) (coordinator.Claim, coordinator.Record, error) {
+	s.claims.Add(1)
+	if s.failClaim != nil {
+		return nil, coordinator.Record{}, s.failClaim
+	}
+	t := time.NewTimer(max(wait, 0))
+	defer t.Stop()
+	for {
+		s.mu.Lock()
+		busy, ok := s.held[key]
+		if !ok {
+			free := make(chan struct{})
+			s.held[key] = free
+			s.mu.Unlock()
+			rec, written, err := s.Reserve(ctx, key, w)
+			if err != nil || !written {
+				s.leave(key, free)
+				return nil, rec, err
+			}
+			return &txClaim{s: s, key: key, token: w.Token, free: free}, coordinator.Record{}, nil
+		}
+		s.mu.Unlock()
+		select {
+		case <-busy:
+		case <-t.C:
+			return nil, coordinator.Record{}, &coordinator.InProgressError{Operation: key.Operation, Key: key.Key}
+		case <-ctx.Done():
+			return nil, coordinator.Record{}, ctx.Err()
+		}
+	}
+}
+
+func (s *txStore) Begin(context.Context) (coordinator.Claim, error) {
+	if s.failBegin != nil {
+		return nil, s.failBegin
+	}
+	return &txClaim{s: s}, nil
+}
+
+func (s *txStore) leave(key coordinator.Key, free chan struct{}) {
+	s.mu.Lock()
+	delete(s.held, key)
+	s.mu.Unlock()
+	close(free)
+}
+
+func (s *txStore) effect(name string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.effects[name]
+}
+
+type txClaim struct {
+	s      *txStore
+	key    coordinator.Key
+	token  string
+	free   chan struct{}
+	writes []string
+}
+
+type txCtxKey struct{}
+
+// write is an action's write through its claim's transaction.
+func write(ctx context.Context, name string) error {
+	c, ok := ctx.Value(txCtxKey{}).(*txClaim)
+	if !ok {
+		return errors.New("no transaction in the context")
+	}
+	c.writes = append(c.writes, name)
+	return nil
+}
+
+func (c *txClaim) Context(ctx context.Context) context.Context {
+	return context.WithValue(ctx, txCtxKey{}, c)
+}
+
+func (c *txClaim) Commit(ctx context.Context, comp coordinator.Completion) error {
+	c.s.commits.Add(1)
+	defer c.end(ctx)
+	if c.s.failCommit != nil {
+		return c.s.failCommit
+	}
+	if c.free != nil {
+		if ok, err := c.s.Complete(ctx, c.key, c.token, comp); err != nil || !ok {
+			return errors.New("the claim is gone")
+		}
+	}
+	c.s.mu.Lock()
+	for _, w := range c.writes {
+		c.s.effects[w]++
+	}
+	c.s.mu.Unlock()
+	c.writes = nil
+	return nil
+}
+
+func (c *txClaim) Rollback(ctx context.Context) error {
+	c.s.rollbacks.Add(1)
+	c.writes = nil
+	c.end(ctx)
+	return nil
+}
+
+// end undoes an uncompleted claim, as a rollback undoes its row, and frees
+// the key.
+func (c *txClaim) end(ctx context.Context) {
+	if c.free == nil {
+		return
+	}
+	_, _ = c.s.Release(ctx, c.key, c.token)
+	c.s.leave(c.key, c.free)
+	c.free = nil
+}
+
+// Over a Transactor, the coordinator's one flow claims the key in a
+// transaction, runs the action with it, and commits its writes with the
+// record: 50 callers of 5 keys make 5 effects, and the others replay.
+func TestTransactorConcurrentCallers(t *testing.T) {
+	s := newTxStore()
+	f := newFixture(t, s)
+	keys := []string{"a", "b", "c", "d", "e"}
+	var wg sync.WaitGroup
+	var replays atomic.Int32
+	for i := range 50 {
+		wg.Go(func() {
+			key := keys[i%len(keys)]
+			res, err := coordinator.DoResult(t.Context(), f.c, call(key), func(ctx context.Context) (string, error) {
+				time.Sleep(time.Millisecond)
+				return "done " + key, write(ctx, key)
+			})
+			if err != nil || res.Value != "done "+key {
+				t.Errorf("Do(%s) = %+v, %v", key, res, err)
+			}
+			if res.Replayed {
+				replays.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	for _, key := range keys {
+		if n := s.effect(key); n != 1 {
+			t.Errorf("key %s: %d effects, want 1", key, n)
+		}
+	}
+	if replays.Load() != 45 {
+		t.Errorf("%d replays, want 45", replays.Load())
+	}
+	if f.rec.calls(coordinator.MethodRenew) != 0 {
+		t.Error("a claim was renewed: the transaction is the lease")
+	}
+}
+
+// The rows of a transactional call's outcomes: an action's error or panic
+// rolls its writes back and frees the key; a failed commit is a
+// *StorageError with the action's value, and nothing is kept; a failed
+// claim never runs the action, in either on-storage-error mode; a key held
+// past the wait is ErrInProgress.
+func TestTransactorOutcomes(t *testing.T) {
+	t.Run("action error rolls back", func(t *testing.T) {
+		s := newTxStore()
+		f := newFixture(t, s)
+		boom := errors.New("boom")
+		_, err := coordinator.Do(t.Context(), f.c, call("k"), func(ctx context.Context) (int, error) {
+			return 0, errors.Join(write(ctx, "k"), boom)
+		})
+		if !errors.Is(err, boom) || s.effect("k") != 0 || s.rollbacks.Load() != 1 {
+			t.Fatalf("err %v, effects %d, rollbacks %d; want boom, 0, 1", err, s.effect("k"), s.rollbacks.Load())
+		}
+		v, err := coordinator.Do(t.Context(), f.c, call("k"), func(ctx context.Context) (int, error) { return 7, write(ctx, "k") })
+		if err != nil || v != 7 || s.effect("k") != 1 {
+			t.Fatalf("retry = %d, %v with %d effects; want a run", v, err, s.effect("k"))
+		}
+	})
+	t.Run("panic rolls back", func(t *testing.T) {
+		s := newTxStore()
+		f := newFixture(t, s)
+		func() {
+			defer func() { _ = recover() }()
+			_, _ = coordinator.Do(t.Context(), f.c, call("k"), func(ctx context.Context) (int, error) {
+				_ = write(ctx, "k")
+				panic("boom")
+			})
+		}()
+		if s.effect("k") != 0 || s.rollbacks.Load() != 1 {
+			t.Fatalf("effects %d, rollbacks %d; want 0, 1", s.effect("k"), s.rollbacks.Load())
+		}
+		if rec, _ := s.Get(t.Context(), coordinator.Key{Operation: "payment.charge", Key: "k"}); rec.State != coordinator.StateAbsent {
+			t.Fatalf("record %v, want absent", rec.State)
+		}
+	})
+	t.Run("commit fails", func(t *testing.T) {
+		s := newTxStore()
+		s.failCommit = errors.New("connection reset")
+		f := newFixture(t, s)
+		v, err := coordinator.Do(t.Context(), f.c, call("k"), func(ctx context.Context) (int, error) { return 7, write(ctx, "k") })
+		var se *coordinator.StorageError
+		if !errors.As(err, &se) || se.Method != coordinator.MethodComplete || v != 7 || s.effect("k") != 0 {
+			t.Fatalf("Do = %d, %v with %d effects; want 7 and a *StorageError of complete, no effect", v, err, s.effect("k"))
+		}
+		if f.rec.errors(coordinator.ErrorStorageSave) != 1 {
+			t.Fatal("the failed commit was not reported")
+		}
+	})
+	for _, mode := range storageModes {
+		t.Run("claim fails/"+string(mode), func(t *testing.T) {
+			s := newTxStore()
+			s.failClaim = errConnRefused
+			f := newFixture(t, s, coordinator.WithOnStorageError(mode))
+			var k counter
+			_, err := coordinator.Do(t.Context(), f.c, call("k"), k.action("x"))
+			wantStorageError(t, err, coordinator.MethodReserve)
+			if k.n() != 0 {
+				t.Fatalf("the action ran %d times without its transaction", k.n())
+			}
+		})
+	}
+	for _, mode := range []coordinator.InFlightMode{coordinator.InFlightWait, coordinator.InFlightRaise, coordinator.InFlightRun} {
+		t.Run("held/"+string(mode), func(t *testing.T) {
+			s := newTxStore()
+			f := newFixture(t, s, coordinator.WithInFlight(mode), coordinator.WithWaitTimeout(50*time.Millisecond))
+			inside, release := make(chan struct{}), make(chan struct{})
+			done := make(chan error)
+			go func() {
+				_, err := coordinator.Do(context.Background(), f.c, call("k"), func(ctx context.Context) (int, error) {
+					close(inside)
+					<-release
+					return 1, write(ctx, "k")
+				})
+				done <- err
+			}()
+			<-inside
+			var k counter
+			_, err := coordinator.Do(t.Context(), f.c, call("k"), k.action("x"))
+			close(release)
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			if !errors.Is(err, coordinator.ErrInProgress) || k.n() != 0 {
+				t.Fatalf("Do on a held key = %v after %d runs, want ErrInProgress and no run", err, k.n())
+			}
+			if s.effect("k") != 1 {
+				t.Fatalf("%d effects, want 1", s.effect("k"))
+			}
+		})
+	}
+	t.Run("kill switch", func(t *testing.T) {
+		s := newTxStore()
+		f := newFixture(t, s, coordinator.WithEnabled(false))
+		for range 2 {
+			if _, err := coordinator.Do(t.Context(), f.c, call("k"), func(ctx context.Context) (int, error) { return 1, write(ctx, "k") }); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if s.effect("k") != 2 || s.claims.Load() != 0 || s.commits.Load() != 2 || len(f.rec.all()) != 0 {
+			t.Fatalf("effects %d, claims %d, commits %d, events %d; want 2 runs in transactions, nothing claimed or reported",
+				s.effect("k"), s.claims.Load(), s.commits.Load(), len(f.rec.all()))
+		}
+		s.failBegin = errConnRefused
+		var k counter
+		_, err := coordinator.Do(t.Context(), f.c, call("k"), k.action("x"))
+		if !errors.Is(err, coordinator.ErrStorage) || k.n() != 0 {
+			t.Fatalf("Do without a transaction = %v after %d runs, want ErrStorage and no run", err, k.n())
+		}
+	})
+}
