@@ -26,6 +26,11 @@ func TestMain(m *testing.M) {
 		// stdin ends, or it is killed.
 		os.Exit(stormChild())
 	}
+	if os.Getenv(holderEnv) != "" {
+		// A holder process of TestDeadAndFrozenHolders: it claims a key,
+		// then dies or freezes with it.
+		os.Exit(holder())
+	}
 	server, serverErr = pgtest.Start()
 	if serverErr != nil && (!errors.Is(serverErr, pgtest.ErrNotFound) || pgtest.Required()) {
 		fmt.Fprintln(os.Stderr, serverErr)
