@@ -2,30 +2,33 @@
 // action exactly once per key when its effects are writes to that same
 // database.
 //
-// It has two parts over one table, idempotency_records:
+// [Store] keeps the records in one table, idempotency_records, and is a
+// [coordinator.Transactor]: a coordinator over it claims each key inside a
+// database transaction, runs the action with that transaction, and commits
+// the action's writes through it with the completed record, or rolls both
+// back. Every way of calling the coordinator takes this one path: [Do] and
+// coordinator.Do, and the adapters over it (idemhttp, idemgin, idemecho,
+// idemgrpc, idemconnect, the consumers), whose handlers run inside the
+// claim's transaction and get it from their context with [Tx]:
 //
-//   - [Store] is a [coordinator.Store]: a coordinator.Coordinator over it
-//     behaves as over Redis, with records in PostgreSQL instead. The promise
-//     is the coordinator's: at most one live holder per key, and an action
-//     whose effect landed but whose completion never reached the database
-//     runs again after its lease.
-//   - [Do] (and [DoResult], [DoWithCodec]) is the transactional call, for
-//     effects in the service's own PostgreSQL: it claims the key, runs the
-//     action and writes its result in one transaction, so a crash at any
-//     instant leaves both the action's writes and the record, or neither.
+//	func createOrder(w http.ResponseWriter, r *http.Request) {
+//		tx, _ := idempg.Tx(r.Context()) // behind idemhttp.Middleware over the idempg store
+//		var id int64
+//		err := tx.QueryRow(r.Context(), `INSERT INTO orders (customer, total) VALUES ($1, $2) RETURNING id`,
+//			customer, total).Scan(&id)
+//		...
+//	}
+//
+// The response (or the action's result) commits together with the
+// handler's writes and the record: one record per request, under the
+// adapter's scoped key, so that one tenant's key never replays another's
+// order. A 5xx, an error or a panic rolls the writes back and frees the key.
+// A handler that does not use the transaction is protected all the same.
 //
 // # The transactional call
 //
-// Do takes the coordinator whose store is the idempg Store (with
-// idempotency.Module and [Module] in an fx app, the coordinator it provides,
-// configured from IDEMPOTENCY_* variables), and
-// follows its settings: in-flight mode, wait timeout, TTLs, result limit and
-// kill switch; its events go to the coordinator's observer, so its metrics,
-// logs and spans are those of every other call:
+// Do is coordinator.Do with the transaction as the action's argument:
 //
-//	store, err := idempg.New(pool)
-//	c, err := coordinator.New(store, coordinator.WithObserver(obs))
-//	...
 //	charge, err := idempg.Do(ctx, c, coordinator.Call{
 //		Operation:   "payment.charge",
 //		Key:         key,
@@ -37,16 +40,17 @@
 //		return c, err
 //	})
 //
-// Do begins a READ COMMITTED transaction and inserts the key's pending
-// record in it, uncommitted. A concurrent caller with the same key blocks on
-// that row's lock (up to its wait bound; mode raise does not wait) until the
-// holder's transaction ends: it then replays the result that committed, or,
-// if the holder rolled back, claims the key and runs itself. The action gets
-// the transaction, its writes through it and the completed record commit
-// together, and a key that holds a completed record replays without running
-// the action. Results are encoded as coordinator.Do encodes them (JSON, or a
-// coordinator.Codec), so Do and a coordinator over the same Store replay
-// each other's results.
+// c is the coordinator over the Store (with idempotency.Module and [Module]
+// in an fx app, the coordinator it provides), and its settings and observer
+// apply as to every call. A call first reads the key's record outside any
+// transaction: a completed key replays in one round trip and takes no lock.
+// Otherwise it begins a READ COMMITTED transaction and inserts the key's
+// pending record in it, uncommitted. A concurrent caller with the same key
+// blocks on that row's lock (up to its wait bound; mode raise does not
+// wait) until the holder's transaction ends: it then replays the result
+// that committed, or, if the holder rolled back, claims the key and runs
+// itself. In-flight mode run is treated as wait: the claim is what makes the
+// call exactly once.
 //
 // READ COMMITTED is deliberate, and holds whatever the database's default
 // isolation: every statement of the Store also runs in a transaction at READ
@@ -55,13 +59,36 @@
 // which never runs an action unprotected. Behind a pooler in transaction
 // mode (PgBouncer) use pgx's exec mode (default_query_exec_mode=exec in the
 // connection string); [Module] refuses the statement cache there at
-// start-up. Under it, an INSERT ... ON CONFLICT that has
-// waited for another transaction sees the row that transaction committed,
-// and the next statement sees it too; under REPEATABLE READ or SERIALIZABLE
-// the waiter would fail with a serialization error instead (the committed
-// row is newer than its snapshot), and every concurrent caller of a key would
-// have to retry. An action that needs a stronger isolation for its own reads
-// can take row locks (SELECT ... FOR UPDATE) in the transaction.
+// start-up. An action that needs a stronger isolation for its own reads can
+// take row locks (SELECT ... FOR UPDATE) in the transaction.
+//
+// The action must not end the transaction: the transaction's Commit and
+// Rollback refuse, a COMMIT, ROLLBACK, END or ABORT statement is refused
+// before it is sent ([ErrTxEnded]), and a transaction that the action ended
+// anyway (through tx.Conn()) is found when it returns: its key is kept as
+// completed and not replayable, since some of its writes may have
+// committed, so that it never runs twice.
+//
+// # Dead and frozen holders
+//
+// A holder's claim is an uncommitted row: when the database ends the
+// holder's transaction, the key is free, and the next caller claims it at
+// once; nobody waits out a lease. The claim sets, for its transaction only:
+// idle_in_transaction_session_timeout to the coordinator's lease
+// (IDEMPOTENCY_LEASE, 30s), client_connection_check_interval to 1s
+// (PostgreSQL 14 and later), and TCP keepalives of 5s, 1s and 3 probes. So a
+// holder whose process dies frees its key at once when it was between
+// statements, and within 1s when it was inside one; a holder whose host or
+// network vanished, within about 8s; and a frozen holder (a paused pod, a
+// SIGSTOP), one lease after its last statement ended. A holder that stays
+// away from the database for longer than a lease while it holds the key
+// therefore loses its transaction, and its call a *coordinator.StorageError:
+// keep slow outside calls out of the transaction, or raise the lease.
+//
+// The callers of one key in one process wait for it in the process, without
+// a connection; one of them waits on the row's lock. So the waiters of a key
+// that a hung transaction holds take one connection of the pool, not all of
+// them.
 //
 // # What is covered, and what is not
 //
@@ -71,33 +98,23 @@
 // call, a message published, a write through another connection or to
 // another database happens when the action runs, and runs again when the
 // transaction rolls back (an error, a crash, a failed COMMIT) and the call
-// is retried. For such effects use the coordinator with the key passed
-// downstream, or an outbox table written through tx.
+// is retried. For such effects pass the key downstream, or write an outbox
+// row through tx.
 //
 // # When the database fails
 //
-// A coordinator's storage-error modes (run the action unprotected, or
-// refuse) do not apply to Do: Do never runs the action without the
-// database, since the action's writes could not happen either. A database
-// failure before the action returns a *coordinator.StorageError
-// (coordinator.ErrStorage) without running it. A failure after it (writing
-// the record, COMMIT) rolls the transaction back, or, when the answer to
-// COMMIT is lost, leaves its outcome unknown; Do returns a StorageError, and
-// a retry with the same key is safe either way: it replays what committed,
-// or runs the action once.
-//
-// # Mixing Do and a coordinator on one key
-//
-// A key that a coordinator has reserved holds a committed pending record: Do
-// waits for it by polling (coordinator.WithPollInterval), bounded by the
-// wait timeout (coordinator.WithWaitTimeout),
-// and takes it over when its lease expires. A key that Do holds is an
-// uncommitted row that the Store's methods cannot see: Get reports the key
-// as it was, and Reserve waits on the row's lock for three quarters of the
-// time left before its context's deadline, then reports a pending record
-// with an empty token, so the coordinator waits (or raises) instead of
-// running. Keep such transactions short: a coordinator polls a key that a
-// long transaction holds with Reserves that each wait that long.
+// The on-storage-error mode (run the action unprotected, or refuse) does not
+// apply over the Store: a call never runs the action without the database,
+// since the action's writes could not happen either. A failure before the
+// action returns a *coordinator.StorageError (coordinator.ErrStorage)
+// without running it. A failure after it (writing the record, COMMIT)
+// rolls the transaction back, or, when the answer to COMMIT is lost, leaves
+// its outcome unknown; the call returns a *coordinator.StorageError (the
+// adapters answer 503, UNAVAILABLE, or a retry of the message), and a retry
+// with the same key is safe either way: it replays what committed, or runs
+// the action once. A pending record that a process of an earlier release
+// committed (with Reserve) is waited for by polling, and taken over when
+// its lease expires.
 //
 // # Expiry and the sweeper
 //
