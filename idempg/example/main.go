@@ -48,7 +48,7 @@ import (
 
 	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/idempg"
-	"github.com/idemkit/idempotency/idempg/internal/pgtest"
+	"github.com/idemkit/idempotency/idempg/pgtemp"
 )
 
 func main() { os.Exit(run()) }
@@ -59,9 +59,9 @@ func main() { os.Exit(run()) }
 func run() int {
 	cfg := configFromEnv()
 	if cfg.ThrowawayPostgres {
-		srv, err := pgtest.Start()
+		srv, err := pgtemp.Start()
 		if err != nil {
-			if errors.Is(err, pgtest.ErrNotFound) {
+			if errors.Is(err, pgtemp.ErrNotFound) {
 				err = fmt.Errorf("IDEMPOTENCY_POSTGRES_URL is unset and no PostgreSQL is installed to start a throwaway one: set the variable, or apt-get install postgresql: %w", err)
 			}
 			fmt.Fprintln(os.Stderr, err)

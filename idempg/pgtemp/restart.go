@@ -1,4 +1,4 @@
-package pgtest
+package pgtemp
 
 import (
 	"errors"
@@ -25,24 +25,24 @@ import (
 // concurrently with Restart or Stop.
 func (s *Server) Kill() error {
 	if s == nil || s.cmd == nil || s.cmd.Process == nil {
-		return errors.New("pgtest: kill: the server is not running")
+		return errors.New("pgtemp: kill: the server is not running")
 	}
 	select {
 	case <-s.done:
-		return errors.New("pgtest: kill: the server has already exited")
+		return errors.New("pgtemp: kill: the server has already exited")
 	default:
 	}
 	pid := s.cmd.Process.Pid
 	children := childrenOf(pid)
 	if err := s.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		return fmt.Errorf("pgtest: kill postmaster %d: %w", pid, err)
+		return fmt.Errorf("pgtemp: kill postmaster %d: %w", pid, err)
 	}
 	<-s.done
 	deadline := time.Now().Add(time.Minute)
 	for _, pid := range children {
 		for alive(pid) {
 			if time.Now().After(deadline) {
-				return fmt.Errorf("pgtest: kill: process %d of the killed server still runs after a minute", pid)
+				return fmt.Errorf("pgtemp: kill: process %d of the killed server still runs after a minute", pid)
 			}
 			time.Sleep(10 * time.Millisecond) // polling a process we cannot wait for
 		}
@@ -58,12 +58,12 @@ func (s *Server) Kill() error {
 // again; Restart fails after a minute.
 func (s *Server) Restart() error {
 	if s == nil || s.cmd == nil {
-		return errors.New("pgtest: restart: the server was never started")
+		return errors.New("pgtemp: restart: the server was never started")
 	}
 	select {
 	case <-s.done:
 	default:
-		return errors.New("pgtest: restart: the server is running; Kill it first")
+		return errors.New("pgtemp: restart: the server is running; Kill it first")
 	}
 	deadline := time.Now().Add(time.Minute)
 	old := s.cmd
@@ -72,13 +72,13 @@ func (s *Server) Restart() error {
 		cmd.SysProcAttr = old.SysProcAttr
 		logf, err := os.OpenFile(s.log, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
 		if err != nil {
-			return fmt.Errorf("pgtest: restart: %w", err)
+			return fmt.Errorf("pgtemp: restart: %w", err)
 		}
 		cmd.Stdout, cmd.Stderr = logf, logf
 		err = cmd.Start()
 		_ = logf.Close()
 		if err != nil {
-			return fmt.Errorf("pgtest: restart postgres: %w", err)
+			return fmt.Errorf("pgtemp: restart postgres: %w", err)
 		}
 		done := make(chan struct{})
 		go func() {
@@ -93,10 +93,10 @@ func (s *Server) Restart() error {
 		select {
 		case <-done: // it exited at start-up: a leftover of the killed server, try again
 		default:
-			return fmt.Errorf("pgtest: restart (attempt %d): %w", attempt, err)
+			return fmt.Errorf("pgtemp: restart (attempt %d): %w", attempt, err)
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("pgtest: restart: postgres did not start within a minute (%d attempts): %w", attempt, err)
+			return fmt.Errorf("pgtemp: restart: postgres did not start within a minute (%d attempts): %w", attempt, err)
 		}
 		time.Sleep(50 * time.Millisecond) // before the next attempt
 	}

@@ -1,4 +1,4 @@
-package pgtest
+package pgtemp
 
 import (
 	"context"
@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
-	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -18,7 +17,7 @@ import (
 
 // ErrNoPgBouncer is returned by StartPgBouncer when no pgbouncer binary is
 // found.
-var ErrNoPgBouncer = errors.New("pgtest: no pgbouncer binary; apt-get install pgbouncer")
+var ErrNoPgBouncer = errors.New("pgtemp: no pgbouncer binary; apt-get install pgbouncer")
 
 // PgBouncer is a running PgBouncer that StartPgBouncer started, in
 // transaction pooling mode in front of a Server.
@@ -51,15 +50,15 @@ func (s *Server) StartPgBouncer(db string) (*PgBouncer, error) {
 		return nil, err
 	}
 	if s == nil || s.dir == "" || s.Port == 0 {
-		return nil, errors.New("pgtest: pgbouncer: the server was never started")
+		return nil, errors.New("pgtemp: pgbouncer: the server was never started")
 	}
 	// The name is a key of pgbouncer's [databases] section, unquoted.
 	if db == "" || strings.ContainsAny(db, " \t\r\n=;#[]'\"\\") {
-		return nil, fmt.Errorf("pgtest: pgbouncer: database name %q is not a plain name", db)
+		return nil, fmt.Errorf("pgtemp: pgbouncer: database name %q is not a plain name", db)
 	}
 	dir, err := os.MkdirTemp("", "idempg-pgbouncer-")
 	if err != nil {
-		return nil, fmt.Errorf("pgtest: %w", err)
+		return nil, fmt.Errorf("pgtemp: %w", err)
 	}
 	b := &PgBouncer{dir: dir, done: make(chan struct{}), log: filepath.Join(dir, "pgbouncer.log")}
 	if err := b.start(bin, s, db); err != nil {
@@ -99,11 +98,11 @@ func (b *PgBouncer) start(bin string, s *Server, db string) error {
 		"",
 	}, "\n")
 	if err := os.WriteFile(ini, []byte(config), 0o644); err != nil {
-		return fmt.Errorf("pgtest: %w", err)
+		return fmt.Errorf("pgtemp: %w", err)
 	}
 	// With trust, the password is not checked, but the user must be listed.
 	if err := os.WriteFile(users, []byte(`"`+superuser+`" ""`+"\n"), 0o644); err != nil {
-		return fmt.Errorf("pgtest: %w", err)
+		return fmt.Errorf("pgtemp: %w", err)
 	}
 	cred, err := credential()
 	if err != nil {
@@ -114,13 +113,13 @@ func (b *PgBouncer) start(bin string, s *Server, db string) error {
 		// to the user it runs as.
 		for _, p := range []string{b.dir, ini, users} {
 			if err := os.Chown(p, int(cred.Uid), int(cred.Gid)); err != nil {
-				return fmt.Errorf("pgtest: give %s to the postgres user: %w", p, err)
+				return fmt.Errorf("pgtemp: give %s to the postgres user: %w", p, err)
 			}
 		}
 	}
 	logf, err := os.Create(b.log)
 	if err != nil {
-		return fmt.Errorf("pgtest: %w", err)
+		return fmt.Errorf("pgtemp: %w", err)
 	}
 	defer logf.Close()
 	// Not daemonized (no -d): it logs to stderr, and stays our child.
@@ -129,7 +128,7 @@ func (b *PgBouncer) start(bin string, s *Server, db string) error {
 	// Pdeathsig: a test binary that dies takes its bouncer with it.
 	b.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Pdeathsig: syscall.SIGKILL}
 	if err := b.cmd.Start(); err != nil {
-		return fmt.Errorf("pgtest: start pgbouncer: %w", err)
+		return fmt.Errorf("pgtemp: start pgbouncer: %w", err)
 	}
 	go func() {
 		_ = b.cmd.Wait()
@@ -159,11 +158,11 @@ func (b *PgBouncer) ready() error {
 		}
 		select {
 		case <-b.done:
-			return fmt.Errorf("pgtest: pgbouncer exited at start-up:\n%s", b.logTail())
+			return fmt.Errorf("pgtemp: pgbouncer exited at start-up:\n%s", b.logTail())
 		case <-time.After(50 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("pgtest: pgbouncer not ready after 30s: %w\n%s", err, b.logTail())
+			return fmt.Errorf("pgtemp: pgbouncer not ready after 30s: %w\n%s", err, b.logTail())
 		}
 	}
 }
@@ -187,17 +186,6 @@ func (b *PgBouncer) Stop() {
 	if b.dir != "" {
 		_ = os.RemoveAll(b.dir)
 	}
-}
-
-// SkipPgBouncer ends a test that needs a bouncer that could not be started:
-// it skips when err matches ErrNoPgBouncer and RequireEnv is not set, and
-// fails otherwise.
-func SkipPgBouncer(t testing.TB, err error) {
-	t.Helper()
-	if errors.Is(err, ErrNoPgBouncer) && !Required() {
-		t.Skipf("%v (set %s=1 to fail instead)", err, RequireEnv)
-	}
-	t.Fatalf("no pgbouncer: %v", err)
 }
 
 func (b *PgBouncer) logTail() string {
