@@ -3,12 +3,20 @@ module github.com/idemkit/idempotency/idemgin
 go 1.26.0
 
 require (
-	github.com/alicebob/miniredis/v2 v2.40.0
 	github.com/gin-gonic/gin v1.12.0
 	github.com/idemkit/idempotency v0.0.0-20261204142606-dd312b9cec0d
+	github.com/jackc/pgx/v5 v5.13.0
 	go.uber.org/fx v1.24.0
 	go.uber.org/goleak v1.3.0
 	go.uber.org/zap v1.28.0
+)
+
+require (
+	github.com/alicebob/miniredis/v2 v2.40.0 // indirect
+	github.com/jackc/pgpassfile v1.0.0 // indirect
+	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
+	github.com/jackc/puddle/v2 v2.2.3 // indirect
+	golang.org/x/sync v0.23.0 // indirect
 )
 
 require (
@@ -27,6 +35,7 @@ require (
 	github.com/go-playground/validator/v10 v10.30.1 // indirect
 	github.com/goccy/go-json v0.10.5 // indirect
 	github.com/goccy/go-yaml v1.19.2 // indirect
+	github.com/idemkit/idempotency/idempg v0.0.0-20261204142606-dd312b9cec0d
 	github.com/json-iterator/go v1.1.12 // indirect
 	github.com/kelseyhightower/envconfig v1.4.0 // indirect
 	github.com/klauspost/cpuid/v2 v2.4.0 // indirect
@@ -64,3 +73,5 @@ require (
 )
 
 replace github.com/idemkit/idempotency => ../
+
+replace github.com/idemkit/idempotency/idempg => ../idempg
