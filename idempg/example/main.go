@@ -1,9 +1,11 @@
 // Command example is a transfer service that shows the PostgreSQL store in
-// an fx app: POST /transfers moves money between two accounts with
-// idempg.Do, so the transfer, its two ledger entries and the idempotency
-// record commit in one transaction. A client that retries with the same
-// Idempotency-Key gets the first transfer back, and a crash at any instant
-// leaves the transfer and its record both, or neither: exactly once.
+// an fx app: POST /transfers moves money between two accounts behind the
+// HTTP idempotency middleware (idemhttp), and its handler writes through the
+// transaction that holds the key (idempg.Tx), so the transfer, its two
+// ledger entries, the answer and the idempotency record commit in one
+// transaction. A client that retries with the same Idempotency-Key gets the
+// first transfer back, and a crash at any instant leaves the transfer and
+// its record both, or neither: exactly once.
 //
 // Run it with
 //
@@ -22,7 +24,8 @@
 // answers 201 and the transfer. The same command again answers the same 201
 // and body (same transfer ID) with "Idempotent-Replayed: true": no second
 // transfer. With '{"from":"alice","to":"bob","amount":5000}' it is the key
-// reused for another request: 422. Without the header: 400. Then
+// reused for another request: a 422 problem (application/problem+json).
+// Without the header: 400. Then
 //
 //	curl -s localhost:8080/ledger
 //

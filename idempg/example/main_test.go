@@ -69,6 +69,7 @@ type response struct {
 	status   int
 	replayed bool
 	body     string
+	header   http.Header
 }
 
 func post(t *testing.T, client *http.Client, url, key, body string) response {
@@ -88,7 +89,7 @@ func post(t *testing.T, client *http.Client, url, key, body string) response {
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	return response{resp.StatusCode, resp.Header.Get("Idempotent-Replayed") == "true", string(b)}
+	return response{resp.StatusCode, resp.Header.Get("Idempotent-Replayed") == "true", string(b), resp.Header}
 }
 
 // 20 concurrent duplicates of one transfer: one transfer, two ledger
@@ -116,8 +117,12 @@ func TestTransferOnce(t *testing.T) {
 	if replays != 19 {
 		t.Errorf("%d replayed answers, want 19", replays)
 	}
-	if r := post(t, client, url, "t-1", `{"from":"alice","to":"bob","amount":5000}`); r.status != http.StatusUnprocessableEntity {
-		t.Errorf("key reused: %d %s, want 422", r.status, r.body)
+	// The middleware's problems: their type, and never cached.
+	r := post(t, client, url, "t-1", `{"from":"alice","to":"bob","amount":5000}`)
+	var p idemhttp.Problem
+	if err := json.Unmarshal([]byte(r.body), &p); err != nil || r.status != http.StatusUnprocessableEntity || p.Type != idemhttp.ProblemKeyReuse ||
+		r.header.Get("Content-Type") != "application/problem+json" || r.header.Get("Cache-Control") != "no-store" {
+		t.Errorf("key reused: %d %v %s, want a 422 %s problem, not cached", r.status, r.header, r.body, idemhttp.ProblemKeyReuse)
 	}
 	if r := post(t, client, url, "", body); r.status != http.StatusBadRequest {
 		t.Errorf("no key: %d %s, want 400", r.status, r.body)

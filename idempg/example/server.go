@@ -3,14 +3,11 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
-	"strconv"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/fx"
 	"go.uber.org/zap"
@@ -70,13 +67,14 @@ func newBank(lc fx.Lifecycle, c *coordinator.Coordinator, pool *pgxpool.Pool, lo
 	return &bank{c: c, pool: pool, log: log}
 }
 
-// transfer is POST /transfers.
+// transfer is POST /transfers, behind idemhttp.Middleware (newServer): the
+// middleware answers a missing key (400), a key in progress (409), a key
+// reused for another transfer (422) and a database that is down (503), and
+// replays the stored answer to every retry. The handler runs inside the
+// transaction that holds the key, and writes through it: the transfer, its
+// two ledger entries, the answer and the idempotency record commit together.
+// A 5xx rolls the writes back.
 func (b *bank) transfer(w http.ResponseWriter, r *http.Request) {
-	key := r.Header.Get(idemhttp.KeyHeader)
-	if key == "" {
-		problem(w, http.StatusBadRequest, "POST /transfers requires an "+idemhttp.KeyHeader+" header: a retry with the same key never moves the money twice.")
-		return
-	}
 	var req transferRequest
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<16)).Decode(&req); err != nil {
 		problem(w, http.StatusBadRequest, "The body is not a transfer: "+err.Error())
@@ -86,56 +84,26 @@ func (b *bank) transfer(w http.ResponseWriter, r *http.Request) {
 		problem(w, http.StatusBadRequest, `A transfer needs "from" and "to", two different accounts, and a positive "amount".`)
 		return
 	}
-	// The fingerprint tells a retry from the key reused for another
-	// transfer.
-	fp, err := coordinator.Fingerprint(req.From, req.To, req.Amount)
-	if err != nil {
-		problem(w, http.StatusInternalServerError, err.Error())
+	tx, ok := idempg.Tx(r.Context())
+	if !ok {
+		problem(w, http.StatusInternalServerError, "No idempotency transaction: POST /transfers must be behind idemhttp.Middleware over the PostgreSQL store.")
 		return
 	}
-	call := coordinator.Call{Operation: "transfer.create", Key: key, Fingerprint: fp}
-	res, err := idempg.DoResult(r.Context(), b.c, call, func(ctx context.Context, tx pgx.Tx) (Transfer, error) {
-		t := Transfer{From: req.From, To: req.To, Amount: req.Amount}
-		err := tx.QueryRow(ctx, `INSERT INTO transfers (from_acct, to_acct, amount) VALUES ($1, $2, $3)
-			RETURNING id, created_at`, t.From, t.To, t.Amount).Scan(&t.ID, &t.At)
-		if err != nil {
-			return t, err
-		}
+	ctx := r.Context()
+	t := Transfer{From: req.From, To: req.To, Amount: req.Amount}
+	err := tx.QueryRow(ctx, `INSERT INTO transfers (from_acct, to_acct, amount) VALUES ($1, $2, $3)
+		RETURNING id, created_at`, t.From, t.To, t.Amount).Scan(&t.ID, &t.At)
+	if err == nil {
 		_, err = tx.Exec(ctx, `INSERT INTO ledger_entries (transfer_id, account, amount) VALUES ($1, $2, -$4::bigint), ($1, $3, $4::bigint)`,
 			t.ID, t.From, t.To, t.Amount)
-		return t, err
-	})
-	var inProgress *coordinator.InProgressError
-	switch {
-	case err == nil:
-	case errors.Is(err, coordinator.ErrKeyReuse):
-		problem(w, http.StatusUnprocessableEntity, "This "+idemhttp.KeyHeader+" was used for another transfer; use a new key.")
-		return
-	case errors.As(err, &inProgress):
-		w.Header().Set("Retry-After", strconv.Itoa(max(1, int(inProgress.RetryAfter.Seconds()))))
-		problem(w, http.StatusConflict, "A transfer with this key is in progress; retry later.")
-		return
-	case errors.Is(err, coordinator.ErrInvalidRequest):
-		problem(w, http.StatusBadRequest, err.Error())
-		return
-	case errors.Is(err, coordinator.ErrStorage):
-		// Nothing committed, or the COMMIT's answer was lost: a retry with
-		// the same key replays or moves the money once.
-		b.log.Warn("transfer: database failure", zap.Error(err))
-		problem(w, http.StatusServiceUnavailable, "The database failed; retry with the same key.")
-		return
-	default:
+	}
+	if err != nil {
 		b.log.Error("transfer failed", zap.Error(err))
-		problem(w, http.StatusInternalServerError, "The transfer failed; nothing was moved.")
+		problem(w, http.StatusInternalServerError, "The transfer failed; nothing was moved.") // 5xx: rolled back, not stored
 		return
 	}
-	if res.Replayed {
-		w.Header().Set("Idempotent-Replayed", "true")
-	} else {
-		b.log.Info("transferred", zap.Int64("id", res.Value.ID), zap.String("from", res.Value.From),
-			zap.String("to", res.Value.To), zap.Int64("amount", res.Value.Amount))
-	}
-	writeJSON(w, http.StatusCreated, res.Value)
+	b.log.Info("transferred", zap.Int64("id", t.ID), zap.String("from", t.From), zap.String("to", t.To), zap.Int64("amount", t.Amount))
+	writeJSON(w, http.StatusCreated, t)
 }
 
 // ledgerView is GET /ledger: every entry and the balances.
@@ -197,7 +165,10 @@ func (s *server) Addr() string { return s.ln.Addr().String() }
 
 func newServer(lc fx.Lifecycle, cfg config, b *bank, log *zap.Logger) (*server, error) {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /transfers", b.transfer)
+	// Keys are required: a client must be able to retry a transfer safely.
+	// The operation is named after the route: "POST.transfers".
+	idem := idemhttp.Middleware(b.c, idemhttp.WithKeyRequired(true))
+	mux.Handle("POST /transfers", idem(http.HandlerFunc(b.transfer)))
 	mux.HandleFunc("GET /ledger", b.ledger)
 	s := &server{srv: &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}}
 	lc.Append(fx.Hook{
