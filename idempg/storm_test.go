@@ -39,12 +39,12 @@ const stormOp = "storm.ledger"
 // through: over an idempg Store on pool, with in-flight mode mode and wait
 // timeout wait (0: the default). With stormDo, it is the only code that
 // follows the API of the transactional call.
-func stormCoordinator(pool *pgxpool.Pool, mode coordinator.InFlightMode, wait time.Duration) (*coordinator.Coordinator, error) {
+func stormCoordinator(pool *pgxpool.Pool, mode coordinator.InFlightMode, wait time.Duration, opts ...coordinator.Option) (*coordinator.Coordinator, error) {
 	store, err := idempg.New(pool)
 	if err != nil {
 		return nil, err
 	}
-	return coordinator.New(store, coordinator.WithInFlight(mode), coordinator.WithWaitTimeout(wait))
+	return coordinator.New(store, append([]coordinator.Option{coordinator.WithInFlight(mode), coordinator.WithWaitTimeout(wait)}, opts...)...)
 }
 
 // stormDo is every storm's call of the transactional call.
@@ -103,9 +103,9 @@ func newStorm(t *testing.T, name string) *storm { return &storm{t: t, name: name
 
 // coordinator returns stormCoordinator's coordinator; it fails the test on
 // an error and closes the coordinator with the test.
-func (st *storm) coordinator(pool *pgxpool.Pool, mode coordinator.InFlightMode, wait time.Duration) *coordinator.Coordinator {
+func (st *storm) coordinator(pool *pgxpool.Pool, mode coordinator.InFlightMode, wait time.Duration, opts ...coordinator.Option) *coordinator.Coordinator {
 	st.t.Helper()
-	c, err := stormCoordinator(pool, mode, wait)
+	c, err := stormCoordinator(pool, mode, wait, opts...)
 	if err != nil {
 		st.t.Fatalf("coordinator: %v", err)
 	}
