@@ -1,18 +1,23 @@
 // Command example is an order service that shows idemecho in an fx app, on
-// Echo v4: POST /orders/:id charges an order behind the idempotency
-// middleware, so a client that retries with the same Idempotency-Key gets
-// the first charge back instead of a second one, and GET /ledger shows every
-// charge really made.
+// Echo v4 and the PostgreSQL store: POST /orders/:id charges an order behind
+// the idempotency middleware, and the handler writes the charge through the
+// transaction in which its idempotency record commits (idempg.Tx). A client
+// that retries with the same Idempotency-Key gets the first charge back
+// instead of a second one, and a crash at any instant leaves the charge and
+// its record both, or neither. GET /ledger shows every charge really made.
 //
 // Run it with
 //
 //	go run ./example           # from the idemecho directory
 //
-// Without IDEMPOTENCY_REDIS_URL it starts an embedded Redis (miniredis) and
-// says so, so it needs nothing installed; set the variable to use a real
-// server. It listens on ADDR (default 127.0.0.1:8080; port 0 picks a free
-// port, the log says which); LOG_LEVEL=debug logs every idempotency hit and
-// miss. Then, from another terminal:
+// Without IDEMPOTENCY_POSTGRES_URL it starts a throwaway PostgreSQL server
+// (Debian's postgresql package, initdb into a temporary directory, deleted
+// on exit) and says so; set the variable to use your own database. It needs
+// no Redis. The app applies the store's schema and its own table on start.
+// It listens on ADDR (default 127.0.0.1:8080; port 0 picks a free port, the
+// log says which); CHARGE_DELAY (default 50ms) is the payment provider's
+// latency; LOG_LEVEL=debug logs every idempotency hit and miss. Then, from
+// another terminal:
 //
 //	curl -i -X POST localhost:8080/orders/42 -H 'Idempotency-Key: order-42' \
 //	    -H 'X-Tenant: acme' -d '{"amount":1999,"currency":"EUR"}'
@@ -30,28 +35,66 @@
 // lists the charges: one per tenant, whatever the retries.
 //
 // The files: main.go (configuration and the fx wiring), server.go (the HTTP
-// server, the Echo router and its routes).
+// server, the Echo router, its routes and the charges table).
 package main
 
 import (
 	"cmp"
+	"context"
+	"errors"
 	"fmt"
 	"os"
+	"time"
 
-	"github.com/alicebob/miniredis/v2"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/fx"
 	"go.uber.org/fx/fxevent"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/idempg"
+	"github.com/idemkit/idempotency/idempg/pgtemp"
 )
 
-func main() {
-	// Run starts the app, blocks until SIGINT or SIGTERM, then stops it:
-	// the HTTP server drains before the Redis client and the embedded Redis
-	// go away.
-	fx.New(appOptions(configFromEnv())).Run()
+func main() { os.Exit(run()) }
+
+// run runs the app until SIGINT or SIGTERM and returns the exit code. The
+// throwaway server, when there is one, outlives the app: the HTTP server
+// drains, then the pool closes, then the server stops.
+func run() int {
+	cfg, err := configFromEnv()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	if cfg.ThrowawayPostgres {
+		srv, err := pgtemp.Start()
+		if err != nil {
+			if errors.Is(err, pgtemp.ErrNotFound) {
+				err = fmt.Errorf("IDEMPOTENCY_POSTGRES_URL is unset and no PostgreSQL is installed to start a throwaway one: set the variable, or apt-get install postgresql: %w", err)
+			}
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer srv.Stop()
+		cfg.PostgresURL = srv.DSN
+	}
+	app := fx.New(appOptions(cfg))
+	ctx, cancel := context.WithTimeout(context.Background(), app.StartTimeout())
+	defer cancel()
+	if err := app.Start(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	sig := <-app.Wait()
+	ctx, cancel = context.WithTimeout(context.Background(), app.StopTimeout())
+	defer cancel()
+	if err := app.Stop(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return sig.ExitCode
 }
 
 // config is the app's own configuration. The library reads its settings
@@ -63,19 +106,26 @@ type config struct {
 	// LogLevel is the zap level (LOG_LEVEL, default info). At debug, Echo
 	// runs in debug mode: its error responses say more.
 	LogLevel string
-	// EmbeddedRedis starts an in-process Redis for the library. It is true
-	// when neither IDEMPOTENCY_REDIS_URL nor IDEMPOTENCY_REDIS_CLUSTER_ADDRS
-	// is set.
-	EmbeddedRedis bool
+	// ChargeDelay is the payment provider's latency (CHARGE_DELAY, a Go
+	// duration, default 50ms).
+	ChargeDelay time.Duration
+	// ThrowawayPostgres starts a PostgreSQL server for the run, when
+	// IDEMPOTENCY_POSTGRES_URL is unset; PostgresURL is then its address.
+	ThrowawayPostgres bool
+	PostgresURL       string
 }
 
-func configFromEnv() config {
-	return config{
-		Addr:     cmp.Or(os.Getenv("ADDR"), "127.0.0.1:8080"),
-		LogLevel: cmp.Or(os.Getenv("LOG_LEVEL"), "info"),
-		EmbeddedRedis: os.Getenv("IDEMPOTENCY_REDIS_URL") == "" &&
-			os.Getenv("IDEMPOTENCY_REDIS_CLUSTER_ADDRS") == "",
+func configFromEnv() (config, error) {
+	delay, err := time.ParseDuration(cmp.Or(os.Getenv("CHARGE_DELAY"), "50ms"))
+	if err != nil || delay < 0 {
+		return config{}, fmt.Errorf("CHARGE_DELAY: %q is not a duration of 0 or more, such as 50ms", os.Getenv("CHARGE_DELAY"))
 	}
+	return config{
+		Addr:              cmp.Or(os.Getenv("ADDR"), "127.0.0.1:8080"),
+		LogLevel:          cmp.Or(os.Getenv("LOG_LEVEL"), "info"),
+		ChargeDelay:       delay,
+		ThrowawayPostgres: os.Getenv("IDEMPOTENCY_POSTGRES_URL") == "",
+	}, nil
 }
 
 // appOptions is the whole app as one fx option, so that main and the test
@@ -83,18 +133,37 @@ func configFromEnv() config {
 func appOptions(cfg config) fx.Option {
 	return fx.Options(
 		fx.Supply(cfg),
-		// The library: *coordinator.Coordinator from the IDEMPOTENCY_*
-		// environment, on the app's *zap.Logger.
+		// The library, on PostgreSQL: *coordinator.Coordinator over the
+		// idempg store, from the IDEMPOTENCY_* environment, on the app's
+		// *zap.Logger.
 		idempotency.Module,
-		embeddedRedisIf(cfg.EmbeddedRedis),
+		idempg.Module,
+		idempotency.OverrideSettings(func(s *idempotency.Settings) {
+			if cfg.PostgresURL != "" {
+				s.PostgresURL = cfg.PostgresURL
+			}
+			// The example owns its database: it applies the schema. A
+			// service whose migrations run elsewhere leaves this false.
+			s.PostgresMigrate = true
+		}),
 		fx.Provide(newLogger),
 		fx.WithLogger(func(log *zap.Logger) fxevent.Logger {
 			l := &fxevent.ZapLogger{Logger: log.Named("fx")}
 			l.UseLogLevel(zapcore.DebugLevel)
 			return l
 		}),
+		// The charges live in the store's database, so that a charge and its
+		// idempotency record commit together: the app uses the pool the
+		// module opened.
+		fx.Provide(fx.Annotate(func(p *pgxpool.Pool) *pgxpool.Pool { return p },
+			fx.ParamTags(`name:"`+idempg.PoolName+`"`))),
 		fx.Provide(newLedger, newRouter, newServer),
 		fx.Invoke(func(*server) {}),
+		fx.Invoke(func(log *zap.Logger) {
+			if cfg.ThrowawayPostgres {
+				log.Warn("IDEMPOTENCY_POSTGRES_URL is unset: using a throwaway PostgreSQL server, deleted on exit; set it to use your own database")
+			}
+		}),
 	)
 }
 
@@ -108,35 +177,4 @@ func newLogger(cfg config) (*zap.Logger, error) {
 	zc.Level = zap.NewAtomicLevelAt(level)
 	zc.DisableStacktrace = true // a key reuse is a warning, not a crash
 	return zc.Build()
-}
-
-// embeddedRedisIf, when on, starts an embedded Redis (miniredis) and points
-// the idempotency module at it, through the module's settings override
-// group, so that the module still builds, pings and closes its own client.
-func embeddedRedisIf(on bool) fx.Option {
-	if !on {
-		return fx.Options()
-	}
-	return fx.Options(
-		fx.Provide(startEmbeddedRedis),
-		fx.Provide(fx.Annotate(
-			func(m *miniredis.Miniredis) idempotency.SettingsOverride {
-				return func(s *idempotency.Settings) { s.RedisURL = "redis://" + m.Addr() + "/0" }
-			},
-			fx.ResultTags(`group:"`+idempotency.SettingsOverrides+`"`),
-		)),
-	)
-}
-
-// startEmbeddedRedis starts miniredis on a free port while fx builds the
-// graph (the module needs its address to build its client) and closes it
-// when the app stops, after the module closed its client.
-func startEmbeddedRedis(lc fx.Lifecycle, log *zap.Logger) (*miniredis.Miniredis, error) {
-	m := miniredis.NewMiniRedis()
-	if err := m.StartAddr("127.0.0.1:0"); err != nil {
-		return nil, fmt.Errorf("start embedded redis: %w", err)
-	}
-	log.Warn(fmt.Sprintf("IDEMPOTENCY_REDIS_URL is unset: using an embedded Redis (miniredis) at %s; set it to use a real server", m.Addr()))
-	lc.Append(fx.StopHook(m.Close))
-	return m, nil
 }

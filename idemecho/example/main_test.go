@@ -1,16 +1,28 @@
 // The tests are in package main because a main package cannot be imported.
-// Each test starts the whole app, as main builds it, on a free port with its
-// own embedded Redis, and talks to it over HTTP.
+// Each test starts the whole app, as main builds it, on a free port with a
+// database of its own on a throwaway PostgreSQL server, and talks to it over
+// HTTP. TestKilledWithRetriesInFlight runs the app as a process of its own,
+// and kills it.
 package main
 
 import (
+	"context"
+	"crypto/rand"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"os"
+	"os/exec"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5"
 	"go.uber.org/fx"
 	"go.uber.org/fx/fxtest"
 	"go.uber.org/goleak"
@@ -19,11 +31,66 @@ import (
 
 	idemfxtest "github.com/idemkit/idempotency/fxtest"
 	"github.com/idemkit/idempotency/idemhttp"
+	"github.com/idemkit/idempotency/idempg/pgtemp"
 )
 
-// TestMain checks that a stopped app leaves no goroutine behind: HTTP
-// server, Redis client, embedded Redis.
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// childEnv, set, makes the test binary run the app (main) instead of the
+// tests: TestKilledWithRetriesInFlight's app process.
+const childEnv = "IDEMECHO_EXAMPLE_CHILD"
+
+// pg is the PostgreSQL server of the tests, started by TestMain.
+var pg *pgtemp.Server
+
+// TestMain starts the PostgreSQL server (a missing one skips the tests,
+// unless IDEMPOTENCY_TEST_REQUIRE_POSTGRES=1), and checks, once it stopped,
+// that a stopped app leaves no goroutine behind: HTTP server, pool.
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) != "" {
+		os.Exit(run())
+	}
+	var err error
+	pg, err = pgtemp.Start()
+	if err != nil && (!errors.Is(err, pgtemp.ErrNotFound) || os.Getenv("IDEMPOTENCY_TEST_REQUIRE_POSTGRES") == "1") {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	pg.Stop()
+	if err := goleak.Find(); err != nil {
+		fmt.Fprintln(os.Stderr, "goleak:", err)
+		code = max(code, 1)
+	}
+	os.Exit(code)
+}
+
+// newDatabase creates a database of the test's own and returns its
+// connection string.
+func newDatabase(t *testing.T) string {
+	t.Helper()
+	if pg == nil {
+		t.Skip("no PostgreSQL (apt-get install postgresql; IDEMPOTENCY_TEST_REQUIRE_POSTGRES=1 fails instead)")
+	}
+	name := "echo_" + strings.ToLower(rand.Text()[:10])
+	if err := pgtemp.CreateDatabase(t.Context(), pg.DSN, name); err != nil {
+		t.Fatal(err)
+	}
+	return strings.Replace(pg.DSN, "dbname=postgres", "dbname="+name, 1)
+}
+
+// count returns the number of rows of table in the database at dsn.
+func count(t *testing.T, dsn, table string) int {
+	t.Helper()
+	conn, err := pgx.Connect(t.Context(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var n int
+	if err := conn.QueryRow(t.Context(), "SELECT count(*) FROM "+table).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
 
 const order = `{"amount":1999,"currency":"EUR"}`
 
@@ -33,14 +100,17 @@ type testApp struct {
 	app    *fxtest.App
 	url    string // http://127.0.0.1:port
 	client *http.Client
+	dsn    string // the app's database
 }
 
-// startApp starts the app and stops it when the test ends.
+// startApp starts the app on a database of its own and stops it when the
+// test ends.
 func startApp(t *testing.T) *testApp {
 	t.Helper()
+	dsn := newDatabase(t)
 	var srv *server
 	app := fxtest.New(t,
-		appOptions(config{Addr: "127.0.0.1:0", LogLevel: "info", EmbeddedRedis: true}),
+		appOptions(config{Addr: "127.0.0.1:0", LogLevel: "info", ChargeDelay: 50 * time.Millisecond, PostgresURL: dsn}),
 		// Start from the library's defaults, whatever IDEMPOTENCY_* variables
 		// the developer's shell has.
 		idemfxtest.IgnoreEnvironment(),
@@ -52,7 +122,7 @@ func startApp(t *testing.T) *testApp {
 
 	client := &http.Client{Transport: &http.Transport{}}
 	t.Cleanup(client.CloseIdleConnections) // runs before the app stops
-	return &testApp{t: t, app: app, url: "http://" + srv.Addr(), client: client}
+	return &testApp{t: t, app: app, url: "http://" + srv.Addr(), client: client, dsn: dsn}
 }
 
 // response is what a test looks at in an HTTP response.
@@ -173,6 +243,161 @@ func TestRequests(t *testing.T) {
 	if l := app.ledger(); l.Count != 2 || l.Charges[1].Tenant != "globex" {
 		t.Errorf("ledger %+v, want one charge per tenant", l)
 	}
+	// One record per request that the middleware protected, under its
+	// scoped key: acme's order-42, acme's order-44 (its 400 is stored) and
+	// globex's order-42. The handler's writes went through the same
+	// transaction, so there is no second record.
+	if n := count(t, app.dsn, "idempotency_records"); n != 3 {
+		t.Errorf("%d idempotency records, want 3: one per protected request", n)
+	}
+}
+
+// A second tenant that sends the first tenant's key gets its own order,
+// committed with its own record, never the first tenant's (issue 39: the
+// handler used to store a second record under the bare key, and replayed
+// acme's order to globex).
+func TestTenantsDoNotShareKeys(t *testing.T) {
+	app := startApp(t)
+	acme := app.charge("acme", "k-1", order)
+	globex := app.charge("globex", "k-1", order)
+	if acme.status != http.StatusCreated || globex.status != http.StatusCreated || acme.body == globex.body ||
+		globex.header.Get(idemhttp.ReplayedHeader) != "" || !strings.Contains(globex.body, `"tenant":"globex"`) {
+		t.Fatalf("acme: %d %s; globex with acme's key: %d %v %s; want two charges, globex's its own", acme.status, acme.body, globex.status, globex.header, globex.body)
+	}
+	for _, tenant := range []string{"acme", "globex"} {
+		if r := app.charge(tenant, "k-1", order); r.header.Get(idemhttp.ReplayedHeader) != "true" || !strings.Contains(r.body, `"tenant":"`+tenant+`"`) {
+			t.Errorf("%s's retry: %d %s, want its own charge replayed", tenant, r.status, r.body)
+		}
+	}
+	if n := count(t, app.dsn, "idempotency_records"); n != 2 {
+		t.Errorf("%d idempotency records, want 2", n)
+	}
+	if n := count(t, app.dsn, "charges"); n != 2 {
+		t.Errorf("%d charges, want 2", n)
+	}
+}
+
+// The app is killed -9 while 20 retries of one order are in flight, and
+// restarted: the order has exactly one charge, and the retry after the
+// restart runs at once, because the dead process's transaction, and with it
+// its claim of the key, ended with its connection. (Before issue 39, the
+// middleware's committed pending record held the key for a lease: 29.6s.)
+func TestKilledWithRetriesInFlight(t *testing.T) {
+	dsn := newDatabase(t)
+	addr := freeAddr(t)
+	app := startProcess(t, addr, dsn, "1h") // the provider never answers in time
+	client := &http.Client{Transport: &http.Transport{}}
+	defer client.CloseIdleConnections()
+	post := func(ctx context.Context) (response, error) {
+		req, _ := http.NewRequestWithContext(ctx, "POST", "http://"+addr+"/orders/42", strings.NewReader(order))
+		req.Header.Set(idemhttp.KeyHeader, "order-42")
+		req.Header.Set(tenantHeader, "acme")
+		resp, err := client.Do(req)
+		if err != nil {
+			return response{}, err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		return response{status: resp.StatusCode, header: resp.Header, body: string(b)}, err
+	}
+	var wg sync.WaitGroup
+	for range 20 {
+		wg.Go(func() { _, _ = post(t.Context()) })
+	}
+	// Until the charge is in flight: its pending claim is an uncommitted row,
+	// which pg_locks shows as a transaction holding a lock on the records.
+	waitFor(t, "the charge in flight", func() bool { return inFlight(t, dsn) })
+	time.Sleep(200 * time.Millisecond) // the other 19 have arrived and wait
+	if err := app.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = app.Wait()
+	wg.Wait() // every client sees its connection end
+
+	startProcess(t, addr, dsn, "50ms")
+	start := time.Now()
+	r, err := post(t.Context())
+	took := time.Since(start)
+	if err != nil || r.status != http.StatusCreated || r.header.Get(idemhttp.ReplayedHeader) != "" {
+		t.Fatalf("the retry after the restart: %d %s, %v; want 201, charged now", r.status, r.body, err)
+	}
+	t.Logf("the retry after the restart answered in %v (its charge takes 50ms)", took.Round(time.Millisecond))
+	// The retry must not wait out anything: a margin for a busy machine, far
+	// below the lease (30s) a committed pending record would hold the key.
+	if took > 2*time.Second {
+		t.Errorf("the retry after the restart took %v, want it within 2s", took)
+	}
+	if n := count(t, dsn, "charges"); n != 1 {
+		t.Errorf("%d charges of order 42, want 1", n)
+	}
+	if n := count(t, dsn, "idempotency_records"); n != 1 {
+		t.Errorf("%d idempotency records, want 1", n)
+	}
+}
+
+// startProcess runs the app as a process of its own (this test binary,
+// which runs main when childEnv is set) on addr and dsn, with the provider's
+// latency delay, and waits until it serves; it is killed when the test
+// ends.
+func startProcess(t *testing.T, addr, dsn, delay string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"=1", "ADDR="+addr, "IDEMPOTENCY_POSTGRES_URL="+dsn, "CHARGE_DELAY="+delay,
+		"IDEMPOTENCY_METRICS_ENABLED=false", "LOG_LEVEL=warn")
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	waitFor(t, "the app to serve", func() bool {
+		resp, err := http.Get("http://" + addr + "/ledger")
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err == nil && resp.StatusCode == http.StatusOK
+	})
+	return cmd
+}
+
+// inFlight reports whether a transaction holds a row lock of the records
+// table: a claim.
+func inFlight(t *testing.T, dsn string) bool {
+	t.Helper()
+	conn, err := pgx.Connect(t.Context(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var n int
+	err = conn.QueryRow(t.Context(), `SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+WHERE c.relname = 'idempotency_records' AND l.mode = 'RowExclusiveLock' AND l.granted`).Scan(&n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n > 0
+}
+
+// waitFor polls cond until it holds, failing the test after 30s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited 30s for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// freeAddr returns an address of 127.0.0.1 with a free port.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
 }
 
 // The app stops cleanly: the server drains and closes, and TestMain checks

@@ -7,10 +7,10 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"slices"
-	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/labstack/echo/v4"
 	"github.com/labstack/echo/v4/middleware"
 	"go.uber.org/fx"
@@ -21,6 +21,7 @@ import (
 	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/idemecho"
 	"github.com/idemkit/idempotency/idemhttp"
+	"github.com/idemkit/idempotency/idempg"
 )
 
 // tenantHeader names the caller. It stands in for authentication: a real
@@ -66,8 +67,14 @@ func newRouter(cfg config, c *coordinator.Coordinator, l *ledger, log *zap.Logge
 	)
 	// The middleware is on the route, so the operation is the route:
 	// "POST.orders.id", for every order.
-	e.POST("/orders/:id", chargeOrder(l, log), idem)
-	e.GET("/ledger", func(c echo.Context) error { return c.JSON(http.StatusOK, l.view()) })
+	e.POST("/orders/:id", chargeOrder(cfg, l, log), idem)
+	e.GET("/ledger", func(c echo.Context) error {
+		v, err := l.view(c.Request().Context())
+		if err != nil {
+			return echo.NewHTTPError(http.StatusInternalServerError, "the ledger could not be read").SetInternal(err)
+		}
+		return c.JSON(http.StatusOK, v)
+	})
 	return e
 }
 
@@ -87,11 +94,13 @@ type chargeRequest struct {
 	Currency string `json:"currency"`
 }
 
-// chargeOrder is POST /orders/:id. It knows nothing about idempotency: the
-// middleware in front of it makes sure it runs once per key, and replays
-// its response (201 and the charge, or the 400 of an error it returns) to
-// every retry.
-func chargeOrder(l *ledger, log *zap.Logger) echo.HandlerFunc {
+// chargeOrder is POST /orders/:id. It knows nothing about idempotency but
+// where to write: the middleware in front of it makes sure it runs once per
+// key, inside the transaction that holds the key, and replays its response
+// (201 and the charge, or the 400 of an error it returns) to every retry.
+// The charge commits with that response, or, on a 5xx or a crash, neither
+// does.
+func chargeOrder(cfg config, l *ledger, log *zap.Logger) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		var req chargeRequest
 		if err := json.NewDecoder(c.Request().Body).Decode(&req); err != nil {
@@ -100,36 +109,62 @@ func chargeOrder(l *ledger, log *zap.Logger) echo.HandlerFunc {
 		if req.Amount <= 0 || len(req.Currency) != 3 {
 			return echo.NewHTTPError(http.StatusBadRequest, "a positive amount and a 3-letter currency are required")
 		}
+		// The middleware hands the handler the request with the action's
+		// context, which carries the transaction of the key's claim.
+		ctx := c.Request().Context()
 		// The payment provider's latency, long enough for duplicates to
 		// overlap.
 		select {
-		case <-time.After(50 * time.Millisecond):
-		case <-c.Request().Context().Done():
-			return echo.ErrServiceUnavailable // 5xx: not stored, a retry charges
+		case <-time.After(cfg.ChargeDelay):
+		case <-ctx.Done():
+			return echo.ErrServiceUnavailable // 5xx: rolled back and not stored, a retry charges
+		}
+		tx, ok := idempg.Tx(ctx)
+		if !ok {
+			return echo.NewHTTPError(http.StatusInternalServerError, "no idempotency transaction: the route must be behind idemecho.Middleware over the PostgreSQL store")
 		}
 		tenant, _ := c.Get("tenant").(string)
-		ch := l.add(Charge{Order: c.Param("id"), Tenant: tenant, Amount: req.Amount, Currency: req.Currency})
+		ch, err := l.add(ctx, tx, Charge{Order: c.Param("id"), Tenant: tenant, Amount: req.Amount, Currency: req.Currency})
+		if err != nil {
+			log.Error("charge not recorded", zap.Error(err))
+			return echo.NewHTTPError(http.StatusInternalServerError, "the charge could not be recorded").SetInternal(err)
+		}
 		log.Info("charged", zap.String("id", ch.ID), zap.String("order", ch.Order), zap.String("tenant", ch.Tenant))
 		return c.JSON(http.StatusCreated, ch)
 	}
 }
 
-// ledger records every charge really made. If idempotency works, a retry
-// never adds a second one.
-type ledger struct {
-	mu      sync.Mutex
-	charges []Charge
+// chargesTable is the app's own table, beside the store's.
+const chargesTable = `CREATE TABLE IF NOT EXISTS charges (
+    id         bigserial PRIMARY KEY,
+    order_ref  text NOT NULL,
+    tenant     text NOT NULL,
+    amount     bigint NOT NULL CHECK (amount > 0),
+    currency   text NOT NULL
+)`
+
+// ledger records every charge really made, in PostgreSQL. If idempotency
+// works, a retry never adds a second one.
+type ledger struct{ pool *pgxpool.Pool }
+
+// newLedger creates the charges table on start, after idempg.Module has
+// applied the store's schema: newRouter asks for the coordinator before the
+// ledger, so the store's start hook comes first.
+func newLedger(lc fx.Lifecycle, pool *pgxpool.Pool) *ledger {
+	lc.Append(fx.StartHook(func(ctx context.Context) error {
+		_, err := pool.Exec(ctx, chargesTable)
+		return err
+	}))
+	return &ledger{pool: pool}
 }
 
-func newLedger() *ledger { return &ledger{} }
-
-// add records ch under the next charge ID and returns it.
-func (l *ledger) add(ch Charge) Charge {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	ch.ID = fmt.Sprintf("ch_%d", len(l.charges)+1)
-	l.charges = append(l.charges, ch)
-	return ch
+// add records ch through tx and returns it with its charge ID.
+func (l *ledger) add(ctx context.Context, tx pgx.Tx, ch Charge) (Charge, error) {
+	var id int64
+	err := tx.QueryRow(ctx, `INSERT INTO charges (order_ref, tenant, amount, currency) VALUES ($1, $2, $3, $4) RETURNING id`,
+		ch.Order, ch.Tenant, ch.Amount, ch.Currency).Scan(&id)
+	ch.ID = fmt.Sprintf("ch_%d", id)
+	return ch, err
 }
 
 // ledgerView is the JSON of GET /ledger.
@@ -138,10 +173,14 @@ type ledgerView struct {
 	Charges []Charge `json:"charges"`
 }
 
-func (l *ledger) view() ledgerView {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return ledgerView{Count: len(l.charges), Charges: slices.Clone(l.charges)}
+func (l *ledger) view(ctx context.Context) (ledgerView, error) {
+	rows, _ := l.pool.Query(ctx, `SELECT 'ch_' || id, order_ref, tenant, amount, currency FROM charges ORDER BY id`)
+	charges, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Charge, error) {
+		var ch Charge
+		err := row.Scan(&ch.ID, &ch.Order, &ch.Tenant, &ch.Amount, &ch.Currency)
+		return ch, err
+	})
+	return ledgerView{Count: len(charges), Charges: charges}, err
 }
 
 // server is the HTTP server, started and stopped by the fx lifecycle.
