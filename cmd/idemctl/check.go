@@ -39,6 +39,9 @@ func (a *app) check(ctx context.Context, args []string) int {
 	}
 	a.printSettings(s, o)
 	fmt.Fprintln(a.stdout)
+	if err := redisStore(s); err != nil {
+		return a.fail("check", err)
+	}
 
 	client, err := a.client(s)
 	if err != nil {

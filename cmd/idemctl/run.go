@@ -272,6 +272,9 @@ func (a *app) connect(ctx context.Context, o *overrides) (*conn, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := redisStore(s); err != nil {
+		return nil, err
+	}
 	client, err := a.client(s)
 	if err != nil {
 		return nil, err
@@ -287,6 +290,20 @@ func (a *app) connect(ctx context.Context, o *overrides) (*conn, error) {
 }
 
 func (c *conn) Close() { _ = c.client.Close() }
+
+// errPostgresStore is the error of a command whose settings name the
+// PostgreSQL store: idemctl reads the Redis store's records only.
+var errPostgresStore = errors.New("IDEMPOTENCY_POSTGRES_URL is set, so the service's records are in PostgreSQL (idempg), which idemctl does not read yet: " +
+	"look at them in the table idempotency_records with psql (docs/cli.md, \"The PostgreSQL store\")")
+
+// redisStore returns errPostgresStore when s names the PostgreSQL store,
+// rather than let a command report the default Redis as unreachable.
+func redisStore(s idempotency.Settings) error {
+	if s.PostgresURL != "" {
+		return errPostgresStore
+	}
+	return nil
+}
 
 // plural returns "1 record", "2 records".
 func plural(n int, what string) string {
