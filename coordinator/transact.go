@@ -70,7 +70,8 @@ type Claim interface {
 
 // transacted is the flow of a call over a Transactor (see Transactor).
 func (f *flow[T]) transacted(ctx context.Context, tr Transactor) (Result[T], error) {
-	until := time.Now().Add(f.c.cfg.waitTimeout)
+	began := time.Now()
+	until := began.Add(f.c.cfg.waitTimeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(until) {
 		until = d
 	}
@@ -123,7 +124,7 @@ func (f *flow[T]) transacted(ctx context.Context, tr Transactor) (Result[T], err
 			// Another transaction held the key past the wait.
 			f.observe(ctx, Event{Kind: EventInFlight, Mode: f.c.cfg.inFlight})
 			if f.c.cfg.inFlight != InFlightRaise {
-				f.observe(ctx, Event{Kind: EventWaited, Outcome: WaitTimeout, Duration: f.c.cfg.waitTimeout - time.Until(until)})
+				f.observe(ctx, Event{Kind: EventWaited, Outcome: WaitTimeout, Duration: time.Since(began)})
 			}
 			return Result[T]{}, f.inProgress(heldRetryAfter)
 		case err != nil:

@@ -275,8 +275,46 @@ func TestTransactorOutcomes(t *testing.T) {
 			if s.effect("k") != 1 {
 				t.Fatalf("%d effects, want 1", s.effect("k"))
 			}
+			// A wait is reported with the time it took, bounded by the
+			// caller's deadline as by the wait timeout.
+			for _, w := range f.rec.waits() {
+				if w.Outcome != coordinator.WaitTimeout || w.Duration > 5*time.Second {
+					t.Errorf("wait event %v after %v, want a timeout after about 50ms", w.Outcome, w.Duration)
+				}
+			}
 		})
 	}
+	t.Run("held past the caller's deadline", func(t *testing.T) {
+		s := newTxStore()
+		f := newFixture(t, s, coordinator.WithWaitTimeout(time.Minute))
+		inside, release := make(chan struct{}), make(chan struct{})
+		done := make(chan error)
+		go func() {
+			_, err := coordinator.Do(context.Background(), f.c, call("k"), func(ctx context.Context) (int, error) {
+				close(inside)
+				<-release
+				return 1, nil
+			})
+			done <- err
+		}()
+		<-inside
+		ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+		defer cancel()
+		_, err := coordinator.Do(ctx, f.c, call("k"), func(context.Context) (int, error) { return 2, nil })
+		close(release)
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if !errors.Is(err, coordinator.ErrInProgress) {
+			t.Fatalf("Do past its deadline on a held key = %v, want ErrInProgress", err)
+		}
+		// The wait is reported with the time it took (about the deadline),
+		// not the wait timeout's minute.
+		waits := f.rec.waits()
+		if len(waits) != 1 || waits[0].Outcome != coordinator.WaitTimeout || waits[0].Duration > 10*time.Second {
+			t.Fatalf("wait events %+v, want one timeout after about 100ms", waits)
+		}
+	})
 	t.Run("kill switch", func(t *testing.T) {
 		s := newTxStore()
 		f := newFixture(t, s, coordinator.WithEnabled(false))
