@@ -175,6 +175,13 @@ func bouncer(t *testing.T) (name, dsn string) {
 // the real server. The count is a sequence, which a rollback does not undo.
 func (db *testDB) failWrites(t *testing.T, prefix, code string, n int) {
 	t.Helper()
+	db.failOn(t, "INSERT OR UPDATE", prefix, code, n)
+}
+
+// failOn is failWrites for the statements of events ("UPDATE": the
+// completion of a claim, and not the claim).
+func (db *testDB) failOn(t *testing.T, events, prefix, code string, n int) {
+	t.Helper()
 	for _, sql := range []string{
 		"CREATE SEQUENCE fault_seq",
 		`CREATE FUNCTION fault() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -184,7 +191,7 @@ BEGIN
 	END IF;
 	RETURN NEW;
 END $$`,
-		"CREATE TRIGGER fault BEFORE INSERT OR UPDATE ON idempotency_records FOR EACH ROW EXECUTE FUNCTION fault()",
+		"CREATE TRIGGER fault BEFORE " + events + " ON idempotency_records FOR EACH ROW EXECUTE FUNCTION fault()",
 	} {
 		if _, err := db.pool.Exec(t.Context(), sql); err != nil {
 			t.Fatalf("%s: %v", sql, err)
