@@ -52,7 +52,12 @@
 // What a store author implements: Store (Reserve, Get, Complete, Release,
 // Renew) over Key, Reservation, Record, State, Write and Completion,
 // optionally Watcher for cross-process wake-ups; OffRequestPath tells a
-// store which calls no caller waits for.
+// store which calls no caller waits for. A store that commits the record
+// with the action's own writes in one database transaction implements
+// Transactor (Claim, Begin) and Claim: the coordinator then runs every call
+// inside the claim's transaction instead of under a lease (idempg.Store is
+// the model). ErrConflict and ErrMisconfigured mark what such a store
+// answers that is not an outage, so that no call runs unprotected for it.
 //
 // This package imports nothing but the standard library. Stores live
 // elsewhere: memstore (in memory, for tests), the Redis store in redisrepo, or
