@@ -38,26 +38,29 @@ const (
 
 // The SQL of the transactional call, besides the Store's.
 const (
-	// saveTimeouts and restoreTimeouts keep the session's lock_timeout and
-	// statement_timeout across a lock wait (setLockWait), so that the
-	// action runs with them.
-	saveTimeouts = `SELECT set_config('idempg.lock_timeout', current_setting('lock_timeout'), true),
-	set_config('idempg.statement_timeout', current_setting('statement_timeout'), true)`
+	// restoreTimeouts puts back the session's lock_timeout and
+	// statement_timeout that holderSettings saved before a lock wait
+	// (setLockWait), so that the action runs with them.
 	restoreTimeouts = `SELECT set_config('lock_timeout', current_setting('idempg.lock_timeout'), true),
 	set_config('statement_timeout', current_setting('idempg.statement_timeout'), true)`
 
-	// holderSettings makes the database end the transaction of a holder
-	// that died or froze, and so free its key: $1 is
-	// idle_in_transaction_session_timeout (the lease: a holder that sends
-	// nothing for a lease is taken for frozen), $2 to $4 the TCP
-	// keepalives. They hold for the transaction only.
-	holderSettings = `SELECT set_config('idle_in_transaction_session_timeout', $1, true),
+	// holderSettings saves the session's lock_timeout and
+	// statement_timeout (restoreTimeouts puts them back), and makes the
+	// database end the transaction of a holder that died or froze, and so
+	// free its key: $1 is idle_in_transaction_session_timeout (the lease: a
+	// holder that sends nothing for a lease is taken for frozen), $2 to $4
+	// the TCP keepalives. They hold for the transaction only. One statement,
+	// so that a claim costs no more statements than it did without them.
+	holderSettings = `SELECT set_config('idempg.lock_timeout', current_setting('lock_timeout'), true),
+	set_config('idempg.statement_timeout', current_setting('statement_timeout'), true),
+	set_config('idle_in_transaction_session_timeout', $1, true),
 	set_config('tcp_keepalives_idle', $2, true), set_config('tcp_keepalives_interval', $3, true),
 	set_config('tcp_keepalives_count', $4, true)`
-	// checkConnection is client_connection_check_interval (PostgreSQL 14
-	// and later): a holder killed while a statement of its runs is found
-	// within it, instead of when the statement ends.
-	checkConnection = `SELECT set_config('client_connection_check_interval', $1, true)`
+	// holderSettings14 is holderSettings with, in $5,
+	// client_connection_check_interval (PostgreSQL 14 and later): a holder
+	// killed while a statement of its runs is found within it, instead of
+	// when the statement ends.
+	holderSettings14 = holderSettings + `, set_config('client_connection_check_interval', $5, true)`
 
 	// claimRecord writes the call's pending record if the key has no row.
 	// When another transaction holds an uncommitted row of the key, it
@@ -233,10 +236,10 @@ type claim struct {
 // expired), with no lock taken. It is one round trip.
 func (c *claim) claim(ctx context.Context, w coordinator.Write, wait time.Duration) (written bool, rec coordinator.Record, err error) {
 	b := &pgx.Batch{}
-	b.Queue(saveTimeouts)
-	b.Queue(holderSettings, millis(w.TTL), seconds(keepaliveIdle), seconds(keepaliveInterval), strconv.Itoa(keepaliveCount))
 	if c.checksConnection() {
-		b.Queue(checkConnection, millis(checkInterval))
+		b.Queue(holderSettings14, millis(w.TTL), keepalives[0], keepalives[1], keepalives[2], checkEvery)
+	} else {
+		b.Queue(holderSettings, millis(w.TTL), keepalives[0], keepalives[1], keepalives[2])
 	}
 	err = c.waitThenRead(ctx, b, wait, &written, claimRecord,
 		c.key.Operation, c.key.Key, statePending, w.Token, w.Fingerprint, w.TTL.Milliseconds())
@@ -373,6 +376,12 @@ func (c *claim) endedBySQL(ctx context.Context) error {
 // keptEnded is how long the key of an action that ended its transaction
 // is kept: a day, longer than any retry of it.
 const keptEnded = 24 * time.Hour
+
+// keepalives and checkEvery are the values of the holder's settings.
+var (
+	keepalives = [3]string{seconds(keepaliveIdle), seconds(keepaliveInterval), strconv.Itoa(keepaliveCount)}
+	checkEvery = millis(checkInterval)
+)
 
 // millis and seconds format d as a setting's value.
 func millis(d time.Duration) string  { return strconv.FormatInt(max(d.Milliseconds(), 1), 10) + "ms" }

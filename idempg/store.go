@@ -31,8 +31,9 @@ type DB interface {
 // Leases and time to live are expires_at on the database's clock
 // (clock_timestamp()): a record whose expires_at has passed is absent for
 // every method, and the sweeper (Sweep, StartSweeper) deletes it later.
-// Each method touches only its key's row, in one round trip, in a
-// transaction at READ COMMITTED whatever the database's default isolation
+// Each method touches only its key's row, in one round trip; each that
+// writes does so in a transaction at READ COMMITTED whatever the database's
+// default isolation
 // (SERIALIZABLE or REPEATABLE READ would fail collisions with
 // serialization failures); a serialization failure or a deadlock is sent
 // again within the context's deadline, and one that is left matches
@@ -196,14 +197,19 @@ func (s *Store) Reserve(ctx context.Context, key coordinator.Key, w coordinator.
 // Get implements coordinator.Store: it returns the live record under key, or
 // a Record with State coordinator.StateAbsent.
 func (s *Store) Get(ctx context.Context, key coordinator.Key) (coordinator.Record, error) {
+	// One statement, with no transaction of its own: a single SELECT sees
+	// one snapshot, taken when it starts, at every isolation level, so it
+	// reads what it would at READ COMMITTED; a serialization failure that
+	// SERIALIZABLE may still raise is read again, as send does.
 	var rec coordinator.Record
-	err := s.send(ctx, func(b *pgx.Batch) {
-		b.Queue(selectRecord, key.Operation, key.Key).QueryRow(func(row pgx.Row) error {
-			var err error
-			rec, err = scanRecord(row)
-			return err
-		})
-	})
+	var err error
+	for attempt := 0; ; attempt++ {
+		rec, err = scanRecord(s.db.QueryRow(ctx, selectRecord, key.Operation, key.Key))
+		if err == nil || !conflict(err) || attempt == maxConflictRetries || !pause(ctx, attempt) {
+			err = classify(err)
+			break
+		}
+	}
 	if err != nil {
 		return coordinator.Record{}, fmt.Errorf("idempg: get %s: %w", key, err)
 	}
