@@ -78,7 +78,8 @@
 // (IDEMPOTENCY_LEASE, 30s), client_connection_check_interval to 1s
 // (PostgreSQL 14 and later), and TCP keepalives of 5s, 1s and 3 probes. So a
 // holder whose process dies frees its key at once when it was between
-// statements, and within 1s when it was inside one; a holder whose host or
+// statements, and about a second later (the check interval) when it was
+// inside one; a holder whose host or
 // network vanished, within about 8s; and a frozen holder (a paused pod, a
 // SIGSTOP), one lease after its last statement ended. A holder that stays
 // away from the database for longer than a lease while it holds the key
