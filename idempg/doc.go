@@ -79,9 +79,10 @@
 // (PostgreSQL 14 and later), and TCP keepalives of 5s, 1s and 3 probes. So a
 // holder whose process dies frees its key at once when it was between
 // statements, and about a second later (the check interval) when it was
-// inside one; a holder whose host or
-// network vanished, within about 8s; and a frozen holder (a paused pod, a
-// SIGSTOP), one lease after its last statement ended. A holder that stays
+// inside one; a holder whose host or network vanished, when the keepalives
+// give up (about 8s by their settings; not measured here); and a frozen
+// holder (a paused pod, a SIGSTOP), one lease after its last statement
+// ended. A holder that stays
 // away from the database for longer than a lease while it holds the key
 // therefore loses its transaction, and its call a *coordinator.StorageError:
 // keep slow outside calls out of the transaction, or raise the lease.
