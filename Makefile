@@ -27,8 +27,15 @@ build:
 # Prometheus server module for its PromQL parser (docs/observability.md).
 # Every check below runs in each. A nested module is outside the root's
 # ./..., hence the loops.
-MODULES := . idemgrpc idemconnect idemgin idemecho idemwatermill idempg observability/mixin observability/mixin/mixintest
-each = set -e; for m in $(MODULES); do echo ">>> $$m: $(1)"; (cd $$m && $(1)); done
+MODULES := . idemgrpc idemconnect idemgin idemecho idemwatermill idempg cmd/idemctl observability/mixin observability/mixin/mixintest
+# The modules that build against the checkout through a go.work of their own
+# instead of replace directives (cmd/idemctl, so that `go install ...@version`
+# works: docs/releasing.md, "idemctl's workspace"). go mod tidy ignores a
+# workspace, so their tidiness is checked where their requirements resolve:
+# in user-build, against this repository's history.
+WORKSPACE_MODULES := cmd/idemctl
+each = $(call each_of,$(MODULES),$(1))
+each_of = set -e; for m in $(1); do echo ">>> $$m: $(2)"; (cd $$m && $(2)); done
 
 # The README's test command. go test prints a package's line when the package
 # is done, and the first ones need a minute to build with -race: say so.
@@ -51,7 +58,7 @@ test-reliability-short:
 
 # The Redis tests on Valkey 8.0.1 instead of redis-server (docs/operations.md,
 # "Valkey"): the store's conformance suite and every Redis test of redisrepo,
-# the root package, idemconsume, idemctl, observability and the test rigs
+# the root package, idemconsume, observability and the test rigs, and idemctl's
 # (sentinel and cluster included), then the short reliability suite.
 # VALKEY_BUILD (the shared tools' build-valkey.sh, found beside the checkout
 # by default) builds valkey-server and valkey-cli from the shared source into its
@@ -62,7 +69,7 @@ test-reliability-short:
 VALKEY_CANDIDATES := $(abspath $(dir $(lastword $(MAKEFILE_LIST)))../shared/tools/build-valkey.sh) $(abspath $(dir $(lastword $(MAKEFILE_LIST)))../../shared/tools/build-valkey.sh)
 VALKEY_BUILD ?= $(or $(firstword $(wildcard $(VALKEY_CANDIDATES))),$(firstword $(VALKEY_CANDIDATES)))
 VALKEY_DIR ?=
-VALKEY_PACKAGES := ./internal/redistest/ ./redisrepo/... . ./idemconsume/... ./cmd/idemctl/ ./observability/
+VALKEY_PACKAGES := ./internal/redistest/ ./redisrepo/... . ./idemconsume/... ./observability/
 test-valkey:
 	@set -e; dir='$(VALKEY_DIR)'; \
 	if [ -z "$$dir" ]; then \
@@ -74,6 +81,7 @@ test-valkey:
 	"$$dir/valkey-server" --version; \
 	export IDEMPOTENCY_TEST_REDIS_SERVER="$$dir/valkey-server" IDEMPOTENCY_TEST_REDIS_CLI="$$dir/valkey-cli"; \
 	$(GO) test -race -count=1 -timeout 20m $(VALKEY_PACKAGES); \
+	(cd cmd/idemctl && $(GO) test -race -count=1 -timeout 20m .); \
 	IDEMPOTENCY_TEST_RELIABILITY=short $(GO) test -race -count=1 -timeout 20m ./reliability/
 
 lint: fmt-check vet staticcheck
@@ -126,7 +134,7 @@ bench-pg:
 	done
 
 tidy-check:
-	@$(call each,$(GO) mod tidy -diff)
+	@$(call each_of,$(filter-out $(WORKSPACE_MODULES),$(MODULES)),$(GO) mod tidy -diff)
 
 # Every command of the README's ```sh blocks, as written (go get, go mod edit
 # -replace, go run ./examples/fxapp, make demo); the test command is `test`.

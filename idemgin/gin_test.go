@@ -108,10 +108,10 @@ func TestIdemctlFindsTheRoutesRecords(t *testing.T) {
 	if w := o.send("42", "acme", "order-42"); w.Code != http.StatusCreated {
 		t.Fatalf("order 42 = %d %s", w.Code, w.Body)
 	}
-	cmd := exec.Command("go", "run", "./cmd/idemctl",
+	cmd := exec.Command("go", "run", ".",
 		"-redis-url", "redis://"+redistest.ServerOptions(t).Addr+"/0", "-key-prefix", prefix,
 		"lookup", "-scope", "tenant:acme", "-result", "POST.orders.id", "order-42")
-	cmd.Dir = ".." // the core module, whose command idemctl is
+	cmd.Dir = "../cmd/idemctl" // a module of its own, built against this checkout (its go.work)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("idemctl lookup: %v\n%s", err, out)

@@ -107,7 +107,18 @@ func providePool(p poolParams) (*pool, error) {
 	if p.App != nil {
 		return &pool{db: p.App, name: "the app's pool (idempg.UsePool)"}, nil
 	}
-	s := p.Settings
+	own, err := NewPool(p.Settings)
+	if err != nil {
+		return nil, err
+	}
+	return &pool{db: own, own: own, name: urlVar}, nil
+}
+
+// NewPool returns the pool that Module opens on s.PostgresURL, sized by
+// s.PostgresMaxConns and s.PostgresMinConns; it does no I/O. Its errors name
+// the variable at fault and never show the password. idemctl opens its pool
+// with it too.
+func NewPool(s idempotency.Settings) (*pgxpool.Pool, error) {
 	if s.PostgresURL == "" {
 		return nil, fmt.Errorf("%s: must be set with idempg.Module: the PostgreSQL database of the store, as a postgres:// URL or a key=value connection string (or hand the module the app's pool: idempg.UsePool)", urlVar)
 	}
@@ -124,12 +135,12 @@ func providePool(p poolParams) (*pool, error) {
 	if cfg.MinConns > cfg.MaxConns {
 		return nil, fmt.Errorf("%s_POSTGRES_MIN_CONNS: %d is more than the pool's largest size, %d", idempotency.EnvPrefix, cfg.MinConns, cfg.MaxConns)
 	}
-	// NewWithConfig does no I/O: the first connection is made on start.
+	// NewWithConfig does no I/O: the first connection is made on use.
 	own, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %s", urlVar, parseProblem(err))
 	}
-	return &pool{db: own, own: own, name: urlVar}, nil
+	return own, nil
 }
 
 // parseProblem is what pgx says is wrong with a connection string, without
@@ -230,6 +241,26 @@ func startupCheck(ctx context.Context, p *pool, migrate bool, logger *zap.Logger
 	logger.Warn("idempg: the PostgreSQL store is unreachable at start-up; calls fail with a storage error until it answers, and the schema was not checked",
 		zap.String("doing", what), zap.Error(err))
 	return nil
+}
+
+// CheckPool checks what Module checks at start-up, without migrating: that
+// db reaches PostgreSQL, that it can run the store's statements (no pgx
+// statement cache behind a connection pooler), and that it holds the
+// schema version this package expects (CheckSchema). An error that shows a
+// misconfiguration (a refused password, a pooler, a schema mismatch) says
+// what to change; any other is the database's or the network's.
+func CheckPool(ctx context.Context, db DB) error {
+	err := checkPooler(ctx, db)
+	if err == nil {
+		err = CheckSchema(ctx, db)
+	}
+	if err == nil {
+		return nil
+	}
+	if problem := refusal(err); problem != "" {
+		return errors.New(problem)
+	}
+	return err
 }
 
 // pooledError is checkPooler's refusal of a pool that caches prepared

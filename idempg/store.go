@@ -369,16 +369,9 @@ func scanRecord(row pgx.Row) (coordinator.Record, error) {
 		}
 		return coordinator.Record{}, err
 	}
-	rec := coordinator.Record{Token: token, Fingerprint: fp, TTL: time.Duration(ttl) * time.Microsecond}
-	switch state {
-	case statePending:
-		rec.State = coordinator.StatePending
-	case stateCompleted:
-		rec.State, rec.Result = coordinator.StateCompleted, result
-	case stateNotReplayable:
-		rec.State, rec.Result = coordinator.StateNotReplayable, result
-	default:
-		rec.State, rec.Result = coordinator.StateUnreadable, result
+	rec := coordinator.Record{State: stateOf(state), Token: token, Fingerprint: fp, TTL: time.Duration(ttl) * time.Microsecond}
+	if rec.State != coordinator.StatePending {
+		rec.Result = result
 	}
 	return rec, nil
 }

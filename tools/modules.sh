@@ -8,7 +8,7 @@ core=github.com/idemkit/idempotency
 
 # The nested modules a user can require: released in lockstep with the core,
 # each tagged <dir>/vX.Y.Z.
-published=(idemgrpc idemconnect idemgin idemecho idemwatermill idempg observability/mixin)
+published=(idemgrpc idemconnect idemgin idemecho idemwatermill idempg cmd/idemctl observability/mixin)
 
 # Every nested module, also those no one requires (the mixin's checks, a
 # module of their own so that their dependencies stay out of the mixin's):

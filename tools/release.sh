@@ -4,9 +4,12 @@
 # core to VERSION, runs go mod tidy in each (the replace directives stay: Go
 # ignores them in a dependency, and they keep a checkout building against
 # itself), builds and vets each nested module as a user resolves it against
-# the new tags, commits, and tags VERSION, idemgrpc/VERSION and
-# observability/mixin/VERSION. Pushing is left to you; the script prints the
-# command. `make release VERSION=vX.Y.Z` runs it.
+# the new tags, commits, and tags VERSION and <module>/VERSION for each
+# published nested module (tools/modules.sh): idemgrpc, idemconnect, idemgin,
+# idemecho, idemwatermill, idempg, cmd/idemctl and observability/mixin.
+# cmd/idemctl, which has no replace directives (a go.work builds it against
+# the checkout), moves in a second commit that requires the first one's
+# tags. Pushing is left to you; the script prints the command. `make release VERSION=vX.Y.Z` runs it.
 #
 #	tools/release.sh [-n] VERSION
 #
@@ -46,11 +49,23 @@ fail() {
 # A v2 or later needs a /v2 module path in every go.mod, which this script
 # does not rewrite.
 [[ $version =~ ^v[01]\. ]] || fail "$version needs a /v${version:1:1} module path first"
+# The modules that build against the checkout through a go.work instead of
+# replace directives (cmd/idemctl): they require the other modules' new tags,
+# so they move in a second commit, after those tags exist.
+workspace=()
 tags=("$version")
 for m in "${published[@]}"; do
-	tags+=("$m/$version")
+	if [ -f "$m/go.work" ]; then
+		workspace+=("$m")
+	else
+		tags+=("$m/$version")
+	fi
 done
-for t in "${tags[@]}"; do
+late_tags=()
+for m in ${workspace[@]+"${workspace[@]}"}; do
+	late_tags+=("$m/$version")
+done
+for t in "${tags[@]}" ${late_tags[@]+"${late_tags[@]}"}; do
 	if git rev-parse -q --verify "refs/tags/$t" >/dev/null; then
 		fail "tag $t exists"
 	fi
@@ -83,8 +98,10 @@ else
 	fi
 fi
 
+start=$(git rev-parse HEAD)
 echo ">>> require $core $version in every nested module"
 for m in $(nested_modules); do
+	[ -f "$m/go.work" ] && continue
 	(
 		cd "$m"
 		for p in $(go mod edit -json | jq -r --arg c "$core" '.Require[]?.Path | select(. == $c or startswith($c + "/"))'); do
@@ -104,6 +121,35 @@ for t in "${tags[@]}"; do
 	run git tag -a "$t" -m "$t"
 done
 
+# The workspace modules require the tags just made; go mod tidy resolves them
+# from this repository, as the go command will from GitHub.
+for m in ${workspace[@]+"${workspace[@]}"}; do
+	echo ">>> require $core $version in $m, against the new tags"
+	(
+		cd "$m"
+		for p in $(go mod edit -json | jq -r --arg c "$core" '.Require[]?.Path | select(. == $c or startswith($c + "/"))'); do
+			run go mod edit -require="$p@$version"
+		done
+		wtmp=$(mktemp -d)
+		trap 'rm -rf "$wtmp"' EXIT
+		go_from_git "$(git rev-parse --show-toplevel)" "$wtmp"
+		echo "+ (cd $m && go mod tidy)"
+		go mod tidy
+	)
+	run git add -- "$m/go.mod" "$m/go.sum"
+done
+if [ "${#late_tags[@]}" -gt 0 ]; then
+	if git diff --cached --quiet; then
+		echo ">>> ${workspace[*]} already require $version: no commit"
+	else
+		run git commit -q -m "Release $version: ${workspace[*]} require the core at $version"
+	fi
+	for t in "${late_tags[@]}"; do
+		run git tag -a "$t" -m "$t"
+	done
+	tags+=("${late_tags[@]}")
+fi
+
 # The user build against the new tags, from this repository: proves each
 # published module resolves with its replace dropped before anything is
 # pushed.
@@ -111,11 +157,11 @@ echo ">>> build and vet the nested modules as a user resolves them, against the 
 bash "$tools/user-build.sh" "$PWD"
 
 if [ "$dry" = 1 ]; then
-	echo ">>> the release commit"
-	git show --stat --format='%h %s' HEAD
-	git show --format= HEAD -- '*.mod'
+	echo ">>> the release commits"
+	git log --stat --format='%h %s' "$start..HEAD"
+	git log -p --format='%h' "$start..HEAD" -- '*.mod'
 	echo ">>> the tags"
-	git tag --list --points-at HEAD
+	for c in $(git rev-list "$start..HEAD"); do git tag --list --points-at "$c"; done
 	echo ">>> dry run done: nothing changed in $root"
 else
 	echo ">>> released $version; push the commit and the tags together:"

@@ -27,6 +27,12 @@ for m in $(nested_modules); do
 		for p in $(go mod edit -json | jq -r --arg c "$core" '.Require[]?.Path | select(. == $c or startswith($c + "/"))'); do
 			go mod edit -require="$p@$version"
 		done
+		if [ -f go.work ]; then
+			# No replace directives (cmd/idemctl): go mod tidy ignores the
+			# workspace, so it resolves the required versions from this
+			# repository's history, as the go command will from GitHub.
+			go_from_git "$root" "$tmp"
+		fi
 		go mod tidy
 	)
 	echo "ok: $m requires $core $version"

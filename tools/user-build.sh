@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds and vets each published nested module (the adapters, the mixin)
+# Builds and vets each published nested module (the adapters, idemctl, the
+# mixin)
 # as a user who requires it resolves it: in a copy without its replace
 # directives, against the version of the core its go.mod requires, which the
 # go command fetches from this repository's git history as it would from
@@ -35,9 +36,17 @@ for m in "${published[@]}"; do
 		cd "$copy"
 		required=$(go mod edit -json | jq -r --arg c "$core" '.Require[]? | select(.Path == $c) | .Version')
 		echo ">>> $m: build and vet against $core ${required:-(not required)}, without replace"
+		dropped=0
 		for r in $(go mod edit -json | jq -r '.Replace[]?.Old.Path'); do
-			case $r in "$core" | "$core"/*) go mod edit -dropreplace="$r" ;; esac
+			case $r in "$core" | "$core"/*) go mod edit -dropreplace="$r" && dropped=$((dropped + 1)) ;; esac
 		done
+		if [ "$dropped" = 0 ]; then
+			# A module without replace directives (cmd/idemctl builds against
+			# the checkout through a go.work instead) is exactly what a user
+			# resolves: its go.mod and go.sum must be tidy as they are.
+			echo ">>> $m: go mod tidy -diff, as committed"
+			go mod tidy -diff
+		fi
 		go build ./...
 		go vet ./...
 	)

@@ -15,15 +15,18 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/kelseyhightower/envconfig"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/idempg"
 )
 
-// check prints the settings and checks Redis: PING, the server version
-// (Redis 7.0 or newer, which the store needs) and, on a cluster, every
-// master and its cluster_state.
+// check prints the settings and checks the store: on Redis, PING, the
+// server version (Redis 7.0 or newer, which the store needs) and, on a
+// cluster, every master and its cluster_state; on PostgreSQL, what the
+// module checks at start-up (checkPostgres).
 func (a *app) check(ctx context.Context, args []string) int {
 	fs, o := a.newFlagSet("check", "check [flags]")
 	rest, err := parse(fs, o, args)
@@ -39,8 +42,8 @@ func (a *app) check(ctx context.Context, args []string) int {
 	}
 	a.printSettings(s, o)
 	fmt.Fprintln(a.stdout)
-	if err := redisStore(s); err != nil {
-		return a.fail("check", err)
+	if s.PostgresURL != "" {
+		return a.checkPostgres(ctx, s)
 	}
 
 	client, err := a.client(s)
@@ -79,6 +82,7 @@ func (a *app) printSettings(s idempotency.Settings, o *overrides) {
 		idempotency.EnvPrefix + "_REDIS_URL":           "redis-url",
 		idempotency.EnvPrefix + "_REDIS_CLUSTER_ADDRS": "cluster-addrs",
 		idempotency.EnvPrefix + "_KEY_PREFIX":          "key-prefix",
+		idempotency.EnvPrefix + "_POSTGRES_URL":        "postgres-url",
 	}
 	fmt.Fprintln(a.stdout, "Settings:")
 	w := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
@@ -371,4 +375,36 @@ func oldRedis(version string) bool {
 	major, _, _ := strings.Cut(version, ".")
 	n, err := strconv.Atoi(major)
 	return err == nil && n < 7
+}
+
+// checkPostgres checks the PostgreSQL store as idempg.Module does at
+// start-up (idempg.CheckPool: reachable, no statement cache behind a
+// pooler, the schema version), and prints the server's version and its
+// default isolation, which the store does not depend on.
+func (a *app) checkPostgres(ctx context.Context, s idempotency.Settings) int {
+	pool, err := idempg.NewPool(s)
+	if err != nil {
+		return a.fail("check", err)
+	}
+	defer pool.Close()
+	c := pool.Config().ConnConfig
+	fmt.Fprintf(a.stdout, "PostgreSQL %s:%d/%s:\n", c.Host, c.Port, c.Database)
+	ctx, cancel := context.WithTimeout(ctx, max(s.StorageTimeout, 5*time.Second))
+	defer cancel()
+	var version, isolation string
+	begun := time.Now()
+	err = pool.QueryRow(ctx, "SELECT current_setting('server_version'), current_setting('default_transaction_isolation')",
+		pgx.QueryExecModeSimpleProtocol).Scan(&version, &isolation)
+	if err == nil {
+		fmt.Fprintf(a.stdout, "  answered in %v: server_version %s, default_transaction_isolation %s (the store runs at read committed whatever it is)\n",
+			time.Since(begun).Round(time.Microsecond), version, isolation)
+		err = idempg.CheckPool(ctx, pool)
+	}
+	if err != nil {
+		fmt.Fprintf(a.stdout, "  FAILED: %v\nFAILED\n", err)
+		fmt.Fprintln(a.stderr, "idemctl check: PostgreSQL failed the check (see above)")
+		return exitFailure
+	}
+	fmt.Fprintf(a.stdout, "  schema version %d, as this idemctl expects; the store's statements run through this connection\nOK\n", idempg.SchemaVersion)
+	return exitOK
 }

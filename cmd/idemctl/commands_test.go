@@ -794,17 +794,3 @@ func TestLookupFormat1(t *testing.T) {
 		}
 	})
 }
-
-// With IDEMPOTENCY_POSTGRES_URL set, the service's records are in
-// PostgreSQL: every command says so, and where to look, instead of
-// reporting the default Redis as unreachable, and never shows the password.
-func TestPostgresStore(t *testing.T) {
-	env := map[string]string{"IDEMPOTENCY_POSTGRES_URL": "postgres://app:secret-pw@db.example:5432/app"}
-	for _, args := range [][]string{{"check"}, {"lookup", "op", "k"}, {"forget", "op", "k"}, {"count"}} {
-		r := idemctl(t, env, "", false, args...)
-		if r.code != exitFailure || !strings.Contains(r.stderr, "IDEMPOTENCY_POSTGRES_URL is set") ||
-			!strings.Contains(r.stderr, "idempotency_records") || strings.Contains(r.output(), "unreachable") || strings.Contains(r.output(), "secret-pw") {
-			t.Errorf("idemctl %v: exit %d\n%s", args, r.code, r.output())
-		}
-	}
-}

@@ -4,12 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"maps"
-	"slices"
 	"text/tabwriter"
 
 	"github.com/idemkit/idempotency/coordinator"
-	"github.com/idemkit/idempotency/redisrepo"
 )
 
 // countEntry is the count of one operation; its JSON form is count -json's.
@@ -25,7 +22,7 @@ type countEntry struct {
 	Format1       int `json:"format1"`
 }
 
-// count counts the records per operation and state (Store.Count).
+// count counts the records per operation and state.
 func (a *app) count(ctx context.Context, args []string) int {
 	fs, o := a.newFlagSet("count", "count [flags] [operation...]")
 	asJSON := fs.Bool("json", false, `print JSON: {"prefix": ..., "operations": [{"operation": ..., "total": ..., ...}]}`)
@@ -43,25 +40,32 @@ func (a *app) count(ctx context.Context, args []string) int {
 		return a.fail("count", err)
 	}
 	defer c.Close()
-	counts, err := c.store.Count(ctx, ops...)
+	entries, err := c.count(ctx, ops)
 	if err != nil {
 		return a.fail("count", err)
 	}
-	entries := countEntries(counts)
 	if *asJSON {
+		out := struct {
+			Prefix     *string      `json:"prefix,omitempty"`
+			Table      string       `json:"table,omitempty"`
+			Operations []countEntry `json:"operations"`
+		}{Operations: entries}
+		switch c := c.(type) {
+		case *redisRecords:
+			out.Prefix = &c.s.KeyPrefix
+		case *pgRecords:
+			out.Table = "idempotency_records"
+		}
 		enc := json.NewEncoder(a.stdout)
 		enc.SetIndent("", "  ")
-		err := enc.Encode(struct {
-			Prefix     string       `json:"prefix"`
-			Operations []countEntry `json:"operations"`
-		}{c.s.KeyPrefix, entries})
+		err := enc.Encode(out)
 		if err != nil {
 			return a.fail("count", err)
 		}
 		return exitOK
 	}
 	if len(entries) == 0 {
-		fmt.Fprintf(a.stdout, "no records under prefix %q on %s\n", c.s.KeyPrefix, c.s.RedisAddr())
+		fmt.Fprintf(a.stdout, "no records %s\n", c.where())
 		return exitOK
 	}
 	w := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
@@ -82,19 +86,6 @@ func (a *app) count(ctx context.Context, args []string) int {
 	}
 	_ = w.Flush()
 	return exitOK
-}
-
-// countEntries returns counts by operation name, sorted.
-func countEntries(counts map[string]redisrepo.Counts) []countEntry {
-	entries := []countEntry{}
-	for _, op := range slices.Sorted(maps.Keys(counts)) {
-		n := counts[op]
-		entries = append(entries, countEntry{
-			Operation: op, Total: n.Total(), Pending: n.Pending, Completed: n.Completed,
-			NotReplayable: n.NotReplayable, Unreadable: n.Unreadable, Format1: n.Format1,
-		})
-	}
-	return entries
 }
 
 func printCount(w *tabwriter.Writer, e countEntry) {

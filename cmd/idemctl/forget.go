@@ -6,19 +6,18 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-
-	"github.com/idemkit/idempotency/coordinator"
 )
 
 // forgetWarning is said before every forget -all and after every forget.
 const forgetWarning = "A forgotten key lets the next call with it run its action AGAIN (a retried payment is charged twice);\n" +
 	"forgetting a pending key lets a second caller run while the first still runs."
 
-// forget deletes the records of keys (Store.Forget), or, with -all, of every
-// key of an operation (Store.ScanKeys, then Forget), after a confirmation.
+// forget deletes the records of keys, or, with -all, of every key of an
+// operation (on Redis found with SCAN, on PostgreSQL deleted a batch at a
+// time), after a confirmation.
 func (a *app) forget(ctx context.Context, args []string) int {
 	fs, o := a.newFlagSet("forget", "forget [flags] <operation> <key>...\n       idemctl forget [flags] -operation <op> -all [-yes]")
-	all := fs.Bool("all", false, "forget every record of the operation (-operation), found with SCAN")
+	all := fs.Bool("all", false, "forget every record of the operation (-operation): on Redis found with SCAN, on PostgreSQL deleted 1000 at a time")
 	operation := fs.String("operation", "", "the `operation` (instead of the first argument)")
 	yes := fs.Bool("yes", false, "with -all: do not ask for a confirmation (required when stdin is not a terminal)")
 	scope := addScopeFlag(fs)
@@ -54,9 +53,7 @@ func (a *app) forget(ctx context.Context, args []string) int {
 		return a.forgetAll(ctx, c, *operation, *yes)
 	}
 
-	fctx, cancel := context.WithTimeout(ctx, c.s.StorageTimeout)
-	defer cancel()
-	n, err := c.store.Forget(fctx, keys...)
+	n, err := c.forget(ctx, keys)
 	if err != nil {
 		return a.fail("forget", fmt.Errorf("%w (%d forgotten before the error)", err, n))
 	}
@@ -71,24 +68,27 @@ func (a *app) forget(ctx context.Context, args []string) int {
 
 // forgetAll forgets every record of operation, after the operator typed the
 // operation's name (or with yes).
-func (a *app) forgetAll(ctx context.Context, c *conn, operation string, yes bool) int {
-	counts, err := c.store.Count(ctx, operation)
+func (a *app) forgetAll(ctx context.Context, c recordStore, operation string, yes bool) int {
+	counts, err := c.count(ctx, []string{operation})
 	if err != nil {
 		return a.fail("forget", err)
 	}
-	n := counts[operation]
-	where := fmt.Sprintf("under prefix %q on %s", c.s.KeyPrefix, c.s.RedisAddr())
-	if n.Total() == 0 {
+	var n countEntry
+	if len(counts) == 1 {
+		n = counts[0]
+	}
+	where := c.where()
+	if n.Total == 0 {
 		fmt.Fprintf(a.stdout, "no records of %s %s: nothing to forget\n", operation, where)
 		return exitOK
 	}
 	if !yes {
 		if !a.terminal {
-			fmt.Fprintf(a.stderr, "idemctl forget: refusing to forget %s of %s without -yes: stdin is not a terminal, so nobody can confirm\n", plural(n.Total(), "record"), operation)
+			fmt.Fprintf(a.stderr, "idemctl forget: refusing to forget %s of %s without -yes: stdin is not a terminal, so nobody can confirm\n", plural(n.Total, "record"), operation)
 			return exitUsage
 		}
 		fmt.Fprintf(a.stderr, "About to forget %s of %s %s (%d pending, %d completed, %d unreadable).\n%s\nType the operation name (%s) to forget them: ",
-			plural(n.Total(), "record"), operation, where, n.Pending, n.Completed, n.Unreadable, forgetWarning, operation)
+			plural(n.Total, "record"), operation, where, n.Pending, n.Completed, n.Unreadable, forgetWarning, operation)
 		line, _ := bufio.NewReader(a.stdin).ReadString('\n')
 		if !strings.HasSuffix(line, "\n") {
 			fmt.Fprintln(a.stderr) // end of input: end the prompt's line
@@ -98,14 +98,7 @@ func (a *app) forgetAll(ctx context.Context, c *conn, operation string, yes bool
 			return exitFailure
 		}
 	}
-	forgotten := 0
-	err = c.store.ScanKeys(ctx, operation, func(keys []coordinator.Key) error {
-		fctx, cancel := context.WithTimeout(ctx, c.s.StorageTimeout)
-		defer cancel()
-		n, err := c.store.Forget(fctx, keys...)
-		forgotten += n
-		return err
-	})
+	forgotten, err := c.forgetOperation(ctx, operation)
 	if err != nil {
 		return a.fail("forget", fmt.Errorf("%w (%d forgotten before the error)", err, forgotten))
 	}

@@ -11,7 +11,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/idemkit/idempotency/coordinator"
-	"github.com/idemkit/idempotency/redisrepo"
 )
 
 // The encodings of a result: -result-format.
@@ -28,10 +27,13 @@ type lookupEntry struct {
 	Operation string `json:"operation"`
 	// Key is the key as given; StoredKey, with -scope, the scoped key the
 	// coordinator sees (idemkey.Scoped), and Scope the scope.
-	Key         string     `json:"key"`
-	Scope       *string    `json:"scope,omitempty"`
-	StoredKey   string     `json:"stored_key,omitempty"`
-	RedisKey    string     `json:"redis_key"`
+	Key       string  `json:"key"`
+	Scope     *string `json:"scope,omitempty"`
+	StoredKey string  `json:"stored_key,omitempty"`
+	// RedisKey is the Redis key of the record, on Redis; Table the table
+	// that holds it, on PostgreSQL.
+	RedisKey    string     `json:"redis_key,omitempty"`
+	Table       string     `json:"table,omitempty"`
 	State       string     `json:"state"`
 	TTLMillis   *int64     `json:"ttl_ms"` // null when absent, -1 without an expiry
 	CreatedAt   *time.Time `json:"created_at,omitempty"`
@@ -44,10 +46,12 @@ type lookupEntry struct {
 	// record.
 	Result         *string `json:"result,omitempty"`
 	ResultEncoding string  `json:"result_encoding,omitempty"`
+
+	state coordinator.State
 }
 
-// lookup describes keys of one operation: Store.Inspect, and Store.Get for
-// the owner token and the result.
+// lookup describes keys of one operation: the store's Inspect, and its Get
+// for the owner token and the result.
 func (a *app) lookup(ctx context.Context, args []string) int {
 	fs, o := a.newFlagSet("lookup", "lookup [flags] <operation> <key>...")
 	asJSON := fs.Bool("json", false, "print a JSON array, one object per key")
@@ -76,7 +80,7 @@ func (a *app) lookup(ctx context.Context, args []string) int {
 	}
 	defer c.Close()
 
-	entries, err := c.describe(ctx, keys, *withResult, *format, *asJSON)
+	entries, err := describe(ctx, c, keys, *withResult, *format, *asJSON)
 	if err != nil {
 		return a.fail("lookup", err)
 	}
@@ -102,60 +106,57 @@ func (a *app) lookup(ctx context.Context, args []string) int {
 	return exitOK
 }
 
-// describe returns the entries of keys: one Inspect for all, and a Get per
-// key for the owner token and the result, each within the storage timeout.
-func (c *conn) describe(ctx context.Context, keys []coordinator.Key, withResult bool, format string, forJSON bool) ([]lookupEntry, error) {
-	ictx, cancel := context.WithTimeout(ctx, c.s.StorageTimeout)
-	infos, err := c.store.Inspect(ictx, keys...)
-	cancel()
+// describe returns the entries of keys: one inspect for all, and a get per
+// key for the owner token and the result.
+func describe(ctx context.Context, r recordStore, keys []coordinator.Key, withResult bool, format string, forJSON bool) ([]lookupEntry, error) {
+	entries, err := r.inspect(ctx, keys)
 	if err != nil {
 		return nil, err
 	}
-	entries := make([]lookupEntry, len(infos))
-	for i, in := range infos {
-		e := entryOf(in)
-		if in.State == coordinator.StatePending || in.State == coordinator.StateCompleted || in.State == coordinator.StateNotReplayable {
-			gctx, cancel := context.WithTimeout(ctx, c.s.StorageTimeout)
-			rec, err := c.store.Get(gctx, in.Key)
-			cancel()
-			if err != nil {
-				return nil, err
-			}
-			// The record may have changed since Inspect: what Get read
-			// wins for the token and the result.
-			e.Token = rec.Token != ""
-			if rec.State == coordinator.StateNotReplayable {
-				e.Reason = string(rec.Result)
-			}
-			if withResult && rec.State == coordinator.StateCompleted {
-				text, enc := encodeResult(rec.Result, format, forJSON)
-				e.Result, e.ResultEncoding = &text, enc
-			}
+	for i := range entries {
+		e := &entries[i]
+		switch e.state {
+		case coordinator.StatePending, coordinator.StateCompleted, coordinator.StateNotReplayable:
+		default:
+			continue
 		}
-		entries[i] = e
+		rec, err := r.get(ctx, keys[i])
+		if err != nil {
+			return nil, err
+		}
+		// The record may have changed since inspect: what get read wins
+		// for the token and the result.
+		e.Token = rec.Token != ""
+		if rec.State == coordinator.StateNotReplayable {
+			e.Reason = string(rec.Result)
+		}
+		if withResult && rec.State == coordinator.StateCompleted {
+			text, enc := encodeResult(rec.Result, format, forJSON)
+			e.Result, e.ResultEncoding = &text, enc
+		}
 	}
 	return entries, nil
 }
 
-// entryOf returns what Inspect says of one key.
-func entryOf(in redisrepo.Info) lookupEntry {
+// entryOf returns what inspect says of one key, in either store.
+func entryOf(key coordinator.Key, state coordinator.State, ttl time.Duration, created time.Time, fingerprint string, resultSize int) lookupEntry {
 	e := lookupEntry{
-		Operation:   in.Key.Operation,
-		Key:         in.Key.Key,
-		RedisKey:    in.RedisKey,
-		State:       in.State.String(),
-		Fingerprint: in.Fingerprint,
-		ResultSize:  in.ResultSize,
+		Operation:   key.Operation,
+		Key:         key.Key,
+		State:       state.String(),
+		state:       state,
+		Fingerprint: fingerprint,
+		ResultSize:  resultSize,
 	}
-	if in.State != coordinator.StateAbsent {
-		ms := in.TTL.Milliseconds()
-		if in.TTL < 0 {
+	if state != coordinator.StateAbsent {
+		ms := ttl.Milliseconds()
+		if ttl < 0 {
 			ms = -1
 		}
 		e.TTLMillis = &ms
 	}
-	if !in.CreatedAt.IsZero() {
-		t := in.CreatedAt.UTC()
+	if !created.IsZero() {
+		t := created.UTC()
 		e.CreatedAt = &t
 	}
 	return e
@@ -171,9 +172,16 @@ func (a *app) printEntry(e lookupEntry) {
 		fmt.Fprintf(a.stdout, "%s %s (scope %s)\n", e.Operation, e.Key, strconv.QuoteToASCII(*e.Scope))
 		line("stored key", e.StoredKey)
 	}
-	line("redis key", safe(e.RedisKey))
+	if e.RedisKey != "" {
+		line("redis key", safe(e.RedisKey))
+	} else {
+		line("table", e.Table)
+	}
 	line("state", e.State)
 	if e.State == coordinator.StateAbsent.String() {
+		if e.Table != "" {
+			line("note", "a key whose first run is in progress is absent until its transaction commits")
+		}
 		return
 	}
 	ttl := "none (the key never expires)"

@@ -19,11 +19,21 @@ import (
 
 func TestMain(m *testing.M) {
 	redis.SetLogger(quiet{}) // as main does: the failed dials of the tests against a dead Redis
-	goleak.VerifyTestMain(redistest.Main(m),
+	goleak.VerifyTestMain(stopPostgresAfter(redistest.Main(m)),
 		// After PoolSize failed dials (the tests against a dead Redis),
 		// go-redis probes the server from a goroutine that sleeps a second
 		// and then exits, even after Close: go-redis's, and bounded.
 		goleak.IgnoreAnyFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).tryDial"))
+}
+
+// stopPostgresAfter stops the tests' PostgreSQL, if one started, after m.
+func stopPostgresAfter(m redistest.TestingM) redistest.TestingM { return postgresMain{m} }
+
+type postgresMain struct{ m redistest.TestingM }
+
+func (p postgresMain) Run() int {
+	defer stopPostgres()
+	return p.m.Run()
 }
 
 // backend is a Redis the tests run idemctl against.

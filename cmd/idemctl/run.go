@@ -18,20 +18,20 @@ import (
 	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/idemkey"
-	"github.com/idemkit/idempotency/redisrepo"
 )
 
 // Exit statuses.
 const (
 	exitOK      = 0
-	exitFailure = 1 // invalid settings, Redis failed or unreachable, not confirmed
+	exitFailure = 1 // invalid settings, the store failed or is unreachable, not confirmed
 	exitUsage   = 2 // unknown command, bad flag or argument
 )
 
-const usageText = `idemctl: the operator tool of idemkit's idempotency records in Redis.
+const usageText = `idemctl: the operator tool of idemkit's idempotency records, in Redis or in
+PostgreSQL (idempg).
 
 Usage:
-  idemctl check [flags]                                  print the settings, check Redis (Cluster, Sentinel)
+  idemctl check [flags]                                  print the settings, check Redis (Cluster, Sentinel) or PostgreSQL
   idemctl lookup [flags] <operation> <key>...            describe keys (-scope, -json, -result)
   idemctl forget [flags] <operation> <key>...            forget keys (-scope)
   idemctl forget [flags] -operation <op> -all [-yes]     forget every record of an operation
@@ -39,15 +39,17 @@ Usage:
 
 It reads the IDEMPOTENCY_* environment variables, as the module does
 (https://github.com/idemkit/idempotency/blob/main/docs/configuration.md).
-Every command takes -redis-url, -cluster-addrs and -key-prefix, which
-override IDEMPOTENCY_REDIS_URL, IDEMPOTENCY_REDIS_CLUSTER_ADDRS and
-IDEMPOTENCY_KEY_PREFIX, and may come before the command too. Flags may come
+Every command takes -redis-url, -cluster-addrs, -key-prefix and
+-postgres-url, which override IDEMPOTENCY_REDIS_URL,
+IDEMPOTENCY_REDIS_CLUSTER_ADDRS, IDEMPOTENCY_KEY_PREFIX and
+IDEMPOTENCY_POSTGRES_URL, and may come before the command too. With a
+PostgreSQL URL, every command works on the table idempotency_records there. Flags may come
 before or after the arguments; put -- before a key that starts with '-'. "idemctl <command> -h" lists a
 command's flags.
 
 A forgotten key lets the next call with it run its action AGAIN.
 
-Exit status: 0 success, 1 failure (invalid settings, Redis unreachable or
+Exit status: 0 success, 1 failure (invalid settings, the store unreachable or
 failing, forget not confirmed), 2 usage error.
 `
 
@@ -121,7 +123,7 @@ func isTerminal(r io.Reader) bool {
 
 // overridingFlags are the flags of every command that override a variable:
 // they may come before the command too.
-var overridingFlags = []string{"redis-url", "cluster-addrs", "key-prefix"}
+var overridingFlags = []string{"redis-url", "cluster-addrs", "key-prefix", "postgres-url"}
 
 // leadingFlags splits the overriding flags before the command ("idemctl
 // -redis-url X lookup ...") from the rest of args, so that they can be
@@ -136,7 +138,7 @@ func leadingFlags(args []string) (flags, rest []string, err error) {
 		name, _, hasValue := strings.Cut(strings.TrimLeft(args[0], "-"), "=")
 		switch {
 		case !slices.Contains(overridingFlags, name):
-			return nil, nil, fmt.Errorf("flag %s before the command: only -redis-url, -cluster-addrs and -key-prefix may come before it", args[0])
+			return nil, nil, fmt.Errorf("flag %s before the command: only -redis-url, -cluster-addrs, -key-prefix and -postgres-url may come before it", args[0])
 		case hasValue:
 			flags, args = append(flags, args[0]), args[1:]
 		case len(args) < 2:
@@ -150,8 +152,8 @@ func leadingFlags(args []string) (flags, rest []string, err error) {
 
 // overrides are the flags every command has, which override variables.
 type overrides struct {
-	redisURL, clusterAddrs, keyPrefix string
-	set                               map[string]bool // by flag name: given on the command line
+	redisURL, clusterAddrs, keyPrefix, postgresURL string
+	set                                            map[string]bool // by flag name: given on the command line
 }
 
 // newFlagSet returns the flag set of a command, with the overriding flags.
@@ -162,6 +164,7 @@ func (a *app) newFlagSet(name, synopsis string) (*flag.FlagSet, *overrides) {
 	fs.StringVar(&o.redisURL, "redis-url", "", "Redis `URL`, overriding IDEMPOTENCY_REDIS_URL (a password here is visible to ps: prefer the variable)")
 	fs.StringVar(&o.clusterAddrs, "cluster-addrs", "", "comma-separated Redis Cluster seed `nodes`, overriding IDEMPOTENCY_REDIS_CLUSTER_ADDRS (\"\": a single server)")
 	fs.StringVar(&o.keyPrefix, "key-prefix", "", "key `prefix`, overriding IDEMPOTENCY_KEY_PREFIX")
+	fs.StringVar(&o.postgresURL, "postgres-url", "", "PostgreSQL `URL` of the PostgreSQL store (idempg), overriding IDEMPOTENCY_POSTGRES_URL: when set, the records are read there instead of in Redis (a password here is visible to ps: prefer the variable)")
 	fs.Usage = func() {
 		fmt.Fprintf(a.stderr, "Usage: idemctl %s\n\nFlags:\n", synopsis)
 		fs.PrintDefaults()
@@ -238,8 +241,11 @@ func (o *overrides) settings() (idempotency.Settings, error) {
 	if o.set["key-prefix"] {
 		s.KeyPrefix = o.keyPrefix
 	}
+	if o.set["postgres-url"] {
+		s.PostgresURL = o.postgresURL
+	}
 	if err := s.Validate(); err != nil {
-		return s, fmt.Errorf("%w\n(-redis-url, -cluster-addrs and -key-prefix stand for the variables they override)", err)
+		return s, fmt.Errorf("%w\n(-redis-url, -cluster-addrs, -key-prefix and -postgres-url stand for the variables they override)", err)
 	}
 	return s, nil
 }
@@ -255,54 +261,6 @@ func splitList(s string) []string {
 		}
 	}
 	return out
-}
-
-// conn is a connection to the Redis of the settings.
-type conn struct {
-	s      idempotency.Settings
-	client redis.UniversalClient
-	store  *redisrepo.Store
-}
-
-// connect loads the settings, builds the client and the store as the module
-// does (idempotency.NewRedisClient, NewStore), and pings Redis within the
-// storage timeout, so that an unreachable Redis fails fast. Close the conn.
-func (a *app) connect(ctx context.Context, o *overrides) (*conn, error) {
-	s, err := o.settings()
-	if err != nil {
-		return nil, err
-	}
-	if err := redisStore(s); err != nil {
-		return nil, err
-	}
-	client, err := a.client(s)
-	if err != nil {
-		return nil, err
-	}
-	c := &conn{s: s, client: client, store: idempotency.NewStore(s, client)}
-	pctx, cancel := context.WithTimeout(ctx, s.StorageTimeout)
-	defer cancel()
-	if err := client.Ping(pctx).Err(); err != nil {
-		_ = client.Close()
-		return nil, fmt.Errorf("redis at %s is unreachable: %w", s.RedisAddr(), err)
-	}
-	return c, nil
-}
-
-func (c *conn) Close() { _ = c.client.Close() }
-
-// errPostgresStore is the error of a command whose settings name the
-// PostgreSQL store: idemctl reads the Redis store's records only.
-var errPostgresStore = errors.New("IDEMPOTENCY_POSTGRES_URL is set, so the service's records are in PostgreSQL (idempg), which idemctl does not read yet: " +
-	"look at them in the table idempotency_records with psql (docs/cli.md, \"The PostgreSQL store\")")
-
-// redisStore returns errPostgresStore when s names the PostgreSQL store,
-// rather than let a command report the default Redis as unreachable.
-func redisStore(s idempotency.Settings) error {
-	if s.PostgresURL != "" {
-		return errPostgresStore
-	}
-	return nil
 }
 
 // plural returns "1 record", "2 records".
