@@ -4,7 +4,7 @@ go 1.26.0
 
 require (
 	github.com/alicebob/miniredis/v2 v2.40.0
-	github.com/idemkit/idempotency v0.0.0-20261205032609-9318d4d7b18f
+	github.com/idemkit/idempotency v0.0.0-20261205055415-6af70d5f5e28
 	github.com/redis/go-redis/v9 v9.23.0
 	go.opentelemetry.io/otel/trace v1.47.0
 	go.uber.org/fx v1.24.0

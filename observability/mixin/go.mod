@@ -4,4 +4,4 @@ go 1.26.0
 
 replace github.com/idemkit/idempotency => ../..
 
-require github.com/idemkit/idempotency v0.0.0-20261205032609-9318d4d7b18f
+require github.com/idemkit/idempotency v0.0.0-20261205055415-6af70d5f5e28
