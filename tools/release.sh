@@ -142,7 +142,7 @@ if [ "${#late_tags[@]}" -gt 0 ]; then
 	if git diff --cached --quiet; then
 		echo ">>> ${workspace[*]} already require $version: no commit"
 	else
-		run git commit -q -m "Release $version: ${workspace[*]} require the core at $version"
+		run git commit -q -m "Release $version: the workspace modules (${workspace[*]}) require the core at $version"
 	fi
 	for t in "${late_tags[@]}"; do
 		run git tag -a "$t" -m "$t"
