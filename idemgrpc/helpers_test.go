@@ -27,8 +27,9 @@ import (
 
 // TestMain checks that no test leaves a goroutine behind (gRPC servers and
 // connections, the coordinator's background work, the Redis store's
-// subscription), and stops the redis-server that the end-to-end test starts.
-func TestMain(m *testing.M) { goleak.VerifyTestMain(redistest.Main(m)) }
+// subscription), and stops the redis-server that the end-to-end test starts
+// and the PostgreSQL that the transactional test starts.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(redistest.Main(stopPostgresAfter{m})) }
 
 const chargeMethod = "/payments.v1.Payments/Charge"
 
