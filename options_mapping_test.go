@@ -145,6 +145,36 @@ func TestEveryOptionErrorNamesItsVariable(t *testing.T) {
 			lines: []string{"IDEMPOTENCY_FENCED_OPERATIONS: fences need IDEMPOTENCY_RECORD_FORMAT=2, and it is 1 (format 1 records have none): leave IDEMPOTENCY_FENCED_OPERATIONS empty until the rollout to format 2 is over"},
 		},
 		{
+			name:  "REDIS_REPLICA_ACKS negative",
+			env:   env("REDIS_REPLICA_ACKS", "-1"),
+			want:  []string{"REDIS_REPLICA_ACKS"},
+			lines: []string{"IDEMPOTENCY_REDIS_REPLICA_ACKS: must be 0 (off) or more, got -1"},
+		},
+		{
+			name:  "REDIS_REPLICA_ACKS with auto-pipelining",
+			env:   map[string]string{"IDEMPOTENCY_REDIS_REPLICA_ACKS": "1", "IDEMPOTENCY_REDIS_AUTO_PIPELINE": "true"},
+			want:  []string{"REDIS_REPLICA_ACKS"},
+			lines: []string{"IDEMPOTENCY_REDIS_REPLICA_ACKS: cannot be combined with IDEMPOTENCY_REDIS_AUTO_PIPELINE=true: the touch of an acknowledged write and its WAIT must share one connection, which the AutoPipeliner does not keep"},
+		},
+		{
+			name:  "REDIS_REPLICA_ACK_FSYNC with record format 1",
+			env:   map[string]string{"IDEMPOTENCY_REDIS_REPLICA_ACK_FSYNC": "true", "IDEMPOTENCY_RECORD_FORMAT": "1"},
+			want:  []string{"REDIS_REPLICA_ACKS"},
+			lines: []string{"IDEMPOTENCY_REDIS_REPLICA_ACKS: needs IDEMPOTENCY_RECORD_FORMAT=2, and it is 1: a format 1 completion cannot be sent again safely"},
+		},
+		{
+			name:  "REDIS_REPLICA_ACK_OPERATIONS alone",
+			env:   env("REDIS_REPLICA_ACK_OPERATIONS", "payment.charge"),
+			want:  []string{"REDIS_REPLICA_ACK_OPERATIONS"},
+			lines: []string{"IDEMPOTENCY_REDIS_REPLICA_ACK_OPERATIONS: acknowledges nothing without IDEMPOTENCY_REDIS_REPLICA_ACKS (or IDEMPOTENCY_REDIS_REPLICA_ACK_FSYNC)"},
+		},
+		{
+			name:  "REDIS_REPLICA_ACK_OPERATIONS invalid operation",
+			env:   map[string]string{"IDEMPOTENCY_REDIS_REPLICA_ACKS": "1", "IDEMPOTENCY_REDIS_REPLICA_ACK_OPERATIONS": "payment.charge, ledger post"},
+			want:  []string{"REDIS_REPLICA_ACK_OPERATIONS"},
+			lines: []string{`IDEMPOTENCY_REDIS_REPLICA_ACK_OPERATIONS: operation "ledger post" has byte 0x20 at offset 6; only [A-Za-z0-9._-] is allowed`},
+		},
+		{
 			name:  "OPERATION_TTLS empty operation",
 			env:   env("OPERATION_TTLS", ":1h"),
 			want:  []string{"OPERATION_TTLS"},

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -201,7 +202,8 @@ func NewStore(s Settings, client redisrepo.Client) *redisrepo.Store {
 	if s.RecordFormat == int(redisrepo.Format1) {
 		format = redisrepo.Format1
 	}
-	return redisrepo.New(client, redisrepo.WithKeyPrefix(s.KeyPrefix), redisrepo.WithRecordFormat(format))
+	return redisrepo.New(client, redisrepo.WithKeyPrefix(s.KeyPrefix), redisrepo.WithRecordFormat(format),
+		redisrepo.WithReplicaAcks(redisrepo.ReplicaAcks{Replicas: s.RedisReplicaAcks, Fsync: s.RedisReplicaAckFsync, Operations: s.RedisReplicaAckOperations}))
 }
 
 // NewStoreClient returns what the store should send its commands to: client
@@ -480,6 +482,12 @@ func ping(ctx context.Context, client redis.UniversalClient, store *redisrepo.St
 				zap.String("redis_addr", s.RedisAddr()), zap.String("redis_version", version))
 		}
 	}
+	if err := checkEviction(ctx, client, s, logger); err != nil {
+		return err
+	}
+	if err := checkReplicaAcks(ctx, client, s, logger); err != nil {
+		return err
+	}
 	// The scripts of the rare paths (heals, format 1 records, the operator
 	// tools), so that their first call is one round trip; the common paths
 	// need no script cache.
@@ -491,6 +499,141 @@ func ping(ctx context.Context, client redis.UniversalClient, store *redisrepo.St
 			zap.String("redis_addr", s.RedisAddr()), zap.Error(err))
 	}
 	return nil
+}
+
+// allowEvictionVar is the variable that accepts a Redis that can evict
+// records.
+const allowEvictionVar = EnvPrefix + "_REDIS_ALLOW_EVICTION"
+
+// evicting reports whether a maxmemory-policy can evict the store's keys:
+// every allkeys-* policy, and every volatile-* one, since every record has
+// a TTL. noeviction cannot.
+func evicting(policy string) bool {
+	return strings.HasPrefix(policy, "allkeys-") || strings.HasPrefix(policy, "volatile-")
+}
+
+// checkEviction reads maxmemory-policy from the server (every master of a
+// cluster). A policy that can evict records stops start-up with an error
+// naming the setting and IDEMPOTENCY_REDIS_ALLOW_EVICTION, or, with that
+// set, logs a warning. A server that refuses CONFIG GET (managed Redis often
+// renames or forbids it, and an ACL may deny it) or does not answer gets a
+// warning with the advice: the check is the operator's then.
+func checkEviction(ctx context.Context, client redis.UniversalClient, s Settings, logger *zap.Logger) error {
+	type reading struct {
+		addr, policy string
+		err          error
+	}
+	var (
+		mu       sync.Mutex
+		readings []reading
+	)
+	read := func(ctx context.Context, c *redis.Client) error {
+		r := reading{addr: c.Options().Addr}
+		if _, cluster := client.(*redis.ClusterClient); !cluster {
+			r.addr = s.RedisAddr() // a Sentinel's client names no address of its own
+		}
+		var res map[string]string
+		res, r.err = c.ConfigGet(ctx, "maxmemory-policy").Result()
+		if r.err == nil {
+			r.policy = res["maxmemory-policy"]
+		}
+		mu.Lock()
+		readings = append(readings, r)
+		mu.Unlock()
+		return nil
+	}
+	switch c := client.(type) {
+	case *redis.ClusterClient:
+		if err := c.ForEachMaster(ctx, read); err != nil {
+			readings = append(readings, reading{addr: s.RedisAddr(), err: err})
+		}
+	case *redis.Client:
+		_ = read(ctx, c)
+	default:
+		return nil
+	}
+	for _, r := range readings {
+		switch {
+		case r.err != nil:
+			logger.Warn("idempotency: could not read the server's maxmemory-policy (CONFIG GET refused or failed); make sure it is noeviction: "+
+				"a policy that evicts keys drops records, and a dropped record lets its key run again (docs/operations.md, \"Eviction\")",
+				zap.String("redis_addr", r.addr), zap.Error(r.err))
+		case !evicting(r.policy):
+		case s.RedisAllowEviction:
+			logger.Warn("idempotency: the server's maxmemory-policy can evict records, which "+allowEvictionVar+" accepts: an evicted record lets its key run again",
+				zap.String("redis_addr", r.addr), zap.String("maxmemory_policy", r.policy))
+		default:
+			return fmt.Errorf("%s: redis at %s has maxmemory-policy %s, which evicts keys under memory pressure, records included: an evicted record lets its key run again. "+
+				"Set the server's maxmemory-policy to noeviction (CONFIG SET maxmemory-policy noeviction, and in its configuration), "+
+				"or set %s=true to accept the risk (docs/operations.md, \"Eviction\")",
+				allowEvictionVar, r.addr, r.policy, allowEvictionVar)
+		}
+	}
+	return nil
+}
+
+// replicaAcksVar is the variable of replica acknowledgement.
+const replicaAcksVar = EnvPrefix + "_REDIS_REPLICA_ACKS"
+
+// checkReplicaAcks checks, when writes are to be acknowledged
+// (IDEMPOTENCY_REDIS_REPLICA_ACKS, _FSYNC), what the server must have: a
+// client that can hold a connection for the WAIT, and, for WAITAOF, the
+// command and appendonly yes on every master; each missing is an error
+// naming the variable. Fewer connected replicas than the acknowledgements
+// need (none at all, or one that is down) is a warning: every acknowledged
+// reservation is a storage error until they are back. A server that does
+// not answer is left to the calls.
+func checkReplicaAcks(ctx context.Context, client redis.UniversalClient, s Settings, logger *zap.Logger) error {
+	if s.RedisReplicaAcks == 0 && !s.RedisReplicaAckFsync {
+		return nil
+	}
+	if !redisrepo.CanAcknowledge(client) {
+		return fmt.Errorf("%s: a %T cannot acknowledge writes (the touch of each write and its WAIT must share one connection): hand the module a *redis.Client or a *redis.ClusterClient", replicaAcksVar, client)
+	}
+	fsyncVar := EnvPrefix + "_REDIS_REPLICA_ACK_FSYNC"
+	check := func(ctx context.Context, c *redis.Client, addr string) error {
+		info, err := c.Info(ctx, "replication").Result()
+		if err != nil {
+			return nil
+		}
+		fields := infoFields(info)
+		if n, err := strconv.Atoi(fields["connected_slaves"]); err == nil && n < s.RedisReplicaAcks {
+			logger.Warn("idempotency: fewer replicas are connected than must acknowledge each write: every acknowledged reservation fails (a storage error, after the storage timeout) until they are back",
+				zap.String("redis_addr", addr), zap.Int("connected_replicas", n), zap.Int("replica_acks", s.RedisReplicaAcks))
+		}
+		if !s.RedisReplicaAckFsync {
+			return nil
+		}
+		if v, err := c.Do(ctx, "command", "info", "waitaof").Slice(); err == nil && (len(v) == 0 || v[0] == nil) {
+			return fmt.Errorf("%s: redis at %s has no WAITAOF (Redis 7.2 or later, or Valkey 8, has it)", fsyncVar, addr)
+		}
+		cfg, err := c.ConfigGet(ctx, "appendonly").Result()
+		switch {
+		case err != nil:
+			logger.Warn("idempotency: could not read the server's appendonly setting (CONFIG GET refused or failed); WAITAOF needs appendonly yes, or every acknowledged write fails",
+				zap.String("redis_addr", addr), zap.Error(err))
+		case cfg["appendonly"] != "yes":
+			return fmt.Errorf("%s: redis at %s runs with appendonly %s, and WAITAOF waits for the append-only file: set appendonly yes on the server, or leave %s unset", fsyncVar, addr, cfg["appendonly"], fsyncVar)
+		}
+		return nil
+	}
+	if c, ok := client.(*redis.ClusterClient); ok {
+		return c.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
+			return check(ctx, n, n.Options().Addr)
+		})
+	}
+	return check(ctx, client.(*redis.Client), s.RedisAddr())
+}
+
+// infoFields returns the fields of a reply of INFO, name to value.
+func infoFields(info string) map[string]string {
+	fields := map[string]string{}
+	for line := range strings.SplitSeq(info, "\n") {
+		if name, value, ok := strings.Cut(strings.TrimSpace(line), ":"); ok && !strings.HasPrefix(name, "#") {
+			fields[name] = value
+		}
+	}
+	return fields
 }
 
 // oldRedis reads redis_version from the reply of INFO server and reports

@@ -90,6 +90,38 @@ type Settings struct {
 	// see NewStoreClient.
 	RedisAutoPipeline bool `split_words:"true" default:"false" desc:"batch the store commands of concurrent callers into pipelines (go-redis AutoPipeline)"`
 
+	// RedisReplicaAcks (REDIS_REPLICA_ACKS, default 0: off) is how many
+	// replicas must acknowledge (WAIT) each reservation and each completion
+	// of the operations in RedisReplicaAckOperations (every operation when
+	// it is empty) before the call goes on, so that a failover to such a
+	// replica loses none of them. A reservation that is not acknowledged
+	// within the storage timeout is taken back and is a storage error
+	// (OnStorageError decides); a completion that is not is sent again while
+	// the reservation lasts. Each acknowledged write costs a second round
+	// trip and the replicas' own (docs/operations.md, "Replica
+	// acknowledgement"). It cannot be combined with RedisAutoPipeline or
+	// record format 1.
+	RedisReplicaAcks int `split_words:"true" default:"0" desc:"replicas that must acknowledge (WAIT) each reservation and completion before the call goes on; 0: off"`
+
+	// RedisReplicaAckFsync (REDIS_REPLICA_ACK_FSYNC, default false) waits
+	// with WAITAOF instead of WAIT: the master's append-only file (it must
+	// run with appendonly yes) and those of RedisReplicaAcks replicas hold
+	// each write. Redis 7.2 or later, or Valkey 8.
+	RedisReplicaAckFsync bool `split_words:"true" default:"false" desc:"acknowledge with WAITAOF: the write is in the append-only files of the master and of IDEMPOTENCY_REDIS_REPLICA_ACKS replicas"`
+
+	// RedisReplicaAckOperations (REDIS_REPLICA_ACK_OPERATIONS, default
+	// empty: every operation) lists the operations whose writes are
+	// acknowledged, comma-separated.
+	RedisReplicaAckOperations []string `split_words:"true" default:"" desc:"comma-separated operations whose writes are acknowledged (empty: every operation)"`
+
+	// RedisAllowEviction (REDIS_ALLOW_EVICTION, default false) accepts a
+	// Redis whose maxmemory-policy can evict the store's records (every
+	// allkeys-* policy, and every volatile-* one, since every record has a
+	// TTL): start-up refuses such a server unless it is set, because an
+	// evicted record is a key whose action runs again. Start-up then logs a
+	// warning instead.
+	RedisAllowEviction bool `split_words:"true" default:"false" desc:"accept a Redis whose maxmemory-policy can evict records (an evicted record lets its key run again)"`
+
 	// KeyPrefix (KEY_PREFIX, default "idempotency:") starts every Redis key:
 	// a record lives under {KeyPrefix}{operation}:{key}. It may be empty.
 	KeyPrefix string `split_words:"true" default:"idempotency:" desc:"prefix of every Redis key: {prefix}{operation}:{key}"`
@@ -370,6 +402,7 @@ func loadEnv() (Settings, error) {
 	s.RedisClusterAddrs = splitList(s.RedisClusterAddrs)
 	s.RedisSentinelAddrs = splitList(s.RedisSentinelAddrs)
 	s.FencedOperations = splitList(s.FencedOperations)
+	s.RedisReplicaAckOperations = splitList(s.RedisReplicaAckOperations)
 	if s.RedisURL == "" {
 		// Set but empty (an unset Helm value, say) means the default, as it
 		// does for the modes.
@@ -543,6 +576,22 @@ func (s Settings) Validate() error {
 	}
 	if len(s.FencedOperations) > 0 && s.RecordFormat == int(redisrepo.Format1) {
 		bad("FENCED_OPERATIONS", fmt.Errorf("fences need IDEMPOTENCY_RECORD_FORMAT=2, and it is 1 (format 1 records have none): leave IDEMPOTENCY_FENCED_OPERATIONS empty until the rollout to format 2 is over"))
+	}
+	acking := s.RedisReplicaAcks > 0 || s.RedisReplicaAckFsync
+	switch {
+	case s.RedisReplicaAcks < 0:
+		bad("REDIS_REPLICA_ACKS", fmt.Errorf("must be 0 (off) or more, got %d", s.RedisReplicaAcks))
+	case acking && s.RedisAutoPipeline:
+		bad("REDIS_REPLICA_ACKS", errors.New("cannot be combined with IDEMPOTENCY_REDIS_AUTO_PIPELINE=true: the touch of an acknowledged write and its WAIT must share one connection, which the AutoPipeliner does not keep"))
+	case acking && s.RecordFormat == int(redisrepo.Format1):
+		bad("REDIS_REPLICA_ACKS", errors.New("needs IDEMPOTENCY_RECORD_FORMAT=2, and it is 1: a format 1 completion cannot be sent again safely"))
+	case !acking && len(s.RedisReplicaAckOperations) > 0:
+		bad("REDIS_REPLICA_ACK_OPERATIONS", errors.New("acknowledges nothing without IDEMPOTENCY_REDIS_REPLICA_ACKS (or IDEMPOTENCY_REDIS_REPLICA_ACK_FSYNC)"))
+	}
+	for _, op := range s.RedisReplicaAckOperations {
+		if err := coordinator.ValidateOperation(op); err != nil {
+			bad("REDIS_REPLICA_ACK_OPERATIONS", errors.New(strings.TrimPrefix(err.Error(), coordinator.ErrInvalidRequest.Error()+": ")))
+		}
 	}
 	for _, e := range optionErrors(coordinator.ValidateOptions(s.CoordinatorOptions()...)) {
 		bad(optionVariable(e), optionReason(e))

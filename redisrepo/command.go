@@ -55,6 +55,9 @@ func (c *command) free() []byte { return c.buf[c.used:c.used:len(c.buf)] }
 
 // add appends args to the argument list.
 func (c *command) add(args ...any) {
+	if c.n+len(args) > len(c.args) {
+		panic("redisrepo: a command with more arguments than command.args holds")
+	}
 	c.n += copy(c.args[c.n:], args)
 }
 

@@ -64,5 +64,5 @@ func (s *Store) validate() error {
 			Err:    fmt.Errorf("must be Format1 (1) or Format2 (2), got %d", int(s.format)),
 		})
 	}
-	return nil
+	return s.validateAcks()
 }

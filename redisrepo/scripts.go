@@ -30,6 +30,8 @@ var (
 	reserve1Lua string
 	//go:embed owner1.lua
 	owner1Lua string
+	//go:embed confirm.lua
+	confirmLua string
 
 	//go:embed owner.lua
 	ownerLua string
@@ -70,6 +72,11 @@ var (
 	reserve1Script = redis.NewScript(prelude + reserve1Lua)
 	owner1Script   = redis.NewScript(prelude + owner1Lua)
 )
+
+// confirmSrc is the text of confirm.lua, the check of an acknowledged
+// completion sent again (WithReplicaAcks): a rare path, sent whole with
+// EVAL in the pipeline of its WAIT.
+var confirmSrc = minify(constants + confirmLua)
 
 // scripts lists the EVALSHA scripts, for LoadScripts.
 var scripts = [...]*redis.Script{legacyScript, reserveScript, fenceScript, abandon1Script, inspectScript, forgetScript, reserve1Script, owner1Script}

@@ -46,7 +46,8 @@ type Store struct {
 	channel string                     // the wake-up channel, or its prefix when sharded; see Watch
 	sharded bool                       // Redis Cluster: sharded Pub/Sub, a channel per slot
 	waiters *waiters
-	seen    *sightings // the pending records Reserve met: see abandon
+	seen    *sightings  // the pending records Reserve met: see abandon
+	acks    ReplicaAcks // the writes that replicas acknowledge: see WithReplicaAcks
 }
 
 var _ coordinator.Store = (*Store)(nil)
@@ -123,6 +124,14 @@ var (
 // coordinator.StateNotReplayable, when
 // w.TTL is not positive, or when w.Token or w.Fingerprint is too long.
 func (s *Store) Reserve(ctx context.Context, key coordinator.Key, w coordinator.Write) (coordinator.Record, bool, error) {
+	if s.acking(key.Operation) {
+		return s.reserveAcked(ctx, key, w)
+	}
+	return s.reserve(ctx, key, w)
+}
+
+// reserve is Reserve without acknowledgement.
+func (s *Store) reserve(ctx context.Context, key coordinator.Key, w coordinator.Write) (coordinator.Record, bool, error) {
 	ttl, err := millis(w.TTL)
 	if err != nil {
 		return coordinator.Record{}, false, storageError(coordinator.MethodReserve, err)
@@ -163,13 +172,27 @@ func (s *Store) Reserve(ctx context.Context, key coordinator.Key, w coordinator.
 			return coordinator.Record{}, true, nil
 		}
 		rec := decodeValue(v)
-		if rec.State == coordinator.StatePending && s.seen.due(c.key, rec.Token, w.TTL) {
+		if rec.State == coordinator.StatePending && s.seen.due(c.key, rec.Token, checkEvery(w)) {
 			return s.abandon(ctx, c, rec, w, ttl)
 		}
 		return rec, false, nil
 	}
 	return reserveReply(reserveScript.Run(ctx, s.client, []string{rkey},
 		val, ttl, storedToken(w.ReplaceToken), w.ReplaceToken).Result())
+}
+
+// checkEvery is how long Reserve meets one pending record with w before it
+// checks whether the record is wedged (see sightings): a lease, w.TTL, for a
+// reservation; no time at all for a write of a result (in-flight mode run,
+// which reserves after its action ran), whose TTL is the result's, not a
+// lease: it checks at its second meeting, so that a wedged record is healed
+// by the second call, not after maxCheckEvery. What is wedged is decided on
+// the server either way.
+func checkEvery(w coordinator.Write) time.Duration {
+	if w.State == coordinator.StatePending {
+		return w.TTL
+	}
+	return 0
 }
 
 // abandon is Reserve after it met rec, a pending record under c's key, that
@@ -324,6 +347,14 @@ func decodeReply(v any) (coordinator.Record, error) {
 // c.State is neither coordinator.StateCompleted nor
 // coordinator.StateNotReplayable.
 func (s *Store) Complete(ctx context.Context, key coordinator.Key, token string, c coordinator.Completion) (bool, error) {
+	if s.acking(key.Operation) {
+		return s.completeAcked(ctx, key, token, c)
+	}
+	return s.complete(ctx, key, token, c)
+}
+
+// complete is Complete without acknowledgement.
+func (s *Store) complete(ctx context.Context, key coordinator.Key, token string, c coordinator.Completion) (bool, error) {
 	ms, err := millis(c.TTL)
 	if err != nil {
 		return false, storageError(coordinator.MethodComplete, err)

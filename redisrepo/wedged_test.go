@@ -85,6 +85,53 @@ func TestWedgedPendingIsTakenOver(t *testing.T) {
 	})
 }
 
+// TestWedgedPendingHealsInModeRun: in in-flight mode run, a pending record
+// that nothing expires is met by the write of each call's result; the
+// second call's write checks it and stores its result over it, whatever the
+// result's TTL, so the key is protected again within one lease (no clock
+// moves here), and the calls after replay.
+func TestWedgedPendingHealsInModeRun(t *testing.T) {
+	const lease = 2 * time.Second
+	eachFormat(t, func(t *testing.T, client redis.UniversalClient, s *redisrepo.Store) {
+		newFakeClock(s) // never advanced
+		key := newKey("wedged-run")
+		mustReserve(t, s, key, pendingWrite(token(), "", lease))
+		if err := client.Persist(t.Context(), s.Key(key)).Err(); err != nil {
+			t.Fatal(err)
+		}
+		c, _ := coord(t, s, coordinator.WithInFlight(coordinator.InFlightRun), coordinator.WithLease(lease), coordinator.WithDefaultTTL(24*time.Hour))
+		var k runs
+		var stored string
+		for i := range 2 {
+			got, err := coordinator.Do(t.Context(), c, callOf(key), k.action(fmt.Sprint("run", i)))
+			if err != nil {
+				t.Fatalf("call %d over a wedged pending record in mode run: %v", i, err)
+			}
+			stored = got.ID
+			rec, err := s.Get(t.Context(), key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rec.State == coordinator.StateCompleted {
+				break
+			}
+			if i == 1 {
+				t.Fatalf("after 2 calls in mode run the record is %v, want the second call's result stored over the wedged one", rec.State)
+			}
+		}
+		runs := k.n.Load()
+		for i := range 3 {
+			again, err := coordinator.Do(t.Context(), c, callOf(key), k.action("again"))
+			if err != nil || again.ID != stored || k.n.Load() != runs {
+				t.Fatalf("call %d after the heal: %+v, %v after %d runs; want %s replayed", i, again, err, k.n.Load(), stored)
+			}
+		}
+		if pttl, err := client.PTTL(t.Context(), s.Key(key)).Result(); err != nil || pttl <= time.Hour {
+			t.Errorf("the healed record's PTTL = %v, %v; want the result's TTL", pttl, err)
+		}
+	})
+}
+
 // TestLiveHolderIsNotJudgedByTheReadersLease: a pending record whose time
 // to live is far longer than the reader's lease (its holder runs with a
 // longer lease: a rolling deploy that raised it) is a live holder's, however

@@ -1,0 +1,319 @@
+package redisrepo_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/internal/redistest"
+	"github.com/idemkit/idempotency/redisrepo"
+)
+
+// replicated starts a master and one replica of it for t alone, waits until
+// the replica is in sync, and returns clients of both and the replica's
+// process (to freeze it).
+func replicated(t testing.TB, extra ...string) (master, replica *redis.Client, replicaProc *redistest.Process) {
+	t.Helper()
+	redistest.NeedRedisServer(t)
+	m, err := redistest.StartProcess(t.TempDir(), extra...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.Kill)
+	host, port, _ := strings.Cut(m.Addr(), ":")
+	r, err := redistest.StartProcess(t.TempDir(), append([]string{"--replicaof", host, port}, extra...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.Kill)
+	master = redis.NewClient(&redis.Options{Addr: m.Addr(), ContextTimeoutEnabled: true})
+	replica = redis.NewClient(&redis.Options{Addr: r.Addr(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = master.Close(); _ = replica.Close() })
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		info, _ := master.Info(context.Background(), "replication").Result()
+		rinfo, _ := replica.Info(context.Background(), "replication").Result()
+		if strings.Contains(info, "connected_slaves:1") && strings.Contains(rinfo, "master_link_status:up") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the replica did not sync:\n%s\n%s", info, rinfo)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return master, replica, r
+}
+
+// freeze stops p (SIGSTOP) until thaw or the end of the test.
+func freeze(t testing.TB, p *redistest.Process) (thaw func()) {
+	t.Helper()
+	if err := p.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	thawed := false
+	thaw = func() {
+		if !thawed {
+			thawed = true
+			_ = p.Signal(syscall.SIGCONT)
+		}
+	}
+	t.Cleanup(thaw)
+	return thaw
+}
+
+// Acknowledged reservations and completions are on the replica when the
+// call returns; with the replica frozen, a reservation is a storage error
+// that matches ErrNotAcknowledged and is taken back, and a completion is a
+// storage error that, sent again once the replica is back, is acknowledged
+// without being written twice. Operations outside the list are not
+// acknowledged.
+func TestReplicaAcks(t *testing.T) {
+	master, replica, proc := replicated(t)
+	s := redisrepo.New(master, redisrepo.WithKeyPrefix(redistest.Prefix(t)),
+		redisrepo.WithReplicaAcks(redisrepo.ReplicaAcks{Replicas: 1, Operations: []string{"test.op"}}))
+	// A call's deadline: a WAIT takes three quarters of it, and the rest
+	// is margin for its reply on a busy machine.
+	call := func() (context.Context, context.CancelFunc) { return context.WithTimeout(t.Context(), 2*time.Second) }
+	onReplica := func(key coordinator.Key) string {
+		t.Helper()
+		v, err := replica.Get(t.Context(), s.Key(key)).Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			t.Fatal(err)
+		}
+		return v
+	}
+
+	key, tok := newKey("acked"), token()
+	ctx, cancel := call()
+	if _, ok, err := s.Reserve(ctx, key, pendingWrite(tok, "", time.Minute)); err != nil || !ok {
+		t.Fatalf("Reserve with the replica up: %v, %v", ok, err)
+	}
+	cancel()
+	if onReplica(key) == "" {
+		t.Fatal("an acknowledged reservation is not on the replica when Reserve returns")
+	}
+	done := coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("charged"), TTL: time.Hour}
+	ctx, cancel = call()
+	if ok, err := s.Complete(ctx, key, tok, done); err != nil || !ok {
+		t.Fatalf("Complete with the replica up: %v, %v", ok, err)
+	}
+	cancel()
+	if v := onReplica(key); !strings.HasSuffix(v, "charged") {
+		t.Fatalf("an acknowledged completion is not on the replica when Complete returns: %q", v)
+	}
+
+	// The replica stops answering.
+	second, tok2 := newKey("frozen"), token()
+	ctx, cancel = call()
+	if _, ok, err := s.Reserve(ctx, second, pendingWrite(tok2, "", time.Minute)); err != nil || !ok {
+		t.Fatalf("Reserve before the freeze: %v, %v", ok, err)
+	}
+	cancel()
+	thaw := freeze(t, proc)
+	third := newKey("unacked")
+	ctx, cancel = call()
+	_, ok, err := s.Reserve(ctx, third, pendingWrite(token(), "", time.Minute))
+	cancel()
+	var se *coordinator.StorageError
+	if ok || !errors.As(err, &se) || !errors.Is(err, redisrepo.ErrNotAcknowledged) {
+		t.Fatalf("Reserve with the replica frozen: %v, %v; want a storage error matching ErrNotAcknowledged", ok, err)
+	}
+	if n, err := master.Exists(t.Context(), s.Key(third)).Result(); err != nil || n != 0 {
+		t.Errorf("the reservation that was not acknowledged is still on the master (%d, %v): want it taken back", n, err)
+	}
+	ctx, cancel = call()
+	ok, err = s.Complete(ctx, second, tok2, done)
+	cancel()
+	if ok || !errors.Is(err, redisrepo.ErrNotAcknowledged) {
+		t.Fatalf("Complete with the replica frozen: %v, %v; want a storage error matching ErrNotAcknowledged", ok, err)
+	}
+	other := coordinator.Key{Operation: "other.op", Key: second.Key}
+	ctx, cancel = call()
+	if _, ok, err := s.Reserve(ctx, other, pendingWrite(token(), "", time.Minute)); err != nil || !ok {
+		t.Errorf("Reserve of an operation that is not acknowledged, with the replica frozen: %v, %v; want written", ok, err)
+	}
+	cancel()
+
+	// The replica is back: the completion sent again is acknowledged, and
+	// the record is written once, with its time to live set again.
+	thaw()
+	ctx, cancel = context.WithTimeout(t.Context(), 5*time.Second)
+	ok, err = s.Complete(ctx, second, tok2, done)
+	cancel()
+	if !ok || err != nil {
+		t.Fatalf("Complete sent again once the replica is back: %v, %v; want done", ok, err)
+	}
+	if v := onReplica(second); !strings.HasSuffix(v, "charged") {
+		t.Fatalf("the completion sent again is not on the replica: %q", v)
+	}
+	rec, err := s.Get(t.Context(), second)
+	if err != nil || rec.State != coordinator.StateCompleted || string(rec.Result) != "charged" || rec.Token == "" {
+		t.Fatalf("Get after the resend: %+v, %v", rec, err)
+	}
+	// Another owner's resend is not done, and neither is the owner's of
+	// another state.
+	for _, tc := range []struct {
+		tok string
+		c   coordinator.Completion
+	}{
+		{token(), done},
+		{tok2, coordinator.Completion{State: coordinator.StateNotReplayable, Result: []byte("too big"), TTL: time.Hour}},
+	} {
+		ctx, cancel = call()
+		ok, err := s.Complete(ctx, second, tc.tok, tc.c)
+		cancel()
+		if ok || err != nil {
+			t.Errorf("Complete of a completed record by token %s in state %s: %v, %v; want not done", tc.tok, tc.c.State, ok, err)
+		}
+	}
+}
+
+// With Fsync the store waits with WAITAOF: on servers with append-only
+// files, a reservation is acknowledged; with the replica frozen it is not.
+// Skipped on a server without WAITAOF (Redis before 7.2; make test-valkey
+// runs it on Valkey 8).
+func TestReplicaAcksFsync(t *testing.T) {
+	master, _, proc := replicated(t, "--appendonly", "yes")
+	if v, err := master.Do(t.Context(), "command", "info", "waitaof").Slice(); err != nil || len(v) == 0 || v[0] == nil {
+		t.Skipf("the server has no WAITAOF (%v, %v)", v, err)
+	}
+	s := redisrepo.New(master, redisrepo.WithKeyPrefix(redistest.Prefix(t)), redisrepo.WithReplicaAcks(redisrepo.ReplicaAcks{Replicas: 1, Fsync: true}))
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+	defer cancel()
+	if _, ok, err := s.Reserve(ctx, newKey("aof"), pendingWrite(token(), "", time.Minute)); err != nil || !ok {
+		t.Fatalf("Reserve with WAITAOF, the replica up: %v, %v", ok, err)
+	}
+	freeze(t, proc)
+	ctx, cancel = context.WithTimeout(t.Context(), 2*time.Second)
+	defer cancel()
+	_, ok, err := s.Reserve(ctx, newKey("aof-frozen"), pendingWrite(token(), "", time.Minute))
+	if ok || !errors.Is(err, redisrepo.ErrNotAcknowledged) || !strings.Contains(err.Error(), "WAITAOF") {
+		t.Fatalf("Reserve with WAITAOF, the replica frozen: %v, %v; want ErrNotAcknowledged", ok, err)
+	}
+}
+
+// More acknowledgements than there are replicas: every reservation is a
+// storage error, after the wait.
+func TestReplicaAcksMoreThanReplicas(t *testing.T) {
+	master, _, _ := replicated(t)
+	s := redisrepo.New(master, redisrepo.WithKeyPrefix(redistest.Prefix(t)), redisrepo.WithReplicaAcks(redisrepo.ReplicaAcks{Replicas: 2}))
+	ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+	defer cancel()
+	_, ok, err := s.Reserve(ctx, newKey("two"), pendingWrite(token(), "", time.Minute))
+	if ok || !errors.Is(err, redisrepo.ErrNotAcknowledged) || !strings.Contains(err.Error(), "1 of 2 replicas") {
+		t.Fatalf("Reserve with 2 acknowledgements and 1 replica: %v, %v", ok, err)
+	}
+}
+
+// The coordinator over an acknowledging Store: with the replica frozen, a
+// call in on-storage-error mode raise fails and runs nothing; once the
+// replica is back, the call runs once and replays.
+func TestReplicaAcksThroughTheCoordinator(t *testing.T) {
+	master, _, proc := replicated(t)
+	s := redisrepo.New(master, redisrepo.WithKeyPrefix(redistest.Prefix(t)), redisrepo.WithReplicaAcks(redisrepo.ReplicaAcks{Replicas: 1}))
+	c, err := coordinator.New(s, coordinator.WithOnStorageError(coordinator.OnStorageErrorRaise), coordinator.WithStorageTimeout(2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	key := newKey("coord")
+	var k runs
+	thaw := freeze(t, proc)
+	if _, err := coordinator.Do(t.Context(), c, callOf(key), k.action("frozen")); !errors.Is(err, redisrepo.ErrNotAcknowledged) || k.n.Load() != 0 {
+		t.Fatalf("a call with the replica frozen: %v after %d runs; want ErrNotAcknowledged, no run", err, k.n.Load())
+	}
+	thaw()
+	for i := range 3 {
+		got, err := coordinator.Do(t.Context(), c, callOf(key), k.action("thawed"))
+		if err != nil || got.ID != "thawed" || k.n.Load() != 1 {
+			t.Fatalf("call %d with the replica back: %+v, %v after %d runs; want one run, replayed", i, got, err, k.n.Load())
+		}
+	}
+}
+
+func TestReplicaAcksOptions(t *testing.T) {
+	client := redis.NewClient(&redis.Options{})
+	ring := redis.NewRing(&redis.RingOptions{})
+	t.Cleanup(func() { _ = client.Close(); _ = ring.Close() })
+	for _, tc := range []struct {
+		name string
+		opts []redisrepo.Option
+		want string
+	}{
+		{"negative", []redisrepo.Option{redisrepo.WithReplicaAcks(redisrepo.ReplicaAcks{Replicas: -1})}, "replicas must be 0 or more"},
+		{"operations alone", []redisrepo.Option{redisrepo.WithReplicaAcks(redisrepo.ReplicaAcks{Operations: []string{"pay"}})}, "acknowledge nothing"},
+		{"invalid operation", []redisrepo.Option{redisrepo.WithReplicaAcks(redisrepo.ReplicaAcks{Replicas: 1, Operations: []string{"a b"}})}, "operation"},
+		{"format 1", []redisrepo.Option{redisrepo.WithRecordFormat(redisrepo.Format1), redisrepo.WithReplicaAcks(redisrepo.ReplicaAcks{Replicas: 1})}, "format 1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			defer func() {
+				r := recover()
+				err, _ := r.(error)
+				var oe *coordinator.OptionError
+				if !errors.As(err, &oe) || oe.Option != "WithReplicaAcks" || !strings.Contains(err.Error(), tc.want) {
+					t.Fatalf("New panicked with %v, want an OptionError of WithReplicaAcks saying %q", r, tc.want)
+				}
+			}()
+			redisrepo.New(client, tc.opts...)
+		})
+	}
+	if !redisrepo.CanAcknowledge(client) || redisrepo.CanAcknowledge(ring) {
+		t.Error("CanAcknowledge: want a *redis.Client yes, a *redis.Ring no")
+	}
+}
+
+// BenchmarkReplicaAcks is what acknowledgement costs a first run (a
+// reservation and its completion) and a replay, on one master with one
+// replica on this machine: impl=plain without it, impl=acked with WAIT 1.
+// The replica's round trip is a loopback one here; across hosts it is the
+// network's.
+//
+//	go test -run '^$' -bench ReplicaAcks -benchmem -count 6 ./redisrepo > acks.txt
+//	benchstat -col /impl acks.txt
+func BenchmarkReplicaAcks(b *testing.B) {
+	master, _, _ := replicated(b)
+	prefix := redistest.Prefix(b)
+	for _, impl := range []struct {
+		name string
+		acks redisrepo.ReplicaAcks
+	}{{"plain", redisrepo.ReplicaAcks{}}, {"acked", redisrepo.ReplicaAcks{Replicas: 1}}} {
+		s := redisrepo.New(master, redisrepo.WithKeyPrefix(prefix+impl.name+":"), redisrepo.WithReplicaAcks(impl.acks))
+		if err := s.LoadScripts(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+		done := coordinator.Completion{State: coordinator.StateCompleted, Result: result, TTL: time.Minute}
+		b.Run("flow=first-run/impl="+impl.name, func(b *testing.B) {
+			ctx := context.Background()
+			b.ReportAllocs()
+			run, i := token()[:8], 0
+			for b.Loop() {
+				i++
+				key := coordinator.Key{Operation: "payment.charge", Key: "order-" + run + "-" + strconv.Itoa(i)}
+				tok := token()
+				if _, ok, err := s.Reserve(ctx, key, pendingWrite(tok, "", time.Minute)); err != nil || !ok {
+					b.Fatal(ok, err)
+				}
+				if ok, err := s.Complete(ctx, key, tok, done); err != nil || !ok {
+					b.Fatal(ok, err)
+				}
+			}
+		})
+		b.Run("flow=replay/impl="+impl.name, func(b *testing.B) {
+			ctx := context.Background()
+			key := coordinator.Key{Operation: "payment.charge", Key: "replayed-" + token()}
+			mustReserve(b, s, key, completedWrite(token(), "", result, time.Hour))
+			b.ReportAllocs()
+			for b.Loop() {
+				if rec, ok, err := s.Reserve(ctx, key, pendingWrite(token(), "", time.Minute)); err != nil || ok || rec.State != coordinator.StateCompleted {
+					b.Fatal(rec, ok, err)
+				}
+			}
+		})
+	}
+}
