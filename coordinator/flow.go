@@ -555,17 +555,21 @@ func (f *flow[T]) saveLater(ctx context.Context, expiry time.Time) {
 			}
 			if ok { // still ours, for another lease: complete, within it
 				expiry = at.Add(lease)
-				cctx, cancel := context.WithDeadline(ctx, within())
-				ok, err = f.storeCompleteWithin(cctx, f.state, f.payload)
-				cancel()
-				if err != nil {
-					f.storageFailed(ctx, ErrorStorageSave, MethodComplete, err)
-					continue
-				}
 			}
-			// Complete answered, or Renew found the key no longer our
-			// pending record: completed by a late completion of ours,
-			// another caller's, or gone.
+			// Complete even when Renew found the key no longer our
+			// pending record (completed by a late completion of ours,
+			// another caller's, or gone): Complete is owner-checked, and
+			// a store that must have a completion acknowledged (a Redis
+			// store with replica acknowledgement) acknowledges a late one
+			// of ours only when it is sent again; reading the record
+			// would see it on the master alone.
+			cctx, cancel := context.WithDeadline(ctx, within())
+			ok, err = f.storeCompleteWithin(cctx, f.state, f.payload)
+			cancel()
+			if err != nil {
+				f.storageFailed(ctx, ErrorStorageSave, MethodComplete, err)
+				continue
+			}
 			f.settle(ctx, ok)
 			return
 		}

@@ -221,6 +221,10 @@ func TestStorageError_Save(t *testing.T) {
 
 // A completion that the store applied although its reply was lost (a
 // timeout): the background retry finds it applied and reports it stored.
+// It sends the completion again although Renew found the record completed:
+// a store that acknowledges completions (redisrepo.WithReplicaAcks) has one
+// that it applied but did not acknowledge acknowledged only when it is sent
+// again, and a read of the record would have seen the master's copy alone.
 func TestStorageError_LateSave(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f, fs, mem := newFaulty(t, coordinator.WithOnStorageError(coordinator.OnStorageErrorRaise))
@@ -233,6 +237,10 @@ func TestStorageError_LateSave(t *testing.T) {
 		if f.rec.count(coordinator.EventStored, "") != 1 || f.rec.errors(coordinator.ErrorLeaseLost) != 0 || fs.Calls(coordinator.MethodRelease) != 0 {
 			t.Fatalf("stored %d, lease_lost %d, releases %d; want 1, 0, 0",
 				f.rec.count(coordinator.EventStored, ""), f.rec.errors(coordinator.ErrorLeaseLost), fs.Calls(coordinator.MethodRelease))
+		}
+		if fs.Calls(coordinator.MethodRenew) != 1 || fs.Calls(coordinator.MethodComplete) != 2 {
+			t.Fatalf("renew %d, complete %d; want 1, 2: the completion sent again after Renew found it applied",
+				fs.Calls(coordinator.MethodRenew), fs.Calls(coordinator.MethodComplete))
 		}
 		if rec := mem.Snapshot(coordinator.Key{Operation: "payment.charge", Key: "late"}); rec.State != coordinator.StateCompleted {
 			t.Fatalf("record %v, want completed", rec.State)

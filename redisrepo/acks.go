@@ -26,9 +26,11 @@ import (
 // sent again by its owner is acknowledged without being written twice.
 //
 // Each acknowledged write costs a second round trip: a touch of the record
-// (PEXPIRE to its own time to live) and the WAIT, pipelined on one
+// (PEXPIRE to its own time to live) and a WAIT, pipelined on one
 // connection to its master, since WAIT waits for its own connection's
-// writes and replication is in order; plus the replicas' own round trip. A
+// writes and replication is in order; plus the replicas' own round trip.
+// Writes that wait at the same time share one WAIT per master (an ack
+// round), so a replica that stops acknowledging holds one connection. A
 // collision or a replay wrote nothing and costs nothing more. Renewals and
 // releases are not acknowledged.
 type ReplicaAcks struct {
@@ -130,55 +132,21 @@ func waitBudget(ctx context.Context) time.Duration {
 	return max(time.Until(d)*3/4, time.Millisecond)
 }
 
-// acknowledge has the record under rkey acknowledged: in one pipeline to
-// its master, so on one connection, touch, a write of that connection's own
-// that follows the record (PEXPIRE to the record's own time to live, or
-// confirm.lua), and a WAIT (WAITAOF with Fsync) within waitBudget. The
+// acknowledge has the record under rkey acknowledged: touch, a write that
+// follows the record (PEXPIRE to the record's own time to live, or
+// confirm.lua), joins the next round of its master (see ackQueue), which
+// pipelines it with a WAIT (WAITAOF with Fsync) on one connection. The
 // replication stream is in order, so replicas that acknowledge the touch
 // have the record. It reports false when touch found no record to touch
 // (replied 0), and returns an error that matches ErrNotAcknowledged when
-// too few acknowledged.
+// too few acknowledged within waitBudget.
 func (s *Store) acknowledge(ctx context.Context, rkey string, touch *redis.Cmd) (bool, error) {
 	node, err := s.ackNode(ctx, rkey)
 	if err != nil {
 		return false, err
 	}
-	budget := waitBudget(ctx)
-	ms := max(budget.Milliseconds(), 1)
-	var wait *redis.Cmd
-	_, _ = node.Pipelined(ctx, func(p redis.Pipeliner) error {
-		_ = p.Process(ctx, touch)
-		if s.acks.Fsync {
-			wait = p.Do(ctx, "waitaof", 1, s.acks.Replicas, ms)
-		} else {
-			wait = p.Do(ctx, "wait", s.acks.Replicas, ms)
-		}
-		return nil
-	})
-	if n, err := touch.Int64(); err != nil || n != 1 {
-		return false, err
-	}
-	if s.acks.Fsync {
-		v, err := wait.Int64Slice()
-		if err != nil {
-			return false, err
-		}
-		if len(v) != 2 {
-			return false, fmt.Errorf("redisrepo: WAITAOF replied %v", v)
-		}
-		if v[0] < 1 || v[1] < int64(s.acks.Replicas) {
-			return false, fmt.Errorf("%w (WAITAOF within %v: the master's file %d, %d of %d replicas)", ErrNotAcknowledged, budget.Round(time.Millisecond), v[0], v[1], s.acks.Replicas)
-		}
-		return true, nil
-	}
-	n, err := wait.Int64()
-	if err != nil {
-		return false, err
-	}
-	if n < int64(s.acks.Replicas) {
-		return false, fmt.Errorf("%w (WAIT within %v: %d of %d replicas)", ErrNotAcknowledged, budget.Round(time.Millisecond), n, s.acks.Replicas)
-	}
-	return true, nil
+	w := &ackWrite{touch: touch, until: time.Now().Add(waitBudget(ctx)), done: make(chan struct{})}
+	return s.ackQueue(node).wait(ctx, s, w)
 }
 
 // reserveAcked is Reserve with acknowledgement: the reservation as without,

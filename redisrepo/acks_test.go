@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -209,6 +210,91 @@ func TestReplicaAcksMoreThanReplicas(t *testing.T) {
 	if ok || !errors.Is(err, redisrepo.ErrNotAcknowledged) || !strings.Contains(err.Error(), "1 of 2 replicas") {
 		t.Fatalf("Reserve with 2 acknowledgements and 1 replica: %v, %v", ok, err)
 	}
+}
+
+// Writes that wait for acknowledgement share one WAIT per master at a time
+// (an ack round), so that a replica that stops acknowledging holds one
+// connection, not the client's pool: with the replica frozen, 40
+// reservations that each wait up to 3s for it leave a pool of 4
+// connections free for a GET, and none of them is acknowledged. Once the
+// replica is back, 64 concurrent reservations are acknowledged with fewer
+// WAITs than writes.
+func TestReplicaAcksShareRounds(t *testing.T) {
+	master, _, proc := replicated(t)
+	client := redis.NewClient(&redis.Options{Addr: master.Options().Addr, PoolSize: 4, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = client.Close() })
+	s := redisrepo.New(client, redisrepo.WithKeyPrefix(redistest.Prefix(t)), redisrepo.WithReplicaAcks(redisrepo.ReplicaAcks{Replicas: 1}))
+	reserveAll := func(n int, prefix string, within time.Duration) (acked, refused int) {
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		for i := range n {
+			wg.Go(func() {
+				ctx, cancel := context.WithTimeout(t.Context(), within)
+				defer cancel()
+				_, ok, err := s.Reserve(ctx, newKey(prefix+strconv.Itoa(i)), pendingWrite(token(), "", time.Minute))
+				mu.Lock()
+				defer mu.Unlock()
+				switch {
+				case ok && err == nil:
+					acked++
+				case errors.Is(err, redisrepo.ErrNotAcknowledged):
+					refused++
+				default:
+					t.Errorf("Reserve %s%d: %v, %v", prefix, i, ok, err)
+				}
+			})
+		}
+		wg.Wait()
+		return acked, refused
+	}
+
+	thaw := freeze(t, proc)
+	done := make(chan [2]int)
+	go func() {
+		a, r := reserveAll(40, "frozen-", 3*time.Second)
+		done <- [2]int{a, r}
+	}()
+	time.Sleep(200 * time.Millisecond) // the reservations are out, waiting
+	ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+	err := client.Get(ctx, "unrelated").Err()
+	cancel()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		t.Errorf("a GET while 40 reservations wait for a frozen replica: %v; want an answer (the pool of 4 is held by WAITs?)", err)
+	}
+	if got := <-done; got != [2]int{0, 40} {
+		t.Errorf("with the replica frozen: %d acknowledged, %d not; want 0, 40", got[0], got[1])
+	}
+	thaw()
+
+	before := waitCalls(t, master)
+	if acked, _ := reserveAll(64, "thawed-", 5*time.Second); acked != 64 {
+		t.Fatalf("%d of 64 concurrent reservations acknowledged with the replica back", acked)
+	}
+	if waits := waitCalls(t, master) - before; waits >= 64 {
+		t.Errorf("64 concurrent reservations sent %d WAITs; want fewer (rounds shared)", waits)
+	} else {
+		t.Logf("64 concurrent reservations: %d WAITs", waits)
+	}
+}
+
+// waitCalls returns how many WAITs the server has run.
+func waitCalls(t *testing.T, c *redis.Client) int {
+	t.Helper()
+	info, err := c.Info(t.Context(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.Lines(info) {
+		if rest, ok := strings.CutPrefix(line, "cmdstat_wait:calls="); ok {
+			n, _, _ := strings.Cut(rest, ",")
+			v, err := strconv.Atoi(n)
+			if err != nil {
+				t.Fatalf("commandstats: %q", line)
+			}
+			return v
+		}
+	}
+	return 0
 }
 
 // The coordinator over an acknowledging Store: with the replica frozen, a

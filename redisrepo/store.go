@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -48,6 +49,9 @@ type Store struct {
 	waiters *waiters
 	seen    *sightings  // the pending records Reserve met: see abandon
 	acks    ReplicaAcks // the writes that replicas acknowledge: see WithReplicaAcks
+
+	ackMu     sync.Mutex
+	ackQueues map[string]*ackQueue // by master address: see ackQueue
 }
 
 var _ coordinator.Store = (*Store)(nil)
@@ -69,6 +73,7 @@ func New(client Client, opts ...Option) *Store {
 	_, s.sharded = client.(*redis.ClusterClient)
 	s.waiters = newWaiters(s)
 	s.seen = newSightings()
+	s.ackQueues = make(map[string]*ackQueue)
 	return s
 }
 

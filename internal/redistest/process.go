@@ -135,7 +135,7 @@ func listening(addr string) error {
 
 // kill stops the process and waits for it to exit.
 func (p *proc) kill() {
-	_ = p.cmd.Process.Kill()
+	_ = killGroup(p.cmd.Process)
 	<-p.done
 }
 
