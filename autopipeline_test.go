@@ -634,3 +634,33 @@ func BenchmarkAutoPipelineReplay(b *testing.B) {
 		}
 	}
 }
+
+// Over a cluster, the auto-pipelined store client can reload the slot map
+// (ReloadState), which is how the store knows that it talks to a cluster and
+// rides through a resharding: a removed node's refused dials, and the
+// circuit breaker they open, are sent again once the map is reloaded
+// (docs/reliability.md, finding 8; TestReshardUnderTraffic in the full
+// suite). Over a single server it cannot, so a server that is down fails at
+// once, as without auto-pipelining.
+func TestNewStoreClientRidesThroughAReshard(t *testing.T) {
+	type reloader interface{ ReloadState(context.Context) }
+	s := idempotency.DefaultSettings()
+	s.RedisAutoPipeline = true
+	cluster := redistest.Cluster(t)
+	sc, err := idempotency.NewStoreClient(s, cluster)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := sc.(reloader); !ok {
+		t.Errorf("the auto-pipelined client of a cluster (%T) cannot reload the slot map: the store would not ride through a resharding", sc)
+	}
+	single := redis.NewClient(redistest.ServerOptions(t))
+	defer single.Close()
+	sc, err = idempotency.NewStoreClient(s, single)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := sc.(reloader); ok {
+		t.Errorf("the auto-pipelined client of one server (%T) claims a slot map: a server that is down would be retried as a resharding", sc)
+	}
+}

@@ -239,8 +239,26 @@ func NewStoreClient(s Settings, client redis.UniversalClient) (redisrepo.Client,
 	if err != nil {
 		return nil, fmt.Errorf("%s_REDIS_AUTO_PIPELINE: the Redis client (%T) cannot auto-pipeline: %w", EnvPrefix, client, err)
 	}
-	return &pipelinedClient{ap: ap, client: client}, nil
+	pc := &pipelinedClient{ap: ap, client: client}
+	if cc, ok := client.(*redis.ClusterClient); ok {
+		return &pipelinedClusterClient{pipelinedClient: pc, cluster: cc}, nil
+	}
+	return pc, nil
 }
+
+// pipelinedClusterClient is a pipelinedClient over a *redis.ClusterClient.
+// Its ReloadState tells the store that it talks to a cluster, so that the
+// store rides through a resharding (a removed node's refused dials, and a
+// circuit breaker opened by them, among them) as it does over the cluster
+// client itself: without it, every call that the stale slot map sent to a
+// removed node was a storage error (docs/reliability.md, finding 8).
+type pipelinedClusterClient struct {
+	*pipelinedClient
+	cluster *redis.ClusterClient
+}
+
+// ReloadState asks the cluster client to reload its slot map.
+func (p *pipelinedClusterClient) ReloadState(ctx context.Context) { p.cluster.ReloadState(ctx) }
 
 // pipelinedClient is the store's client with IDEMPOTENCY_REDIS_AUTO_PIPELINE
 // on: scripts and commands go through ap, client's deferred AutoPipeliner,

@@ -54,14 +54,26 @@ func (s *Store) ackQueue(node *redis.Client) *ackQueue {
 	return q
 }
 
-// wait queues w and waits for its round, or for ctx.
+// wait has w acknowledged: when no round is out, in a round of its own that
+// it sends itself on ctx (as many rounds are at 1 caller: no goroutine, no
+// hand-off), then hands the writes queued meanwhile to a goroutine of
+// rounds; otherwise it queues w and waits for its round, or for ctx.
 func (q *ackQueue) wait(ctx context.Context, s *Store, w *ackWrite) (bool, error) {
 	q.mu.Lock()
-	q.queued = append(q.queued, w)
 	if !q.running {
 		q.running = true
-		go q.rounds(s)
+		q.mu.Unlock()
+		s.ackRound(ctx, q.node, []*ackWrite{w})
+		q.mu.Lock()
+		if len(q.queued) > 0 {
+			go q.rounds(s)
+		} else {
+			q.running = false
+		}
+		q.mu.Unlock()
+		return w.acked, w.err
 	}
+	q.queued = append(q.queued, w)
 	q.mu.Unlock()
 	select {
 	case <-w.done:
@@ -83,7 +95,7 @@ func (q *ackQueue) rounds(s *Store) {
 			return
 		}
 		q.mu.Unlock()
-		s.ackRound(q.node, batch)
+		s.ackRound(context.Background(), q.node, batch)
 	}
 }
 
@@ -92,8 +104,9 @@ func (q *ackQueue) rounds(s *Store) {
 const ackReplyMargin = 250 * time.Millisecond
 
 // ackRound sends the touches of batch and one WAIT (WAITAOF) for the
-// longest budget among the writes still waiting, and settles every write.
-func (s *Store) ackRound(node *redis.Client, batch []*ackWrite) {
+// longest budget among the writes still waiting, on parent (bounded by that
+// budget and ackReplyMargin), and settles every write.
+func (s *Store) ackRound(parent context.Context, node *redis.Client, batch []*ackWrite) {
 	now := time.Now()
 	live := batch[:0]
 	var until time.Time
@@ -110,7 +123,7 @@ func (s *Store) ackRound(node *redis.Client, batch []*ackWrite) {
 		return
 	}
 	ms := max(until.Sub(now).Milliseconds(), 1)
-	ctx, cancel := context.WithDeadline(context.Background(), until.Add(ackReplyMargin))
+	ctx, cancel := context.WithDeadline(parent, until.Add(ackReplyMargin))
 	defer cancel()
 	var wait *redis.Cmd
 	_, _ = node.Pipelined(ctx, func(p redis.Pipeliner) error {

@@ -139,8 +139,28 @@ func waitBudget(ctx context.Context) time.Duration {
 // replication stream is in order, so replicas that acknowledge the touch
 // have the record. It reports false when touch found no record to touch
 // (replied 0), and returns an error that matches ErrNotAcknowledged when
-// too few acknowledged within waitBudget.
+// too few acknowledged within waitBudget. On a cluster it rides through a
+// resharding (see rideThrough): a touch that meets MOVED, ASK or TRYAGAIN,
+// or a round whose node refuses connections (removed), did not touch the
+// record, and is sent again to the slot's master once the slot map is
+// reloaded; that master's replicas are the ones that must have it.
 func (s *Store) acknowledge(ctx context.Context, rkey string, touch *redis.Cmd) (bool, error) {
+	acked, err := s.acknowledgeOnce(ctx, rkey, touch)
+	if !clusterRetry(s.client, err) {
+		return acked, err
+	}
+	err = rideThrough(ctx, s.client, err, func() error {
+		touch.SetErr(nil)
+		var again error
+		acked, again = s.acknowledgeOnce(ctx, rkey, touch)
+		return again
+	})
+	return acked, err
+}
+
+// acknowledgeOnce is one try of acknowledge, on the master the slot map
+// names for rkey now.
+func (s *Store) acknowledgeOnce(ctx context.Context, rkey string, touch *redis.Cmd) (bool, error) {
 	node, err := s.ackNode(ctx, rkey)
 	if err != nil {
 		return false, err

@@ -3,9 +3,11 @@ package redisrepo_test
 import (
 	"context"
 	"errors"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -355,8 +357,9 @@ func TestReplicaAcksOptions(t *testing.T) {
 }
 
 // BenchmarkReplicaAcks is what acknowledgement costs a first run (a
-// reservation and its completion) and a replay, on one master with one
-// replica on this machine: impl=plain without it, impl=acked with WAIT 1.
+// reservation and its completion) at 1 caller and at 64, and a replay, on
+// one master with one replica on this machine: impl=plain without it,
+// impl=acked with WAIT 1.
 // The replica's round trip is a loopback one here; across hosts it is the
 // network's.
 //
@@ -389,6 +392,27 @@ func BenchmarkReplicaAcks(b *testing.B) {
 					b.Fatal(ok, err)
 				}
 			}
+		})
+		b.Run("flow=first-run-64/impl="+impl.name, func(b *testing.B) {
+			ctx := context.Background()
+			b.ReportAllocs()
+			run := token()[:8]
+			var n atomic.Int64
+			b.SetParallelism(max(1, 64/runtime.GOMAXPROCS(0)))
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					key := coordinator.Key{Operation: "payment.charge", Key: "par-" + run + "-" + strconv.FormatInt(n.Add(1), 10)}
+					tok := token()
+					if _, ok, err := s.Reserve(ctx, key, pendingWrite(tok, "", time.Minute)); err != nil || !ok {
+						b.Error(ok, err)
+						return
+					}
+					if ok, err := s.Complete(ctx, key, tok, done); err != nil || !ok {
+						b.Error(ok, err)
+						return
+					}
+				}
+			})
 		})
 		b.Run("flow=replay/impl="+impl.name, func(b *testing.B) {
 			ctx := context.Background()

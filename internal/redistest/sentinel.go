@@ -146,7 +146,29 @@ func (s *Sentinel) client() *redis.SentinelClient {
 // waitReplicaKnown waits until the sentinel lists a replica of the master
 // that is up and linked to it, which SENTINEL FAILOVER needs.
 func (s *Sentinel) waitReplicaKnown(ctx context.Context) error {
-	c := s.client()
+	return WaitSentinelReplica(ctx, s.sentinel.addr())
+}
+
+// StartSentinelProcess starts a sentinel in dir on a free port, monitoring
+// the master at masterAddr under SentinelMaster with a quorum of 1 and a
+// down-after of 1s, as StartSentinel's: for a test that builds its master
+// and replicas itself (a replication link through a fault proxy, say). The
+// caller kills it.
+func StartSentinelProcess(dir, masterAddr string) (*Process, error) {
+	var err error
+	for range 5 { // a port taken between picking it and binding it: again
+		var p *proc
+		if p, err = startSentinelProcess(dir, masterAddr); err == nil {
+			return &Process{p: p}, nil
+		}
+	}
+	return nil, err
+}
+
+// WaitSentinelReplica waits until the sentinel at addr lists a replica of
+// SentinelMaster that is up and linked to it, which a failover needs.
+func WaitSentinelReplica(ctx context.Context, addr string) error {
+	c := redis.NewSentinelClient(&redis.Options{Addr: addr, MaxRetries: -1, DialerRetries: 1, DialTimeout: time.Second})
 	defer c.Close()
 	var last string
 	for {
