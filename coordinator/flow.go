@@ -525,6 +525,7 @@ func (f *flow[T]) saveLater(ctx context.Context, expiry time.Time) {
 	f.c.background(func() {
 		lease, timeout := f.c.cfg.lease, f.c.cfg.storageTimeout
 		backoff := f.c.cfg.pollInterval
+		notOurs := false // the last Renew found the key no longer our pending record
 		for {
 			wait := max(min(backoff, time.Until(expiry)/2), time.Millisecond)
 			t := time.NewTimer(wait)
@@ -556,6 +557,7 @@ func (f *flow[T]) saveLater(ctx context.Context, expiry time.Time) {
 			if ok { // still ours, for another lease: complete, within it
 				expiry = at.Add(lease)
 			}
+			notOurs = !ok
 			// Complete even when Renew found the key no longer our
 			// pending record (completed by a late completion of ours,
 			// another caller's, or gone): Complete is owner-checked, and
@@ -571,6 +573,14 @@ func (f *flow[T]) saveLater(ctx context.Context, expiry time.Time) {
 				continue
 			}
 			f.settle(ctx, ok)
+			return
+		}
+		if notOurs {
+			// The completion sent again never answered, but the record
+			// was no longer our pending one: settle on what it holds (a
+			// late completion of ours, another caller's, or nothing), as
+			// a store that does not acknowledge needs no resend.
+			f.settle(ctx, false)
 			return
 		}
 		f.observe(ctx, Event{Kind: EventError, ErrorType: ErrorStorageSave, Method: MethodComplete,

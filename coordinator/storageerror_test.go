@@ -248,6 +248,39 @@ func TestStorageError_LateSave(t *testing.T) {
 	})
 }
 
+// A completion applied although its reply was lost, whose resends then all
+// fail (a starved store): the background retry keeps sending it until the
+// reservation could have expired, and then, since Renew found the record no
+// longer its pending one, settles on what the record holds (stored), rather
+// than reporting the result lost.
+func TestStorageError_LateSaveWhoseResendsFail(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f, fs, mem := newFaulty(t, coordinator.WithOnStorageError(coordinator.OnStorageErrorRaise),
+			coordinator.WithLease(testLease), coordinator.WithStorageTimeout(testStorageTimeout))
+		fs.LoseReplies(coordinator.MethodComplete, 1, context.DeadlineExceeded)
+		var k counter
+		if _, err := coordinator.Do(t.Context(), f.c, call("starved"), k.action("x")); err != nil {
+			t.Fatal(err)
+		}
+		fs.Fail(coordinator.MethodComplete, context.DeadlineExceeded) // every resend
+		f.c.Close()
+		if f.rec.count(coordinator.EventStored, "") != 1 || f.rec.errors(coordinator.ErrorLeaseLost) != 0 {
+			t.Fatalf("stored %d, lease_lost %d; want 1, 0", f.rec.count(coordinator.EventStored, ""), f.rec.errors(coordinator.ErrorLeaseLost))
+		}
+		if fs.Calls(coordinator.MethodComplete) < 3 {
+			t.Fatalf("complete %d; want the first and resends until the lease ran out", fs.Calls(coordinator.MethodComplete))
+		}
+		for _, e := range f.rec.all() {
+			if e.Kind == coordinator.EventError && e.ErrorType == coordinator.ErrorStorageSave && strings.Contains(e.Err.Error(), "is not stored") {
+				t.Fatalf("the save was given up: %v", e.Err)
+			}
+		}
+		if rec := mem.Snapshot(coordinator.Key{Operation: "payment.charge", Key: "starved"}); rec.State != coordinator.StateCompleted {
+			t.Fatalf("record %v, want completed", rec.State)
+		}
+	})
+}
+
 // A store that stays down after the action: the save is retried until the
 // reservation could have expired, then given up, reported once; the key is
 // never released.
