@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,13 +25,14 @@ import (
 )
 
 // TestFailoverWithReplicaAcks is issue 40's failover: a master and a
-// replica, behind one endpoint as managed Redis offers them or behind a
-// sentinel (newFailoverRig), take payment traffic in which every request is
-// sent twice (a client that retries a timed-out request, 0.3–2.5s later)
-// and every failed call is sent again. Replication is cut for 2s, then the
-// master is killed -9, the replica is promoted (by the test behind the
-// endpoint, by the sentinel) and a new replica attaches to it. Calls run
-// with on-storage-error raise, in in-flight modes raise and wait.
+// replica, behind one endpoint as managed Redis offers them, behind a
+// sentinel, or in a cluster (newFailoverRig), take payment traffic in
+// which every request is sent twice (a client that retries a timed-out
+// request, 0.3–2.5s later) and every failed call is sent again.
+// Replication is cut for 2s, then the master is killed -9, a replica is
+// promoted (by the test behind the endpoint, by the sentinel or the
+// cluster) and a replica attaches to it. Calls run with on-storage-error
+// raise, in in-flight modes raise and wait.
 //
 // Without acknowledgement the records written during the cut are lost with
 // the master, and the keys sent again after the failover run again: the
@@ -43,7 +45,7 @@ func TestFailoverWithReplicaAcks(t *testing.T) {
 	if suiteLevel(t) != levelFull {
 		t.Skip("the full suite only (make test-reliability)")
 	}
-	for _, topology := range []string{"endpoint", "sentinel"} {
+	for _, topology := range []string{"endpoint", "sentinel", "cluster"} {
 		for _, acks := range []int{0, 1} {
 			for _, mode := range []coordinator.InFlightMode{coordinator.InFlightRaise, coordinator.InFlightWait} {
 				t.Run(fmt.Sprintf("%s/acks=%d/%s", topology, acks, mode), func(t *testing.T) {
@@ -179,80 +181,86 @@ func failoverStorm(t *testing.T, topology string, acks int, mode coordinator.InF
 	return len(effects), twice, atomic.LoadInt64(&failed)
 }
 
-// A failoverRig is a master and a replica whose replication link is link,
-// the client of a service that uses them, and failOver: kill the master -9,
-// have the replica promoted, and attach a new replica to it.
+// A failoverRig is a master and its replicas whose replication link is
+// link, the client of a service that uses them, and failOver: kill the
+// master -9, have a replica promoted, and give it a replica in sync.
 type failoverRig struct {
-	client   *redis.Client
+	client   redis.UniversalClient
 	link     *faultproxy.Proxy
 	failOver func(t *testing.T, note func(string))
 }
 
-// newFailoverRig builds the rig of topology: "endpoint", a master and a
-// replica behind one endpoint that the test moves to the replica it
-// promotes, as managed Redis offers them; "sentinel", the same behind a
-// sentinel (quorum 1, down-after 1s) that detects the death and promotes
-// the replica, and go-redis's failover client.
+// newFailoverRig builds the rig of topology:
+//   - "endpoint", a master and a replica behind one endpoint that the test
+//     moves to the replica it promotes, as managed Redis offers them;
+//   - "sentinel", the same behind a sentinel (quorum 1, down-after 1s)
+//     that detects the death and promotes the replica, and go-redis's
+//     failover client;
+//   - "cluster", a cluster of three masters with a replica each, and a
+//     second replica for the master killed; the cluster fails it and
+//     promotes one of its replicas, and the other replicates the promoted
+//     one.
 func newFailoverRig(t *testing.T, topology string) *failoverRig {
 	redistest.NeedRedisServer(t)
-	start := func(extra ...string) *redistest.Process {
-		p, err := redistest.StartProcess(t.TempDir(), extra...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(p.Kill)
-		return p
-	}
-	replicaOf := func(addr string) []string {
-		host, port, _ := strings.Cut(addr, ":")
-		return []string{"--replicaof", host, port}
-	}
-	master := start()
-	link, err := faultproxy.Start(master.Addr()) // the replication link
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = link.Close() })
-	replica := start(replicaOf(link.Addr())...)
-	waitSynced(t, master.Addr(), 1)
-	promoted := replica.Addr()
-	rig := &failoverRig{link: link}
-	// attach gives the promoted master a replica of its own, in sync.
-	attach := func() {
-		start(replicaOf(promoted)...)
-		waitSynced(t, promoted, 1)
-	}
-
+	rig := &failoverRig{}
+	var (
+		kill    func()                    // kills the master -9
+		promote func(t *testing.T) string // waits for a promotion, returns the new master
+		attach  func(t *testing.T, promoted string)
+		what    string // who promotes
+	)
 	switch topology {
-	case "endpoint": // every new connection goes to the current master
-		var endpoint atomic.Pointer[string]
-		addr := master.Addr()
-		endpoint.Store(&addr)
-		rig.client = redis.NewClient(&redis.Options{
-			Addr: "endpoint",
-			Dialer: func(ctx context.Context, _, _ string) (net.Conn, error) {
-				var d net.Dialer
-				return d.DialContext(ctx, "tcp", *endpoint.Load())
-			},
-			ContextTimeoutEnabled: true,
-			DialTimeout:           time.Second,
-			MaxRetries:            -1,
-			PoolSize:              32,
-		})
-		rig.failOver = func(t *testing.T, note func(string)) {
-			note("master killed")
-			master.Kill()
-			admin := redis.NewClient(&redis.Options{Addr: promoted})
-			err := admin.Do(context.Background(), "replicaof", "no", "one").Err()
-			_ = admin.Close()
+	case "endpoint", "sentinel":
+		start := func(extra ...string) *redistest.Process {
+			p, err := redistest.StartProcess(t.TempDir(), extra...)
 			if err != nil {
-				t.Fatalf("promote the replica: %v", err)
+				t.Fatal(err)
 			}
-			endpoint.Store(&promoted)
-			note("replica promoted")
-			attach()
+			t.Cleanup(p.Kill)
+			return p
 		}
-	case "sentinel":
+		replicaOf := func(addr string) []string {
+			host, port, _ := strings.Cut(addr, ":")
+			return []string{"--replicaof", host, port}
+		}
+		master := start()
+		rig.link = startLink(t, master.Addr())
+		replica := start(replicaOf(rig.link.Addr())...)
+		waitSynced(t, master.Addr(), 1)
+		kill = master.Kill
+		attach = func(t *testing.T, promoted string) {
+			start(replicaOf(promoted)...)
+			waitSynced(t, promoted, 1)
+		}
+		if topology == "endpoint" { // every new connection goes to the current master
+			var endpoint atomic.Pointer[string]
+			addr := master.Addr()
+			endpoint.Store(&addr)
+			rig.client = redis.NewClient(&redis.Options{
+				Addr: "endpoint",
+				Dialer: func(ctx context.Context, _, _ string) (net.Conn, error) {
+					var d net.Dialer
+					return d.DialContext(ctx, "tcp", *endpoint.Load())
+				},
+				ContextTimeoutEnabled: true,
+				DialTimeout:           time.Second,
+				MaxRetries:            -1,
+				PoolSize:              32,
+			})
+			what = "the test"
+			promote = func(t *testing.T) string {
+				promoted := replica.Addr()
+				admin := redis.NewClient(&redis.Options{Addr: promoted})
+				err := admin.Do(context.Background(), "replicaof", "no", "one").Err()
+				_ = admin.Close()
+				if err != nil {
+					t.Fatalf("promote the replica: %v", err)
+				}
+				endpoint.Store(&promoted)
+				return promoted
+			}
+			break
+		}
 		sentinel, err := redistest.StartSentinelProcess(t.TempDir(), master.Addr())
 		if err != nil {
 			t.Fatal(err)
@@ -271,29 +279,99 @@ func newFailoverRig(t *testing.T, topology string) *failoverRig {
 			MaxRetries:            -1,
 			PoolSize:              32,
 		})
-		rig.failOver = func(t *testing.T, note func(string)) {
-			note("master killed")
-			master.Kill()
+		what = "the sentinel"
+		promote = func(t *testing.T) string {
 			s := redis.NewSentinelClient(&redis.Options{Addr: sentinel.Addr()})
 			defer s.Close()
 			for deadline := time.Now().Add(30 * time.Second); ; {
 				hp, err := s.GetMasterAddrByName(context.Background(), redistest.SentinelMaster).Result()
-				if err == nil && net.JoinHostPort(hp[0], hp[1]) == promoted {
-					break
+				if err == nil && net.JoinHostPort(hp[0], hp[1]) == replica.Addr() {
+					return replica.Addr()
 				}
 				if time.Now().After(deadline) {
-					t.Fatalf("the sentinel has not promoted the replica %s 30s after the kill: %v, %v", promoted, hp, err)
+					t.Fatalf("the sentinel has not promoted the replica %s 30s after the kill: %v, %v", replica.Addr(), hp, err)
 				}
 				time.Sleep(20 * time.Millisecond)
 			}
-			note("replica promoted by the sentinel")
-			attach()
 		}
+	case "cluster":
+		cl := redistest.NewCluster(t, 3)
+		masters, master := cl.Nodes(), cl.SlotOwner(t, 0)
+		// The master announces the link's port, so its replicas
+		// replicate through it; the service's client dials the master
+		// itself when the slot map names the link.
+		rig.link = startLink(t, master.Addr())
+		_, port, _ := net.SplitHostPort(rig.link.Addr())
+		admin := redis.NewClient(&redis.Options{Addr: master.Addr()})
+		err := admin.ConfigSet(context.Background(), "cluster-announce-port", port).Err()
+		_ = admin.Close()
+		if err != nil {
+			t.Fatalf("announce the link: %v", err)
+		}
+		// Neither replica migrates to a master without one (replica
+		// migration): the one not promoted must follow the promoted one.
+		noMigration := []string{"--cluster-allow-replica-migration", "no"}
+		replicas := []*redistest.ClusterNode{cl.AddReplica(t, master, noMigration...), cl.AddReplica(t, master, noMigration...)}
+		for _, r := range replicas {
+			c := redis.NewClient(&redis.Options{Addr: r.Addr()})
+			info, _ := c.Info(context.Background(), "replication").Result()
+			_ = c.Close()
+			if !strings.Contains(info, "master_port:"+port+"\r\n") {
+				t.Fatalf("the replica %s does not replicate through the link %s:\n%s", r.Addr(), rig.link.Addr(), info)
+			}
+		}
+		waitSynced(t, master.Addr(), 2)
+		for _, other := range masters {
+			if other != master {
+				cl.AddReplica(t, other, noMigration...)
+			}
+		}
+		rig.client = redis.NewClusterClient(&redis.ClusterOptions{
+			Addrs: cl.Addrs(),
+			Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+				if addr == rig.link.Addr() {
+					addr = master.Addr()
+				}
+				var d net.Dialer
+				return d.DialContext(ctx, network, addr)
+			},
+			ContextTimeoutEnabled: true,
+			DialTimeout:           time.Second,
+			MaxRetries:            -1,
+			PoolSize:              32,
+		})
+		kill = func() { cl.Kill(master) }
+		what = "the cluster"
+		promote = func(t *testing.T) string {
+			owner := cl.SlotOwner(t, 0) // once the cluster agrees again
+			if !slices.Contains(replicas, owner) {
+				t.Fatalf("slot 0 is served by %s, not by a replica of the killed master", owner.Addr())
+			}
+			return owner.Addr()
+		}
+		attach = func(t *testing.T, promoted string) { waitSynced(t, promoted, 1) } // the other replica
 	default:
 		t.Fatalf("no failover topology %q", topology)
 	}
+	rig.failOver = func(t *testing.T, note func(string)) {
+		note("master killed")
+		kill()
+		promoted := promote(t)
+		note("replica promoted by " + what)
+		attach(t, promoted)
+	}
 	t.Cleanup(func() { _ = rig.client.Close() })
 	return rig
+}
+
+// startLink starts the proxy that a replica of addr replicates through.
+func startLink(t *testing.T, addr string) *faultproxy.Proxy {
+	link, err := faultproxy.Start(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = link.Close() })
+	return link
 }
 
 // keyHistory is a timeline of what happened to each key, kept cheaply (no

@@ -16,10 +16,11 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// OwnCluster is a Redis Cluster of one test's own, with no replicas, that
-// the test may change while it serves: add a master, move slots between
-// masters with the CLI's --cluster reshard and rebalance, empty a master and
-// remove it (del-node), or kill one. The shared cluster of Cluster must stay
+// OwnCluster is a Redis Cluster of one test's own, with no replicas until
+// the test adds some, that the test may change while it serves: add a
+// master or a replica, move slots between masters with the CLI's --cluster
+// reshard and rebalance, empty a master and remove it (del-node), or kill
+// one. The shared cluster of Cluster must stay
 // as it is for every test of the binary, so a test that reshards starts one
 // of these. Its methods are safe for concurrent use, but the CLI operations
 // (Reshard, Rebalance, AddMaster, Remove) run one at a time.
@@ -192,6 +193,88 @@ func (c *OwnCluster) AddMaster(t testing.TB, extra ...string) *ClusterNode {
 	return n
 }
 
+// AddReplica starts a server, has it meet master of and replicate it
+// (CLUSTER MEET, CLUSTER REPLICATE), and returns it once its link to of is
+// up and every node knows it. The replica connects to the address of
+// announces (cluster-announce-ip and -port), as every node would; once of
+// is killed, the cluster's own failover promotes one of its replicas.
+func (c *OwnCluster) AddReplica(t testing.TB, of *ClusterNode, extra ...string) *ClusterNode {
+	t.Helper()
+	c.op.Lock()
+	defer c.op.Unlock()
+	n, err := c.start(extra)
+	if err != nil {
+		t.Fatalf("redistest: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), clusterTimeout)
+	defer cancel()
+	cl := nodeClient(n.Addr())
+	defer cl.Close()
+	host, port, _ := strings.Cut(of.Addr(), ":")
+	if err := cl.ClusterMeet(ctx, host, port).Err(); err != nil {
+		t.Fatalf("redistest: CLUSTER MEET %s from %s: %v", of.Addr(), n.Addr(), err)
+	}
+	// CLUSTER REPLICATE needs of known by its ID, once the handshake is
+	// over, at the address of announces (which the new node learns from
+	// of's own messages, after the MEET's address); then the replica's
+	// link must come up.
+	announced, err := nodeAddress(ctx, of.Addr(), of.id)
+	if err != nil {
+		t.Fatalf("redistest: %v", err)
+	}
+	for {
+		seen, err := nodeAddress(ctx, n.Addr(), of.id)
+		if err == nil && seen == announced {
+			err = cl.Do(ctx, "cluster", "replicate", of.id).Err()
+		} else if err == nil {
+			err = fmt.Errorf("%s knows %s at %s, not at %s", n.Addr(), of.id, seen, announced)
+		}
+		if err == nil {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("redistest: CLUSTER REPLICATE %s on %s: %v", of.id, n.Addr(), err)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	for {
+		info, err := cl.Info(ctx, "replication").Result()
+		if err == nil && strings.Contains(info, "master_link_status:up") {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("redistest: the replica %s of %s has no link up: %v\n%s", n.Addr(), of.Addr(), err, info)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	c.mu.Lock()
+	n.member = true
+	c.mu.Unlock()
+	if err := c.waitConverged(ctx); err != nil {
+		t.Fatalf("redistest: after adding the replica %s of %s: %v", n.Addr(), of.Addr(), err)
+	}
+	return n
+}
+
+// nodeAddress returns the address (ip:port@cport) at which the node at
+// addr knows the node of ID id, as its CLUSTER NODES says.
+func nodeAddress(ctx context.Context, addr, id string) (string, error) {
+	cl := nodeClient(addr)
+	defer cl.Close()
+	s, err := cl.ClusterNodes(ctx).Result()
+	if err != nil {
+		return "", fmt.Errorf("CLUSTER NODES of %s: %w", addr, err)
+	}
+	for _, line := range strings.Split(s, "\n") {
+		if f := strings.Fields(line); len(f) > 2 && f[0] == id && !strings.Contains(f[2], "handshake") {
+			return f[1], nil
+		}
+	}
+	return "", fmt.Errorf("%s does not know %s yet", addr, id)
+}
+
 // Reshard moves slots hash slots, with their keys, from master from to
 // master to (--cluster reshard), and returns once every node agrees on the
 // new owners.
@@ -321,8 +404,9 @@ func (c *OwnCluster) Remove(t testing.TB, n, to *ClusterNode) {
 }
 
 // Kill kills n with SIGKILL, as a crash would: a master's slots are then
-// not served (there is no replica to promote), and a removed node's address
-// refuses connections.
+// not served until the cluster promotes one of its replicas (AddReplica),
+// or for good if it has none, and a removed node's address refuses
+// connections.
 func (c *OwnCluster) Kill(n *ClusterNode) {
 	c.mu.Lock()
 	n.member = false
@@ -381,8 +465,8 @@ func slotView(ctx context.Context, addr string) (*view, error) {
 	v := &view{ok: strings.Contains(info, "cluster_state:ok")}
 	for _, line := range strings.Split(strings.TrimSpace(s), "\n") {
 		f := strings.Fields(line)
-		if len(f) < 8 {
-			continue
+		if len(f) < 8 || slices.Contains(strings.Split(f[2], ","), "fail") {
+			continue // a killed node that the cluster has failed is not known
 		}
 		v.known++
 		for _, r := range f[8:] {
