@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/internal/sentinelcheck"
 	"github.com/idemkit/idempotency/observability"
 	"github.com/idemkit/idempotency/redisrepo"
 )
@@ -36,7 +37,9 @@ import (
 // every query option of RedisURL apply to every node, its host is ignored,
 // and its database must be 0 (a cluster has no other). With Sentinel they
 // apply to the master the sentinels name, the database too, and the host is
-// ignored; the client follows the sentinels' failovers. A cluster client
+// ignored; the client follows the sentinels' failovers, and never keeps a
+// connection to a master they replaced while it was dialled (each new
+// connection asks a sentinel once more). A cluster client
 // rides through a resharding: a command that meets MOVED, ASK, TRYAGAIN or
 // CLUSTERDOWN past go-redis's own redirections, or a refused connection,
 // is sent again until its context's deadline (redisrepo.AddClusterRetry).
@@ -106,7 +109,7 @@ func NewRedisClient(s Settings) (redis.UniversalClient, error) {
 			// would take an empty list of sentinels, and fail every call.
 			return nil, invalidSettings(errs)
 		}
-		return redis.NewFailoverClient(failoverOptions(opts, s)), nil
+		return sentinelcheck.New(failoverOptions(opts, s)), nil
 	}
 	return redis.NewClient(opts), nil
 }
