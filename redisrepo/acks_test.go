@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/internal/faultproxy"
 	"github.com/idemkit/idempotency/internal/redistest"
 	"github.com/idemkit/idempotency/redisrepo"
 )
@@ -276,6 +277,119 @@ func TestReplicaAcksShareRounds(t *testing.T) {
 		t.Errorf("64 concurrent reservations sent %d WAITs; want fewer (rounds shared)", waits)
 	} else {
 		t.Logf("64 concurrent reservations: %d WAITs", waits)
+	}
+}
+
+// A slow replica (latency on its replication link, the master and the
+// clients unaffected): while its round trip fits the callers' deadlines,
+// every concurrent reservation is acknowledged, later by that round trip,
+// in shared rounds, and the pool stays free for other calls; once it does
+// not, reservations are refused and taken back, and the keys are free
+// again when the link is fast.
+func TestReplicaAcksSlowReplica(t *testing.T) {
+	redistest.NeedRedisServer(t)
+	m, err := redistest.StartProcess(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.Kill)
+	link, err := faultproxy.Start(m.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = link.Close() })
+	host, port, _ := strings.Cut(link.Addr(), ":")
+	r, err := redistest.StartProcess(t.TempDir(), "--replicaof", host, port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.Kill)
+	client := redis.NewClient(&redis.Options{Addr: m.Addr(), PoolSize: 4, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = client.Close() })
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		info, _ := client.Info(t.Context(), "replication").Result()
+		if strings.Contains(info, "connected_slaves:1") && strings.Contains(info, "state=online") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the replica did not sync:\n%s", info)
+		}
+	}
+	s := redisrepo.New(client, redisrepo.WithKeyPrefix(redistest.Prefix(t)), redisrepo.WithReplicaAcks(redisrepo.ReplicaAcks{Replicas: 1}))
+	// reserveAll reserves n keys at once, each within a deadline, and
+	// returns how many were acknowledged and refused, and the slowest.
+	reserveAll := func(keys []coordinator.Key, within time.Duration) (acked, refused int, slowest time.Duration) {
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		for _, k := range keys {
+			wg.Go(func() {
+				ctx, cancel := context.WithTimeout(t.Context(), within)
+				defer cancel()
+				start := time.Now()
+				_, ok, err := s.Reserve(ctx, k, pendingWrite(token(), "", time.Minute))
+				took := time.Since(start)
+				mu.Lock()
+				defer mu.Unlock()
+				slowest = max(slowest, took)
+				switch {
+				case ok && err == nil:
+					acked++
+				case errors.Is(err, redisrepo.ErrNotAcknowledged):
+					refused++
+				default:
+					t.Errorf("Reserve %s: %v, %v", k.Key, ok, err)
+				}
+			})
+		}
+		wg.Wait()
+		return acked, refused, slowest
+	}
+	keys := func(prefix string, n int) []coordinator.Key {
+		var out []coordinator.Key
+		for i := range n {
+			out = append(out, newKey(prefix+strconv.Itoa(i)))
+		}
+		return out
+	}
+
+	const latency = 100 * time.Millisecond
+	link.SetLatency(latency)
+	before := waitCalls(t, client)
+	done := make(chan struct{})
+	var acked, refused int
+	var slowest time.Duration
+	go func() {
+		defer close(done)
+		acked, refused, slowest = reserveAll(keys("slow-", 32), 5*time.Second)
+	}()
+	ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+	err = client.Get(ctx, "unrelated").Err()
+	cancel()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		t.Errorf("a GET while 32 reservations wait for a slow replica: %v; want an answer", err)
+	}
+	<-done
+	waits := waitCalls(t, client) - before
+	t.Logf("latency %v each way: %d acknowledged, %d refused, slowest %v, %d WAITs", latency, acked, refused, slowest.Round(time.Millisecond), waits)
+	if acked != 32 {
+		t.Errorf("%d of 32 reservations acknowledged through a link %v slow each way, within 5s", acked, latency)
+	}
+	if slowest < 2*latency {
+		t.Errorf("the slowest reservation took %v, less than the link's round trip %v: was it acknowledged?", slowest, 2*latency)
+	}
+	if waits >= 32 {
+		t.Errorf("32 concurrent reservations sent %d WAITs; want fewer (rounds shared)", waits)
+	}
+
+	// A round trip longer than the deadline: refused, and taken back.
+	link.SetLatency(time.Second)
+	late := keys("late-", 8)
+	if acked, refused, _ := reserveAll(late, 500*time.Millisecond); acked != 0 || refused != 8 {
+		t.Errorf("with a 2s round trip and 500ms deadlines: %d acknowledged, %d refused; want 0, 8", acked, refused)
+	}
+	link.SetLatency(0)
+	if acked, refused, _ := reserveAll(late, 5*time.Second); acked != 8 {
+		t.Errorf("the refused keys, once the link is fast: %d acknowledged, %d refused; want 8 acknowledged (taken back)", acked, refused)
 	}
 }
 
