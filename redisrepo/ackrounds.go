@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/idemkit/idempotency/coordinator"
 )
 
 // An ackRound is the acknowledgement of the writes queued on one master
@@ -39,6 +41,11 @@ type ackWrite struct {
 	done  chan struct{}
 	acked bool  // the touch found the record and enough replicas acknowledged it
 	err   error // the round's failure, or ErrNotAcknowledged
+	// offPath is the write's context when no caller waits for it
+	// (coordinator.OffRequestPath: a completion retried in the
+	// background), so that the round carrying it is not refused as on
+	// the request path (the module's circuit breaker); nil otherwise.
+	offPath context.Context
 }
 
 // ackQueue returns the queue of node, the master of a record.
@@ -73,6 +80,9 @@ func (q *ackQueue) wait(ctx context.Context, s *Store, w *ackWrite) (bool, error
 		q.mu.Unlock()
 		return w.acked, w.err
 	}
+	if coordinator.OffRequestPath(ctx) {
+		w.offPath = ctx
+	}
 	q.queued = append(q.queued, w)
 	q.mu.Unlock()
 	select {
@@ -95,8 +105,21 @@ func (q *ackQueue) rounds(s *Store) {
 			return
 		}
 		q.mu.Unlock()
-		s.ackRound(context.Background(), q.node, batch)
+		s.ackRound(roundContext(batch), q.node, batch)
 	}
+}
+
+// roundContext is the context of a round that the goroutine of rounds
+// sends: off the request path when any of its writes is, so that a client
+// that refuses calls to spare a caller's time (the module's circuit
+// breaker) lets it through, as it lets that write through alone.
+func roundContext(batch []*ackWrite) context.Context {
+	for _, w := range batch {
+		if w.offPath != nil {
+			return context.WithoutCancel(w.offPath)
+		}
+	}
+	return context.Background()
 }
 
 // ackReplyMargin is how long a round waits for WAIT's reply after WAIT's own

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -15,6 +16,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/coordinator/faultstore"
+	"github.com/idemkit/idempotency/coordinator/memstore"
 	"github.com/idemkit/idempotency/internal/faultproxy"
 	"github.com/idemkit/idempotency/internal/redistest"
 	"github.com/idemkit/idempotency/redisrepo"
@@ -391,6 +394,104 @@ func TestReplicaAcksSlowReplica(t *testing.T) {
 	if acked, refused, _ := reserveAll(late, 5*time.Second); acked != 8 {
 		t.Errorf("the refused keys, once the link is fast: %d acknowledged, %d refused; want 8 acknowledged (taken back)", acked, refused)
 	}
+}
+
+// A round that the goroutine of rounds sends is off the request path when
+// a write it carries is (a completion retried in the background), so that
+// the module's circuit breaker lets it through as it would that write
+// alone; a round of writes that callers wait for is not.
+func TestReplicaAcksRoundsOffTheRequestPath(t *testing.T) {
+	master, _, proc := replicated(t)
+	client := redis.NewClient(&redis.Options{Addr: master.Options().Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = client.Close() })
+	rounds := &roundPaths{out: make(chan struct{}, 8)}
+	client.AddHook(rounds)
+	s := redisrepo.New(client, redisrepo.WithKeyPrefix(redistest.Prefix(t)), redisrepo.WithReplicaAcks(redisrepo.ReplicaAcks{Replicas: 1}))
+	off := offRequestPathContext(t)
+	if !coordinator.OffRequestPath(off) {
+		t.Fatal("the renewal's context is not off the request path")
+	}
+
+	freeze(t, proc) // every round waits its budget out
+	reserve := func(ctx context.Context, name string, within time.Duration) <-chan error {
+		done := make(chan error, 1)
+		go func() {
+			ctx, cancel := context.WithTimeout(ctx, within)
+			defer cancel()
+			_, _, err := s.Reserve(ctx, newKey(name), pendingWrite(token(), "", time.Minute))
+			done <- err
+		}()
+		return done
+	}
+	first := reserve(t.Context(), "first", 500*time.Millisecond) // sends its own round
+	<-rounds.out
+	queued := []<-chan error{ // queued behind it: the goroutine's rounds
+		reserve(off, "background", 2*time.Second),
+		reserve(t.Context(), "caller", 2*time.Second),
+	}
+	for _, done := range append(queued, first) {
+		if err := <-done; !errors.Is(err, redisrepo.ErrNotAcknowledged) {
+			t.Errorf("Reserve with the replica frozen: %v, want ErrNotAcknowledged", err)
+		}
+	}
+	rounds.mu.Lock()
+	defer rounds.mu.Unlock()
+	// The first round is the caller's own; the second carries both queued
+	// writes, one of them off the request path.
+	if want := []bool{false, true}; !slices.Equal(rounds.off, want) {
+		t.Errorf("rounds off the request path: %v, want %v", rounds.off, want)
+	}
+}
+
+// roundPaths is a client hook that records, for each ack round (a pipeline
+// with a WAIT), whether its context is off the request path.
+type roundPaths struct {
+	mu  sync.Mutex
+	off []bool
+	out chan struct{} // a round is out
+}
+
+func (h *roundPaths) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *roundPaths) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *roundPaths) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if slices.ContainsFunc(cmds, func(c redis.Cmder) bool { return c.Name() == "wait" }) {
+			h.mu.Lock()
+			h.off = append(h.off, coordinator.OffRequestPath(ctx))
+			h.mu.Unlock()
+			h.out <- struct{}{}
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// offRequestPathContext returns the values of a renewal's context, which
+// the coordinator marks off the request path, without its cancellation.
+func offRequestPathContext(t *testing.T) context.Context {
+	t.Helper()
+	fs := faultstore.Wrap(memstore.New())
+	var (
+		once    sync.Once
+		renewal context.Context
+		renewed = make(chan struct{})
+	)
+	fs.Before(coordinator.MethodRenew, func(ctx context.Context, _ coordinator.Key) error {
+		once.Do(func() { renewal = context.WithoutCancel(ctx); close(renewed) })
+		return nil
+	})
+	c, err := coordinator.New(fs, coordinator.WithLease(2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, err = coordinator.Do(t.Context(), c, coordinator.Call{Operation: "op", Key: "k"}, func(context.Context) (int, error) {
+		<-renewed
+		return 1, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return renewal
 }
 
 // waitCalls returns how many WAITs the server has run.
