@@ -497,21 +497,11 @@ func offRequestPathContext(t *testing.T) context.Context {
 // waitCalls returns how many WAITs the server has run.
 func waitCalls(t *testing.T, c *redis.Client) int {
 	t.Helper()
-	info, err := c.Info(t.Context(), "commandstats").Result()
+	n, err := redistest.CommandStat(t.Context(), c, "wait", "calls")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for line := range strings.Lines(info) {
-		if rest, ok := strings.CutPrefix(line, "cmdstat_wait:calls="); ok {
-			n, _, _ := strings.Cut(rest, ",")
-			v, err := strconv.Atoi(n)
-			if err != nil {
-				t.Fatalf("commandstats: %q", line)
-			}
-			return v
-		}
-	}
-	return 0
+	return n
 }
 
 // The coordinator over an acknowledging Store: with the replica frozen, a

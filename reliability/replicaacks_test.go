@@ -9,7 +9,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -541,19 +540,8 @@ func pexpireRejected(ctx context.Context, c *redis.Client) int {
 	if c == nil {
 		return 0
 	}
-	info, err := c.Info(ctx, "commandstats").Result()
-	if err != nil {
-		return 0
-	}
-	for line := range strings.Lines(info) {
-		if rest, ok := strings.CutPrefix(line, "cmdstat_pexpire:"); ok {
-			_, after, _ := strings.Cut(rest, "rejected_calls=")
-			n, _, _ := strings.Cut(after, ",")
-			v, _ := strconv.Atoi(strings.TrimSpace(n))
-			return v
-		}
-	}
-	return 0
+	n, _ := redistest.CommandStat(ctx, c, "pexpire", "rejected_calls")
+	return n
 }
 
 // redisKeySlot returns the cluster slot of key (CLUSTER KEYSLOT).

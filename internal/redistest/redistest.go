@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -235,4 +236,27 @@ func stopShared() {
 	shared.standalone, shared.standaloneErr = nil, nil
 	shared.clusterOnce = sync.Once{}
 	shared.cluster, shared.clusterErr = nil, nil
+}
+
+// CommandStat returns one field of command's line in the server's INFO
+// commandstats (calls, rejected_calls, failed_calls, ...): 0 when the
+// server has not run command (it has no line then).
+func CommandStat(ctx context.Context, c *redis.Client, command, field string) (int, error) {
+	info, err := c.Info(ctx, "commandstats").Result()
+	if err != nil {
+		return 0, err
+	}
+	for line := range strings.Lines(info) {
+		rest, ok := strings.CutPrefix(line, "cmdstat_"+command+":")
+		if !ok {
+			continue
+		}
+		for kv := range strings.SplitSeq(strings.TrimSpace(rest), ",") {
+			if v, ok := strings.CutPrefix(kv, field+"="); ok {
+				return strconv.Atoi(v)
+			}
+		}
+		return 0, fmt.Errorf("redistest: no %s in %q", field, line)
+	}
+	return 0, nil
 }
