@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"sync"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -30,11 +31,12 @@ var ErrReplaced = errors.New("the sentinels named another master while the conne
 
 // New returns redis.NewFailoverClient(opts) with the dial hook that refuses
 // a connection to a master that the sentinels no longer name. The hook asks
-// the sentinels of opts.SentinelAddrs, in order, with opts' sentinel
-// credentials and TLS, over a connection of its own that it closes: one
-// more round trip to a sentinel for each new connection to the master,
-// which go-redis's pool makes only as it grows or replaces one. When no
-// sentinel answers it keeps the connection, as go-redis would.
+// the sentinels of opts.SentinelAddrs, from the one that answered last,
+// with opts' sentinel credentials and TLS, over a connection of its own
+// that it closes: one more round trip to a sentinel for each new
+// connection to the master, which go-redis's pool makes only as it grows or
+// replaces one. When no sentinel answers it keeps the connection, as
+// go-redis would.
 func New(opts *redis.FailoverOptions) *redis.Client {
 	c := redis.NewFailoverClient(opts)
 	c.AddHook(&hook{opts: *opts})
@@ -42,7 +44,12 @@ func New(opts *redis.FailoverOptions) *redis.Client {
 }
 
 // hook is the dial hook of New.
-type hook struct{ opts redis.FailoverOptions }
+type hook struct {
+	opts redis.FailoverOptions
+
+	mu    sync.Mutex
+	first int // the sentinel that answered last, asked first
+}
 
 var _ redis.Hook = (*hook)(nil)
 
@@ -80,10 +87,17 @@ func (h *hook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Process
 	return next
 }
 
-// master asks the sentinels, in order, for the master's address, and
-// returns the first answer; ok is false when none answered.
+// master asks the sentinels for the master's address, from the one that
+// answered last, and returns the first answer; ok is false when none
+// answered.
 func (h *hook) master(ctx context.Context) (addr string, ok bool) {
-	for _, s := range h.opts.SentinelAddrs {
+	h.mu.Lock()
+	first := h.first
+	h.mu.Unlock()
+	n := len(h.opts.SentinelAddrs)
+	for i := range n {
+		i = (first + i) % n
+		s := h.opts.SentinelAddrs[i]
 		c := redis.NewSentinelClient(&redis.Options{
 			Addr:                  s,
 			Username:              h.opts.SentinelUsername,
@@ -98,6 +112,9 @@ func (h *hook) master(ctx context.Context) (addr string, ok bool) {
 		hp, err := c.GetMasterAddrByName(ctx, h.opts.MasterName).Result()
 		_ = c.Close()
 		if err == nil && len(hp) == 2 {
+			h.mu.Lock()
+			h.first = i
+			h.mu.Unlock()
 			return net.JoinHostPort(hp[0], hp[1]), true
 		}
 		if ctx.Err() != nil {
