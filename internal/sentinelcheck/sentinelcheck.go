@@ -12,6 +12,11 @@
 // replica (docs/reliability.md, finding 4). New adds a dial hook that asks
 // the sentinels again once the connection is up and, when they name another
 // master, closes it and dials again, which reaches the new one.
+//
+// What is left is a window of the check's own reply rather than of a dial:
+// a connection that the sentinels confirmed just before they switched, and
+// that joins the pool just after the client closed the former master's
+// connections on the announcement, is kept.
 package sentinelcheck
 
 import (
