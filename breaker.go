@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -42,7 +44,12 @@ var ErrBreakerOpen = breaker.ErrOpen
 //
 // The breaker is the client's own (a *redis.ClusterClient gets one per
 // node, so that one dead master does not stop the calls to the others),
-// starts no goroutine, and costs one mutex per call while closed. With
+// starts no goroutine, and costs one mutex per call while closed. A node
+// that refused a connection, and that the cluster's slot map, reloaded
+// then, no longer routes to (a master resharded away and removed) does not
+// count that failure: its breaker does not open for calls that a stale
+// slot map sent it, and that the client sends again to the slot's new
+// master. With
 // s.BreakerFailures 0 AddBreaker does nothing. It returns an error naming
 // the variable when the settings are invalid.
 func AddBreaker(client redis.UniversalClient, s Settings, logger *zap.Logger) error {
@@ -73,7 +80,9 @@ func AddBreaker(client redis.UniversalClient, s Settings, logger *zap.Logger) er
 	switch c := client.(type) {
 	case *redis.ClusterClient:
 		c.OnNewNode(func(node *redis.Client) {
-			h, _ := newHook(node.Options().Addr) // valid: checked above
+			addr := node.Options().Addr
+			h, _ := newHook(addr) // valid: checked above
+			h.routed = func(ctx context.Context) bool { return routesTo(ctx, c, addr, s.StorageTimeout) }
 			node.AddHook(h)
 		})
 		return nil
@@ -126,7 +135,51 @@ func logBreakerChange(logger *zap.Logger, addr string, cooldown time.Duration, c
 type breakerPass struct{}
 
 // breakerHook is the go-redis hook of one client's breaker.
-type breakerHook struct{ b *breaker.Breaker }
+type breakerHook struct {
+	b *breaker.Breaker
+	// routed, for a node of a cluster, reports whether the cluster's slot
+	// map, reloaded, still routes to the node; nil for other clients.
+	routed func(context.Context) bool
+}
+
+// routeCheck is the key of the context value that marks the commands of a
+// routesTo (the slot map's reload), which no breaker judges.
+type routeCheck struct{}
+
+// routesTo reports whether the slot map of c, reloaded within timeout,
+// names the node at addr as a master; true when it cannot tell.
+func routesTo(ctx context.Context, c *redis.ClusterClient, addr string, timeout time.Duration) bool {
+	ctx, cancel := context.WithTimeout(context.WithValue(context.WithoutCancel(ctx), routeCheck{}, true), timeout)
+	defer cancel()
+	var found atomic.Bool
+	err := c.ForEachMaster(ctx, func(_ context.Context, m *redis.Client) error {
+		if m.Options().Addr == addr {
+			found.Store(true)
+		}
+		return nil
+	})
+	return err != nil || found.Load()
+}
+
+// judge returns what the outcome o of a call on ctx, whose error is err,
+// says about the node: a refused connection to a node that the cluster no
+// longer routes to is ignored. Only a refusal is checked, which comes at
+// once: a call that timed out does not wait for a reload of the slot map
+// too.
+func (h *breakerHook) judge(ctx context.Context, o breaker.Outcome, err error) breaker.Outcome {
+	if o == breaker.Failure && h.routed != nil && errors.Is(err, syscall.ECONNREFUSED) && !h.routed(ctx) {
+		return breaker.Ignored
+	}
+	return o
+}
+
+// passes reports whether a call on ctx goes by the breaker unjudged: it
+// says nothing about Redis (its context is done), is part of a call let
+// through or of a slot map's reload for the breaker, or is a save or
+// renewal that no caller waits for.
+func (h *breakerHook) passes(ctx context.Context) bool {
+	return ctx.Err() != nil || ctx.Value(breakerPass{}) == h || ctx.Value(routeCheck{}) != nil || coordinator.OffRequestPath(ctx)
+}
 
 var _ redis.Hook = (*breakerHook)(nil)
 
@@ -144,9 +197,7 @@ func (h *breakerHook) DialHook(next redis.DialHook) redis.DialHook {
 // error on it (and an auto-pipelined command must not be written to).
 func (h *breakerHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if ctx.Err() != nil || ctx.Value(breakerPass{}) == h || coordinator.OffRequestPath(ctx) {
-			// says nothing about Redis, is part of a call let through, or
-			// is a save or renewal that no caller waits for
+		if h.passes(ctx) {
 			return next(ctx, cmd)
 		}
 		t, err := h.b.Allow()
@@ -154,7 +205,7 @@ func (h *breakerHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			return err
 		}
 		err = next(context.WithValue(ctx, breakerPass{}, h), cmd)
-		h.b.Done(t, outcome(ctx, err), err)
+		h.b.Done(t, h.judge(ctx, outcome(ctx, err), err), err)
 		return err
 	}
 }
@@ -163,7 +214,7 @@ func (h *breakerHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 // the error on each of its commands, and reports the outcome of the others.
 func (h *breakerHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		if ctx.Err() != nil || ctx.Value(breakerPass{}) == h || coordinator.OffRequestPath(ctx) {
+		if h.passes(ctx) {
 			return next(ctx, cmds)
 		}
 		t, err := h.b.Allow()
@@ -174,7 +225,7 @@ func (h *breakerHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 			return err
 		}
 		err = next(context.WithValue(ctx, breakerPass{}, h), cmds)
-		h.b.Done(t, outcome(ctx, err), err)
+		h.b.Done(t, h.judge(ctx, outcome(ctx, err), err), err)
 		return err
 	}
 }

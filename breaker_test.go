@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/fx"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -319,5 +320,69 @@ func TestBreakerLetsBackgroundSavesThrough(t *testing.T) {
 	}
 	if n := runs.Load() - before; n != 0 {
 		t.Fatalf("the action ran again (%d): the result was not stored", n)
+	}
+}
+
+// On a cluster, a node that refuses connections opens its breaker only
+// while the slot map still routes to it (finding 8): a master resharded
+// away, removed and shut down, which a stale slot map still names, does
+// not; a master killed with its slots does.
+func TestBreakerIgnoresARemovedNode(t *testing.T) {
+	cl := redistest.NewCluster(t, 3)
+	s := idempotency.DefaultSettings()
+	s.RedisClusterAddrs = cl.Addrs()
+	s.BreakerFailures = 1 // one counted refusal opens it
+	client, err := idempotency.NewRedisClient(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	core, logs := observer.New(zapcore.WarnLevel)
+	if err := idempotency.AddBreaker(client, s, zap.New(core)); err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	cc := client.(*redis.ClusterClient)
+	// keyOn returns a key that node serves, written through the client so
+	// that its slot map and node are warm.
+	keyOn := func(node *redistest.ClusterNode) string {
+		t.Helper()
+		for i := 0; ; i++ {
+			key := "k" + strconv.Itoa(i)
+			slot, err := cc.ClusterKeySlot(ctx, key).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cl.SlotOwner(t, int(slot)) == node {
+				if err := client.Set(ctx, key, key, 0).Err(); err != nil {
+					t.Fatal(err)
+				}
+				return key
+			}
+		}
+	}
+	nodes := cl.Nodes()
+	removed, killed, kept := nodes[0], nodes[1], nodes[2]
+	moved := keyOn(removed)
+	cl.Remove(t, removed, kept)
+	cl.Kill(removed)
+	// The slot map is stale (no call since the removal): the GET goes to
+	// the removed node, is refused, and is sent again to the new owner.
+	if v, err := client.Get(ctx, moved).Result(); err != nil || v != moved {
+		t.Fatalf("GET of a key whose master was removed: %q, %v", v, err)
+	}
+	if n := logs.FilterMessage(msgBreakerOpen).Len(); n != 0 {
+		t.Fatalf("a removed node's refused connection opened a breaker: %v", logs.All())
+	}
+
+	lost := keyOn(killed)
+	cl.Kill(killed) // its slots with it: an outage of a third of the keys
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if err := client.Get(cctx, lost).Err(); err == nil {
+		t.Fatal("GET of a key whose master was killed with its slots: no error")
+	}
+	if n := logs.FilterMessage(msgBreakerOpen).Len(); n != 1 {
+		t.Fatalf("a killed master that still owns its slots: %d breakers opened, want 1: %v", n, logs.All())
 	}
 }
