@@ -230,34 +230,10 @@ func TestReplicaAcksShareRounds(t *testing.T) {
 	client := redis.NewClient(&redis.Options{Addr: master.Options().Addr, PoolSize: 4, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = client.Close() })
 	s := redisrepo.New(client, redisrepo.WithKeyPrefix(redistest.Prefix(t)), redisrepo.WithReplicaAcks(redisrepo.ReplicaAcks{Replicas: 1}))
-	reserveAll := func(n int, prefix string, within time.Duration) (acked, refused int) {
-		var wg sync.WaitGroup
-		var mu sync.Mutex
-		for i := range n {
-			wg.Go(func() {
-				ctx, cancel := context.WithTimeout(t.Context(), within)
-				defer cancel()
-				_, ok, err := s.Reserve(ctx, newKey(prefix+strconv.Itoa(i)), pendingWrite(token(), "", time.Minute))
-				mu.Lock()
-				defer mu.Unlock()
-				switch {
-				case ok && err == nil:
-					acked++
-				case errors.Is(err, redisrepo.ErrNotAcknowledged):
-					refused++
-				default:
-					t.Errorf("Reserve %s%d: %v, %v", prefix, i, ok, err)
-				}
-			})
-		}
-		wg.Wait()
-		return acked, refused
-	}
-
 	thaw := freeze(t, proc)
 	done := make(chan [2]int)
 	go func() {
-		a, r := reserveAll(40, "frozen-", 3*time.Second)
+		a, r, _ := reserveAll(t, s, manyKeys("frozen-", 40), 3*time.Second)
 		done <- [2]int{a, r}
 	}()
 	time.Sleep(200 * time.Millisecond) // the reservations are out, waiting
@@ -273,7 +249,7 @@ func TestReplicaAcksShareRounds(t *testing.T) {
 	thaw()
 
 	before := waitCalls(t, master)
-	if acked, _ := reserveAll(64, "thawed-", 5*time.Second); acked != 64 {
+	if acked, _, _ := reserveAll(t, s, manyKeys("thawed-", 64), 5*time.Second); acked != 64 {
 		t.Fatalf("%d of 64 concurrent reservations acknowledged with the replica back", acked)
 	}
 	if waits := waitCalls(t, master) - before; waits >= 64 {
@@ -319,42 +295,6 @@ func TestReplicaAcksSlowReplica(t *testing.T) {
 		}
 	}
 	s := redisrepo.New(client, redisrepo.WithKeyPrefix(redistest.Prefix(t)), redisrepo.WithReplicaAcks(redisrepo.ReplicaAcks{Replicas: 1}))
-	// reserveAll reserves n keys at once, each within a deadline, and
-	// returns how many were acknowledged and refused, and the slowest.
-	reserveAll := func(keys []coordinator.Key, within time.Duration) (acked, refused int, slowest time.Duration) {
-		var wg sync.WaitGroup
-		var mu sync.Mutex
-		for _, k := range keys {
-			wg.Go(func() {
-				ctx, cancel := context.WithTimeout(t.Context(), within)
-				defer cancel()
-				start := time.Now()
-				_, ok, err := s.Reserve(ctx, k, pendingWrite(token(), "", time.Minute))
-				took := time.Since(start)
-				mu.Lock()
-				defer mu.Unlock()
-				slowest = max(slowest, took)
-				switch {
-				case ok && err == nil:
-					acked++
-				case errors.Is(err, redisrepo.ErrNotAcknowledged):
-					refused++
-				default:
-					t.Errorf("Reserve %s: %v, %v", k.Key, ok, err)
-				}
-			})
-		}
-		wg.Wait()
-		return acked, refused, slowest
-	}
-	keys := func(prefix string, n int) []coordinator.Key {
-		var out []coordinator.Key
-		for i := range n {
-			out = append(out, newKey(prefix+strconv.Itoa(i)))
-		}
-		return out
-	}
-
 	const latency = 100 * time.Millisecond
 	link.SetLatency(latency)
 	before := waitCalls(t, client)
@@ -363,7 +303,7 @@ func TestReplicaAcksSlowReplica(t *testing.T) {
 	var slowest time.Duration
 	go func() {
 		defer close(done)
-		acked, refused, slowest = reserveAll(keys("slow-", 32), 5*time.Second)
+		acked, refused, slowest = reserveAll(t, s, manyKeys("slow-", 32), 5*time.Second)
 	}()
 	ctx, cancel := context.WithTimeout(t.Context(), time.Second)
 	err = client.Get(ctx, "unrelated").Err()
@@ -386,12 +326,12 @@ func TestReplicaAcksSlowReplica(t *testing.T) {
 
 	// A round trip longer than the deadline: refused, and taken back.
 	link.SetLatency(time.Second)
-	late := keys("late-", 8)
-	if acked, refused, _ := reserveAll(late, 500*time.Millisecond); acked != 0 || refused != 8 {
+	late := manyKeys("late-", 8)
+	if acked, refused, _ := reserveAll(t, s, late, 500*time.Millisecond); acked != 0 || refused != 8 {
 		t.Errorf("with a 2s round trip and 500ms deadlines: %d acknowledged, %d refused; want 0, 8", acked, refused)
 	}
 	link.SetLatency(0)
-	if acked, refused, _ := reserveAll(late, 5*time.Second); acked != 8 {
+	if acked, refused, _ := reserveAll(t, s, late, 5*time.Second); acked != 8 {
 		t.Errorf("the refused keys, once the link is fast: %d acknowledged, %d refused; want 8 acknowledged (taken back)", acked, refused)
 	}
 }
@@ -492,6 +432,45 @@ func offRequestPathContext(t *testing.T) context.Context {
 		t.Fatal(err)
 	}
 	return renewal
+}
+
+// reserveAll reserves keys on s at once, each within a deadline, and
+// returns how many were acknowledged and refused (ErrNotAcknowledged), and
+// how long the slowest took; any other outcome fails t.
+func reserveAll(t *testing.T, s *redisrepo.Store, keys []coordinator.Key, within time.Duration) (acked, refused int, slowest time.Duration) {
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	for _, k := range keys {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(t.Context(), within)
+			defer cancel()
+			start := time.Now()
+			_, ok, err := s.Reserve(ctx, k, pendingWrite(token(), "", time.Minute))
+			took := time.Since(start)
+			mu.Lock()
+			defer mu.Unlock()
+			slowest = max(slowest, took)
+			switch {
+			case ok && err == nil:
+				acked++
+			case errors.Is(err, redisrepo.ErrNotAcknowledged):
+				refused++
+			default:
+				t.Errorf("Reserve %s: %v, %v", k.Key, ok, err)
+			}
+		})
+	}
+	wg.Wait()
+	return acked, refused, slowest
+}
+
+// manyKeys returns n keys named prefix0, prefix1, ...
+func manyKeys(prefix string, n int) []coordinator.Key {
+	var out []coordinator.Key
+	for i := range n {
+		out = append(out, newKey(prefix+strconv.Itoa(i)))
+	}
+	return out
 }
 
 // waitCalls returns how many WAITs the server has run.
