@@ -173,7 +173,15 @@ func TestHungKeyDoesNotStarveThePool(t *testing.T) {
 		})
 	}
 	defer func() { cancel(); open(); wg.Wait() }()
-	time.Sleep(200 * time.Millisecond) // the waiters are all waiting
+	time.Sleep(200 * time.Millisecond) // the waiters are waiting
+	// Waiting, they poll the record and hold a connection only for a poll,
+	// so the pool is at times down to the holder's (and one poll's), however
+	// busy the machine: a waiter that held a connection while it waits
+	// would keep 10 taken.
+	least := db.pool.Stat().AcquiredConns()
+	for deadline := time.Now().Add(5 * time.Second); least > 2 && time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		least = min(least, db.pool.Stat().AcquiredConns())
+	}
 	other := uniqueKey("other")
 	ctx, stop := context.WithTimeout(t.Context(), 10*time.Second)
 	defer stop()
@@ -183,9 +191,9 @@ func TestHungKeyDoesNotStarveThePool(t *testing.T) {
 	}); err != nil {
 		t.Fatalf("a call on another key while 30 callers wait for a hung one: %s", fmtErr(err))
 	}
-	t.Logf("the other key ran in %v; pool: %d of %d connections acquired", time.Since(start).Round(time.Millisecond),
-		db.pool.Stat().AcquiredConns(), db.pool.Stat().MaxConns())
-	if n := db.pool.Stat().AcquiredConns(); n > 2 {
-		t.Errorf("%d connections are taken by one key's holder and waiters, want at most 2", n)
+	t.Logf("the other key ran in %v; pool: at least %d of %d connections acquired while 30 callers waited", time.Since(start).Round(time.Millisecond),
+		least, db.pool.Stat().MaxConns())
+	if least > 2 {
+		t.Errorf("%d connections stayed taken by one key's holder and waiters for 5s, want at most 2 at times", least)
 	}
 }
