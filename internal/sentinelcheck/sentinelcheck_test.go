@@ -100,7 +100,7 @@ func TestNoConnectionToAReplacedMaster(t *testing.T) {
 			if err := admin.Do(ctx, "client", "kill", "type", "normal").Err(); err != nil {
 				t.Fatal(err)
 			}
-			held := s.holdNextAnswer()
+			held := s.holdAnswer(1)
 			done := make(chan error, 1)
 			go func() { done <- c.Set(ctx, "during", 1, 0).Err() }()
 			select {
@@ -129,6 +129,98 @@ func TestNoConnectionToAReplacedMaster(t *testing.T) {
 	}
 }
 
+// TestNoWriteAfterTheSwitch is the window that a check at dial time left
+// open (it failed the upgrade storm of make test-valkey once): the check
+// asked the sentinel before the failover and got its answer, A, after the
+// announcement, and the connection joined the pool after go-redis had
+// closed A's others on the announcement, so calls kept using it. The check
+// now runs at the connection's first write, once it is in the pool: the
+// announcement closes it with the others, and neither the call in flight
+// nor any later one reaches A.
+func TestNoWriteAfterTheSwitch(t *testing.T) {
+	redistest.NeedRedisServer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	a, b := startServer(t), startServer(t)
+	s := startSentinel(t, a.Addr())
+	c := sentinelcheck.New(&redis.FailoverOptions{
+		MasterName:            "m",
+		SentinelAddrs:         []string{s.addr()},
+		DialerRetries:         1,
+		ContextTimeoutEnabled: true,
+	})
+	defer c.Close()
+	if err := c.Set(ctx, "before", 1, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	s.waitSubscribed(t)
+	admin := redis.NewClient(&redis.Options{Addr: a.Addr()})
+	defer admin.Close()
+	if err := admin.Do(ctx, "client", "kill", "type", "normal").Err(); err != nil {
+		t.Fatal(err)
+	}
+	// The next call dials: go-redis asks the sentinel (answered), and the
+	// new connection's check asks again (held across the failover).
+	held := s.holdAnswer(2)
+	done := make(chan error, 1)
+	go func() { done <- c.Set(ctx, "during", 1, 0).Err() }()
+	select {
+	case <-held:
+	case <-ctx.Done():
+		t.Fatal("the new connection did not ask the sentinel for the master")
+	}
+	s.switchTo(t, b.Addr())
+	waitSwitchSeen(t, b.Addr())
+	s.release()
+	during := <-done // closed by the announcement: an error, or B's
+	if err := c.Set(ctx, "after", 1, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if n := admin.Exists(ctx, "during", "after").Val(); n > 0 {
+		t.Fatalf("%d of 2 calls made after the switch landed on the former master (the call in flight returned %v)", n, during)
+	}
+	t.Logf("the call in flight at the switch returned %v; the next one landed on the new master", during)
+}
+
+// TestCheckBoundedByTheCallsDeadline: a sentinel that does not answer the
+// check holds a new connection's first write only until the call's
+// deadline, and a call after the sentinel answers again goes through.
+func TestCheckBoundedByTheCallsDeadline(t *testing.T) {
+	redistest.NeedRedisServer(t)
+	a := startServer(t)
+	s := startSentinel(t, a.Addr())
+	c := sentinelcheck.New(&redis.FailoverOptions{
+		MasterName:            "m",
+		SentinelAddrs:         []string{s.addr()},
+		DialerRetries:         1,
+		MaxRetries:            -1,
+		ContextTimeoutEnabled: true,
+	})
+	defer c.Close()
+	held := s.holdAnswer(2) // go-redis's own question is answered; the check's is not
+	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	err := c.Set(ctx, "k", 1, 0).Err()
+	took := time.Since(start)
+	select {
+	case <-held:
+	default:
+		t.Fatal("the new connection did not ask the sentinel for the master")
+	}
+	if err == nil {
+		t.Fatal("a call whose connection could not be checked in time succeeded")
+	}
+	if took > 2*time.Second {
+		t.Fatalf("the call returned after %v, far beyond its 300ms deadline", took)
+	}
+	t.Logf("the call returned after %v: %v", took.Round(time.Millisecond), err)
+	s.release()
+	if err := c.Set(t.Context(), "k", 1, 0).Err(); err != nil {
+		t.Fatalf("once the sentinel answers: %v", err)
+	}
+}
+
 func startServer(t *testing.T) *redistest.Process {
 	t.Helper()
 	p, err := redistest.StartProcess(t.TempDir())
@@ -142,8 +234,8 @@ func startServer(t *testing.T) *redistest.Process {
 // fakeSentinel answers as a sentinel does the commands a failover client
 // sends (RESP2: HELLO is refused): the master's address, no other
 // sentinels, and subscriptions, on which switchTo announces a failover.
-// holdNextAnswer holds the next answer for the master's address, which
-// keeps the address it had when it was asked, until release.
+// holdAnswer holds one answer for the master's address, which keeps the
+// address it had when it was asked, until release.
 type fakeSentinel struct {
 	ln net.Listener
 	wg sync.WaitGroup
@@ -152,6 +244,7 @@ type fakeSentinel struct {
 	master string
 	subs   []*fakeConn
 	conns  []net.Conn
+	skip   int           // answers to send before the held one
 	hold   chan struct{} // closed once the held request arrived
 	freed  chan struct{} // closed by release
 }
@@ -243,7 +336,12 @@ func (s *fakeSentinel) serve(c *fakeConn) {
 		case cmd == "sentinel" && len(args) == 3 && strings.EqualFold(args[1], "get-master-addr-by-name"):
 			s.mu.Lock()
 			addr, hold, freed := s.master, s.hold, s.freed
-			s.hold = nil
+			if s.skip > 0 {
+				s.skip--
+				hold = nil
+			} else {
+				s.hold = nil
+			}
 			s.mu.Unlock()
 			if hold != nil {
 				close(hold)
@@ -290,11 +388,12 @@ func readCommand(r *bufio.Reader) ([]string, error) {
 	return args, nil
 }
 
-// holdNextAnswer holds the next answer for the master's address; the
-// channel returned is closed once that request arrived.
-func (s *fakeSentinel) holdNextAnswer() <-chan struct{} {
+// holdAnswer holds the n-th next answer for the master's address (1 is
+// the next); the channel returned is closed once that request arrived.
+func (s *fakeSentinel) holdAnswer(n int) <-chan struct{} {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.skip = n - 1
 	s.hold, s.freed = make(chan struct{}), make(chan struct{})
 	return s.hold
 }
