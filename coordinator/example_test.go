@@ -99,3 +99,28 @@ func ExampleValidateFingerprint() {
 	// <nil>
 	// idempotency: invalid request: fingerprint has byte 0x20 at offset 3; only visible ASCII (0x21-0x7e) is allowed
 }
+
+func ExampleDownstreamKey() {
+	store := memstore.New()
+	c, err := coordinator.New(store)
+	if err != nil {
+		panic(err)
+	}
+	defer c.Close()
+	call := coordinator.Call{Operation: "order.checkout", Key: "order-42"}
+	var sent []string
+	provider := func(ctx context.Context) (string, error) {
+		// What a provider call sends as its Idempotency-Key
+		// (idemhttp.Transport does it without being asked).
+		key, _ := coordinator.DownstreamKey(coordinator.WithDownstreamStep(ctx, "charge"))
+		sent = append(sent, key)
+		return "ch_1", nil
+	}
+	_, _ = coordinator.Do(context.Background(), c, call, provider)
+	// The record is lost (a failover): the action runs again, and sends the
+	// key it sent the first time, so the provider charges once.
+	store.Put(coordinator.Key{Operation: call.Operation, Key: call.Key}, coordinator.Record{})
+	_, _ = coordinator.Do(context.Background(), c, call, provider)
+	fmt.Println(len(sent), sent[0] == sent[1], len(sent[0]))
+	// Output: 2 true 32
+}

@@ -30,7 +30,7 @@ func do[T any](ctx context.Context, c *Coordinator, call Call, codec Codec[T], a
 		if c.tx != nil {
 			return unprotectedTx(ctx, c.tx, call, action)
 		}
-		v, err := action(ctx)
+		v, err := action(withDownstream(ctx, Key{Operation: call.Operation, Key: call.Key}))
 		return Result[T]{Value: v}, err
 	}
 	f := &flow[T]{
@@ -236,7 +236,7 @@ type flow[T any] struct {
 // run runs the action and keeps its result, encoded when it succeeded. It
 // returns the action's error.
 func (f *flow[T]) run(ctx context.Context) error {
-	v, err := f.action(ctx)
+	v, err := f.action(withDownstream(ctx, f.key))
 	f.own = v
 	if err != nil {
 		return err

@@ -240,7 +240,7 @@ func unprotectedTx[T any](ctx context.Context, tr Transactor, call Call, action 
 			_ = claim.Rollback(context.WithoutCancel(ctx))
 		}
 	}()
-	v, err := action(claim.Context(ctx))
+	v, err := action(claim.Context(withDownstream(ctx, Key{Operation: call.Operation, Key: call.Key})))
 	returned = true
 	if err != nil {
 		_ = claim.Rollback(context.WithoutCancel(ctx))

@@ -6,6 +6,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/idemhttp"
 )
 
@@ -23,7 +24,10 @@ var _ connect.Interceptor = (*ClientInterceptor)(nil)
 // WithKeyHeader). A call whose request already has the header keeps it; a
 // call whose context carries a key from ContextWithKey is sent with that
 // key, whatever its procedure; any other call of a protected procedure
-// (WithProcedures; every procedure by default) gets a fresh NewKey. It
+// (WithProcedures; every procedure by default) gets the downstream key of
+// the coordinator action whose context it carries
+// (coordinator.DownstreamKey, the same on every run of the action), or
+// else a fresh NewKey. It
 // reads those two options and ignores the others, and returns an error when
 // an option is invalid, as NewInterceptor does.
 //
@@ -63,7 +67,7 @@ func (ci *ClientInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc
 			if key, ok := keyFrom(ctx); ok {
 				req.Header().Set(ci.cfg.header, key)
 			} else if ci.cfg.protects(spec.Procedure) {
-				req.Header().Set(ci.cfg.header, NewKey())
+				req.Header().Set(ci.cfg.header, downstreamOrNew(ctx))
 			}
 		}
 		return next(ctx, req)
@@ -109,6 +113,15 @@ func ContextWithKey(ctx context.Context, key string) context.Context {
 func keyFrom(ctx context.Context) (string, bool) {
 	k, ok := ctx.Value(contextKey{}).(string)
 	return k, ok
+}
+
+// downstreamOrNew returns the downstream key of the coordinator action
+// running with ctx, or a fresh NewKey outside one.
+func downstreamOrNew(ctx context.Context) string {
+	if key, ok := coordinator.DownstreamKey(ctx); ok {
+		return key
+	}
+	return NewKey()
 }
 
 // NewKey returns a fresh idempotency key: a random (version 4) UUID from

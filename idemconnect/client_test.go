@@ -1,12 +1,14 @@
 package idemconnect_test
 
 import (
+	"context"
 	"regexp"
 	"testing"
 
 	"connectrpc.com/connect"
 
 	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/coordinator/memstore"
 	"github.com/idemkit/idempotency/idemconnect"
 )
 
@@ -67,4 +69,49 @@ func TestWithKeyHeader(t *testing.T) {
 	// The default header is not read any more.
 	plain := dial(t, srv, protocols[1])
 	wantOK(t, call(t.Context(), plain, chargeReq(1), "k"), "ch_2", false)
+}
+
+// TestClientSendsTheActionsDownstreamKey: a call made inside a coordinator
+// action carries the action's downstream key, so the action run again (its
+// record lost) gets the server's stored charge back instead of a second
+// one; a procedure the interceptor does not protect gets no key. Over each
+// protocol.
+func TestClientSendsTheActionsDownstreamKey(t *testing.T) {
+	for _, p := range protocols {
+		t.Run(p.name, func(t *testing.T) {
+			c, _ := newCoordinator(t, nil)
+			rec := &keyRecorder{}
+			svc := &payments{}
+			cl := dial(t, serve(t, c, svc, nil, rec.interceptor()), p, clientInterceptor(t, idemconnect.WithProcedures(chargeProcedure)))
+			orders := memstore.New()
+			oc, err := coordinator.New(orders)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer oc.Close()
+			checkout := coordinator.Call{Operation: "order.checkout", Key: "order-42"}
+			var want string
+			for run := range 2 {
+				_, err := coordinator.Do(t.Context(), oc, checkout, func(ctx context.Context) (string, error) {
+					want, _ = coordinator.DownstreamKey(ctx)
+					r := call(ctx, cl, chargeReq(1))
+					wantOK(t, r, "ch_1", run == 1)
+					if _, err := cl.get.CallUnary(ctx, connect.NewRequest(mustStruct(map[string]any{"id": "ch_1"}))); err != nil {
+						return "", err
+					}
+					return r.id, nil
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				orders.Put(coordinator.Key{Operation: checkout.Operation, Key: checkout.Key}, coordinator.Record{}) // lost
+			}
+			if keys := rec.seen(); len(keys) != 2 || keys[0] != want || keys[1] != want {
+				t.Fatalf("keys seen = %q, want the action's downstream key %q twice, and none for GetCharge", keys, want)
+			}
+			if svc.n() != 1 {
+				t.Fatalf("the server charged %d times, want 1", svc.n())
+			}
+		})
+	}
 }

@@ -5,6 +5,8 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
+
+	"github.com/idemkit/idempotency/coordinator"
 )
 
 // UnaryClientInterceptor returns a unary client interceptor that gives each
@@ -14,7 +16,9 @@ import (
 // metadata.AppendToOutgoingContext) keeps it; so does a call with a key
 // from ContextWithKey under another WithKeyHeader, which the interceptor
 // sends under its own header too. Any other call of a protected method
-// (WithMethods; every method by default) gets a fresh NewKey. It reads those
+// (WithMethods; every method by default) gets the downstream key of the
+// coordinator action whose context it carries (coordinator.DownstreamKey,
+// the same on every run of the action), or else a fresh NewKey. It reads those
 // two options and ignores the others. It panics when an option is invalid,
 // as UnaryServerInterceptor does.
 //
@@ -45,13 +49,17 @@ func UnaryClientInterceptor(opts ...Option) grpc.UnaryClientInterceptor {
 
 // callerKey returns the key that ContextWithKey put into ctx when it is
 // still the outgoing metadata's DefaultKeyHeader entry and header is
-// another, else a fresh NewKey.
+// another, else the downstream key of the coordinator action running with
+// ctx, else a fresh NewKey.
 func callerKey(ctx context.Context, md metadata.MD, header string) string {
 	if header != DefaultKeyHeader {
 		k, ok := ctx.Value(contextKey{}).(string)
 		if vs := md.Get(DefaultKeyHeader); ok && len(vs) == 1 && vs[0] == k {
 			return k
 		}
+	}
+	if key, ok := coordinator.DownstreamKey(ctx); ok {
+		return key
 	}
 	return NewKey()
 }

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/coordinator/memstore"
 	"github.com/idemkit/idempotency/idemgrpc"
 	"github.com/idemkit/idempotency/idemgrpc/internal/paymentspb"
 )
@@ -238,5 +239,47 @@ func TestCallerKeyWinsUnderAnotherHeader(t *testing.T) {
 	if len(seen) != 3 || len(seen[0]) != 1 || seen[0][0] != "order-42" || seen[1][0] != "order-42" ||
 		len(seen[2]) != 1 || seen[2][0] != "mine" {
 		t.Fatalf("keys seen = %q, want [order-42] twice, then [mine]", seen)
+	}
+}
+
+// TestClientSendsTheActionsDownstreamKey: a call made inside a coordinator
+// action carries the action's downstream key, so the action run again (its
+// record lost) gets the server's stored charge back instead of a second
+// one; a method the interceptor does not protect gets no key.
+func TestClientSendsTheActionsDownstreamKey(t *testing.T) {
+	c, _ := newCoordinator(t, nil)
+	rec := &keyRecorder{}
+	svc := &payments{}
+	client := serveWith(t, svc,
+		[]grpc.ServerOption{grpc.ChainUnaryInterceptor(rec.intercept, idemgrpc.UnaryServerInterceptor(c))},
+		grpc.WithChainUnaryInterceptor(idemgrpc.UnaryClientInterceptor(idemgrpc.WithMethods(chargeMethod))))
+	orders := memstore.New()
+	oc, err := coordinator.New(orders)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer oc.Close()
+	checkout := coordinator.Call{Operation: "order.checkout", Key: "order-42"}
+	var want string
+	for run := range 2 {
+		_, err := coordinator.Do(t.Context(), oc, checkout, func(ctx context.Context) (string, error) {
+			want, _ = coordinator.DownstreamKey(ctx)
+			r := charge(ctx, client, chargeReq(1))
+			wantOK(t, r, "ch_1", run == 1)
+			if _, err := client.GetCharge(ctx, &paymentspb.GetChargeRequest{Id: "ch_1"}); err != nil {
+				return "", err
+			}
+			return r.charge.GetId(), nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		orders.Put(coordinator.Key{Operation: checkout.Operation, Key: checkout.Key}, coordinator.Record{}) // lost
+	}
+	if keys := rec.seen(); len(keys) != 2 || keys[0] != want || keys[1] != want {
+		t.Fatalf("keys seen = %q, want the action's downstream key %q twice, and none for GetCharge", keys, want)
+	}
+	if svc.n() != 1 {
+		t.Fatalf("the server charged %d times, want 1", svc.n())
 	}
 }

@@ -27,6 +27,10 @@ import (
 //   - the Idempotency-Key header the request already has (SetKey, or your
 //     own), sent as it is;
 //   - the key that ContextWithKey put into the request's context;
+//   - the downstream key of the coordinator action whose context the
+//     request carries (coordinator.DownstreamKey): the same on every run of
+//     the action, so that a provider that deduplicates by key charges once
+//     when a lost record, a crash or a rollback runs the action again;
 //   - a fresh NewKey, which the Transport writes into the request's Header.
 //
 // Writing the minted key into the caller's request is the one change the
@@ -138,6 +142,13 @@ func (t *Transport) keyed(req *http.Request) (*http.Request, error) {
 		if err := coordinator.ValidateKey(key); err != nil {
 			return req, fmt.Errorf("idemhttp: key from ContextWithKey: %w", err)
 		}
+		out := req.Clone(req.Context())
+		out.Header.Set(KeyHeader, headerValue(key))
+		return out, nil
+	}
+	if key, ok := coordinator.DownstreamKey(req.Context()); ok {
+		// Derived again by every run of the action, so nothing is written
+		// into the caller's request.
 		out := req.Clone(req.Context())
 		out.Header.Set(KeyHeader, headerValue(key))
 		return out, nil

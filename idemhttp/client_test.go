@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/coordinator/memstore"
 	"github.com/idemkit/idempotency/idemhttp"
 )
 
@@ -327,6 +328,56 @@ func TestTransportKeySources(t *testing.T) {
 		for i, a := range base.seen() {
 			if len(a.key) != 1 || a.key[0] != req.Header.Get(idemhttp.KeyHeader) {
 				t.Fatalf("attempt %d sent key %q, want the one key %q", i, a.key, req.Header.Get(idemhttp.KeyHeader))
+			}
+		}
+	})
+	t.Run("the action's downstream key", func(t *testing.T) {
+		// Every run of a coordinator action sends its downstream key; a
+		// key the caller gave still wins, and a named step has its own.
+		base := &fakeBase{responses: []fakeResponse{created}}
+		tr := newTransport(t, base)
+		store := memstore.New()
+		c, err := coordinator.New(store)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		cl := coordinator.Call{Operation: "order.checkout", Key: "order-42"}
+		var want, step string
+		var reqs []*http.Request
+		for run := range 2 {
+			_, err := coordinator.Do(t.Context(), c, cl, func(ctx context.Context) (int, error) {
+				want, _ = coordinator.DownstreamKey(ctx)
+				step, _ = coordinator.DownstreamKey(coordinator.WithDownstreamStep(ctx, "refund"))
+				req := postTo(t, ctx, "{}")
+				reqs = append(reqs, req)
+				roundTrip(t, tr, req)
+				roundTrip(t, tr, postTo(t, coordinator.WithDownstreamStep(ctx, "refund"), "{}"))
+				roundTrip(t, tr, postTo(t, idemhttp.ContextWithKey(ctx, "by-hand"), "{}"))
+				byHeader := postTo(t, ctx, "{}")
+				byHeader.Header.Set(idemhttp.KeyHeader, "header")
+				roundTrip(t, tr, byHeader)
+				return run, nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			store.Put(coordinator.Key{Operation: cl.Operation, Key: cl.Key}, coordinator.Record{}) // lost: the action runs again
+		}
+		seen := base.seen()
+		if len(seen) != 8 {
+			t.Fatalf("%d requests sent, want 8", len(seen))
+		}
+		for run := range 2 {
+			for i, wantKey := range []string{want, step, "by-hand", "header"} {
+				if got := seen[run*4+i].key; len(got) != 1 || got[0] != wantKey {
+					t.Errorf("run %d, request %d sent key %q, want %q", run+1, i+1, got, wantKey)
+				}
+			}
+		}
+		for _, req := range reqs {
+			if v := req.Header.Values(idemhttp.KeyHeader); v != nil {
+				t.Errorf("the caller's request got the header %q; the action derives its key again", v)
 			}
 		}
 	})
