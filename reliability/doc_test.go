@@ -7,7 +7,10 @@
 // loops, a link held by a fault proxy and released newest first, and a
 // cluster master killed, and SENTINEL FAILOVER; and fleets of worker
 // processes (reliability/fleetworker) whose settings or release a deploy
-// changes one process at a time, by SIGTERM and kill -9. Every call is recorded, and every history is checked
+// changes one process at a time, by SIGTERM and kill -9; and a payment
+// provider in a process of its own that services (reliability/chargeworker)
+// charge through coordinator.Do while they are killed -9 around the call.
+// Every call is recorded, and every history is checked
 // with a linearizability checker (github.com/anishathalye/porcupine) against
 // the guarantee that docs/architecture.md documents, key by key; every
 // action run beyond the first is classified as allowed by the docs (and
