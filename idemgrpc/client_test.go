@@ -283,3 +283,41 @@ func TestClientSendsTheActionsDownstreamKey(t *testing.T) {
 		t.Fatalf("the server charged %d times, want 1", svc.n())
 	}
 }
+
+// TestRetryAfterTimeoutKeepsTheKey: a call times out on the client while
+// the handler still runs (its charge is made); the client's own retry, with
+// the context that ContextWithKey gave the call's key as docs/grpc.md shows,
+// carries the same key, waits for the first run and gets its charge back.
+func TestRetryAfterTimeoutKeepsTheKey(t *testing.T) {
+	c, ev := newCoordinator(t, nil)
+	release := make(chan struct{})
+	svc := &payments{fail: func(_ context.Context, n int64) error {
+		if n == 1 {
+			<-release // a slow payment provider, which finishes whatever the client does
+		}
+		return nil
+	}}
+	rec := &keyRecorder{}
+	client := serveWith(t, svc,
+		[]grpc.ServerOption{grpc.ChainUnaryInterceptor(rec.intercept, idemgrpc.UnaryServerInterceptor(c))},
+		grpc.WithChainUnaryInterceptor(idemgrpc.UnaryClientInterceptor()))
+
+	ctx := idemgrpc.ContextWithKey(t.Context(), idemgrpc.NewKey()) // once per logical request
+	attempt, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	r := charge(attempt, client, chargeReq(1999))
+	cancel()
+	if status.Code(r.err) != codes.DeadlineExceeded || svc.n() != 1 {
+		t.Fatalf("first attempt: %v after %d runs, want DeadlineExceeded while the handler runs", r.err, svc.n())
+	}
+	retried := make(chan reply)
+	go func() { retried <- charge(ctx, client, chargeReq(1999)) }()
+	waitFor(t, func() bool { n, _ := ev.count(coordinator.EventInFlight); return n >= 1 }) // the retry waits
+	close(release)
+	wantOK(t, <-retried, "ch_1", true)
+	if svc.n() != 1 {
+		t.Fatalf("the charge was made %d times, want 1", svc.n())
+	}
+	if keys := rec.seen(); len(keys) != 2 || keys[0] != keys[1] || !uuidV4.MatchString(keys[0]) {
+		t.Fatalf("keys of the attempts = %q, want one key twice", keys)
+	}
+}
