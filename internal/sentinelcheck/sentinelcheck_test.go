@@ -78,46 +78,10 @@ func TestNoConnectionToAReplacedMaster(t *testing.T) {
 		{"checked", sentinelcheck.New, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			a, b := startServer(t), startServer(t)
-			s := startSentinel(t, a.Addr())
-			c := tc.client(&redis.FailoverOptions{
-				MasterName:            "m",
-				SentinelAddrs:         []string{s.addr()},
-				DialerRetries:         1,
-				ContextTimeoutEnabled: true,
-			})
-			defer c.Close()
-			if err := c.Set(ctx, "before", 1, 0).Err(); err != nil {
-				t.Fatal(err)
+			during, onFormer := raceTheSwitch(t, tc.client, 1) // the dial's own question
+			if during != nil {
+				t.Fatal(during)
 			}
-			s.waitSubscribed(t)
-			// The client's connection to A goes, so that the next call
-			// dials; the sentinel holds that dial's answer.
-			admin := redis.NewClient(&redis.Options{Addr: a.Addr()})
-			defer admin.Close()
-			if err := admin.Do(ctx, "client", "kill", "type", "normal").Err(); err != nil {
-				t.Fatal(err)
-			}
-			held := s.holdAnswer(1)
-			done := make(chan error, 1)
-			go func() { done <- c.Set(ctx, "during", 1, 0).Err() }()
-			select {
-			case <-held:
-			case <-ctx.Done():
-				t.Fatal("the call did not ask the sentinel for the master")
-			}
-			s.switchTo(t, b.Addr())
-			waitSwitchSeen(t, b.Addr())
-			s.release()
-			if err := <-done; err != nil {
-				t.Fatal(err)
-			}
-			if err := c.Set(ctx, "after", 1, 0).Err(); err != nil {
-				t.Fatal(err)
-			}
-			onFormer := admin.Exists(ctx, "during", "after").Val()
 			switch {
 			case tc.former && onFormer == 0:
 				t.Fatalf("go-redis alone no longer keeps a connection to the replaced master: the check may go")
@@ -139,11 +103,27 @@ func TestNoConnectionToAReplacedMaster(t *testing.T) {
 // nor any later one reaches A.
 func TestNoWriteAfterTheSwitch(t *testing.T) {
 	redistest.NeedRedisServer(t)
+	// go-redis's dial asks the sentinel (answered); the new connection's
+	// check asks again (held across the failover).
+	during, onFormer := raceTheSwitch(t, sentinelcheck.New, 2)
+	if onFormer > 0 {
+		t.Fatalf("%d of 2 calls made after the switch landed on the former master (the call in flight returned %v)", onFormer, during)
+	}
+	t.Logf("the call in flight at the switch returned %v; the next one landed on the new master", during)
+}
+
+// raceTheSwitch makes a call meet a failover from A to B as it connects:
+// the sentinel holds its n-th next answer for the master (1: the dial's
+// own question, 2: the check's) across the failover and its announcement.
+// It returns the call's error, and how many of that call and the next one
+// wrote to A.
+func raceTheSwitch(t *testing.T, newClient func(*redis.FailoverOptions) *redis.Client, n int) (during error, onFormer int64) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	a, b := startServer(t), startServer(t)
 	s := startSentinel(t, a.Addr())
-	c := sentinelcheck.New(&redis.FailoverOptions{
+	c := newClient(&redis.FailoverOptions{
 		MasterName:            "m",
 		SentinelAddrs:         []string{s.addr()},
 		DialerRetries:         1,
@@ -154,32 +134,28 @@ func TestNoWriteAfterTheSwitch(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.waitSubscribed(t)
+	// The client's connections to A go, so that the next call dials.
 	admin := redis.NewClient(&redis.Options{Addr: a.Addr()})
 	defer admin.Close()
 	if err := admin.Do(ctx, "client", "kill", "type", "normal").Err(); err != nil {
 		t.Fatal(err)
 	}
-	// The next call dials: go-redis asks the sentinel (answered), and the
-	// new connection's check asks again (held across the failover).
-	held := s.holdAnswer(2)
+	held := s.holdAnswer(n)
 	done := make(chan error, 1)
 	go func() { done <- c.Set(ctx, "during", 1, 0).Err() }()
 	select {
 	case <-held:
 	case <-ctx.Done():
-		t.Fatal("the new connection did not ask the sentinel for the master")
+		t.Fatalf("the call did not ask the sentinel for the master %d times", n)
 	}
 	s.switchTo(t, b.Addr())
 	waitSwitchSeen(t, b.Addr())
 	s.release()
-	during := <-done // closed by the announcement: an error, or B's
+	during = <-done
 	if err := c.Set(ctx, "after", 1, 0).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if n := admin.Exists(ctx, "during", "after").Val(); n > 0 {
-		t.Fatalf("%d of 2 calls made after the switch landed on the former master (the call in flight returned %v)", n, during)
-	}
-	t.Logf("the call in flight at the switch returned %v; the next one landed on the new master", during)
+	return during, admin.Exists(ctx, "during", "after").Val()
 }
 
 // TestCheckBoundedByTheCallsDeadline: a sentinel that does not answer the
