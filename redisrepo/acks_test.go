@@ -209,8 +209,16 @@ func TestReplicaAcksFsync(t *testing.T) {
 // storage error, after the wait.
 func TestReplicaAcksMoreThanReplicas(t *testing.T) {
 	master, _, _ := replicated(t)
+	// The replica acknowledges (a loaded machine's fresh replica may take
+	// a moment): then the count below is 1, not 0.
+	one := redisrepo.New(master, redisrepo.WithKeyPrefix(redistest.Prefix(t)), redisrepo.WithReplicaAcks(redisrepo.ReplicaAcks{Replicas: 1}))
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if _, ok, err := one.Reserve(ctx, newKey("one"), pendingWrite(token(), "", time.Minute)); !ok || err != nil {
+		t.Fatalf("Reserve with 1 acknowledgement and 1 replica: %v, %v", ok, err)
+	}
 	s := redisrepo.New(master, redisrepo.WithKeyPrefix(redistest.Prefix(t)), redisrepo.WithReplicaAcks(redisrepo.ReplicaAcks{Replicas: 2}))
-	ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+	ctx, cancel = context.WithTimeout(t.Context(), 3*time.Second)
 	defer cancel()
 	_, ok, err := s.Reserve(ctx, newKey("two"), pendingWrite(token(), "", time.Minute))
 	if ok || !errors.Is(err, redisrepo.ErrNotAcknowledged) || !strings.Contains(err.Error(), "1 of 2 replicas") {
