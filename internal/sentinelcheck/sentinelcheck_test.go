@@ -78,7 +78,7 @@ func TestNoConnectionToAReplacedMaster(t *testing.T) {
 		{"checked", sentinelcheck.New, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			during, onFormer := raceTheSwitch(t, tc.client, 1) // the dial's own question
+			onFormer, during := raceTheSwitch(t, tc.client, 1) // the dial's own question
 			if during != nil {
 				t.Fatal(during)
 			}
@@ -105,7 +105,7 @@ func TestNoWriteAfterTheSwitch(t *testing.T) {
 	redistest.NeedRedisServer(t)
 	// go-redis's dial asks the sentinel (answered); the new connection's
 	// check asks again (held across the failover).
-	during, onFormer := raceTheSwitch(t, sentinelcheck.New, 2)
+	onFormer, during := raceTheSwitch(t, sentinelcheck.New, 2)
 	if onFormer > 0 {
 		t.Fatalf("%d of 2 calls made after the switch landed on the former master (the call in flight returned %v)", onFormer, during)
 	}
@@ -115,9 +115,9 @@ func TestNoWriteAfterTheSwitch(t *testing.T) {
 // raceTheSwitch makes a call meet a failover from A to B as it connects:
 // the sentinel holds its n-th next answer for the master (1: the dial's
 // own question, 2: the check's) across the failover and its announcement.
-// It returns the call's error, and how many of that call and the next one
-// wrote to A.
-func raceTheSwitch(t *testing.T, newClient func(*redis.FailoverOptions) *redis.Client, n int) (during error, onFormer int64) {
+// It returns how many of that call and the next one wrote to A, and the
+// call's error.
+func raceTheSwitch(t *testing.T, newClient func(*redis.FailoverOptions) *redis.Client, n int) (onFormer int64, during error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -155,7 +155,7 @@ func raceTheSwitch(t *testing.T, newClient func(*redis.FailoverOptions) *redis.C
 	if err := c.Set(ctx, "after", 1, 0).Err(); err != nil {
 		t.Fatal(err)
 	}
-	return during, admin.Exists(ctx, "during", "after").Val()
+	return admin.Exists(ctx, "during", "after").Val(), during
 }
 
 // TestCheckBoundedByTheCallsDeadline: a sentinel that does not answer the
