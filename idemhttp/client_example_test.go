@@ -1,11 +1,13 @@
 package idemhttp_test
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 
 	"github.com/idemkit/idempotency/coordinator"
@@ -69,4 +71,58 @@ func ExampleSetKey() {
 	// Output:
 	// order-42
 	// idemhttp: SetKey: idempotency: invalid request: key has byte 0x20 at offset 5; only visible ASCII (0x21-0x7e) is allowed
+}
+
+func ExampleTransport_insideAnAction() {
+	// The provider deduplicates by Idempotency-Key, as Stripe does.
+	var charges atomic.Int64
+	var mu sync.Mutex
+	kept := map[string]string{}
+	provider := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key := r.Header.Get(idemhttp.KeyHeader)
+		mu.Lock()
+		defer mu.Unlock()
+		if _, ok := kept[key]; !ok {
+			kept[key] = fmt.Sprintf(`{"id":"ch_%d"}`, charges.Add(1))
+		}
+		fmt.Fprintln(w, kept[key])
+	}))
+	defer provider.Close()
+	tr, err := idemhttp.NewTransport(provider.Client().Transport)
+	if err != nil {
+		panic(err)
+	}
+	client := &http.Client{Transport: tr}
+
+	// The service's own idempotency: memstore keeps the example
+	// self-contained.
+	store := memstore.New()
+	c, err := coordinator.New(store)
+	if err != nil {
+		panic(err)
+	}
+	defer c.Close()
+	call := coordinator.Call{Operation: "order.checkout", Key: "order-42"}
+	checkout := func(ctx context.Context) (string, error) {
+		// The request carries the action's context, so the Transport sends
+		// the action's downstream key: the same on every run.
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, provider.URL+"/v1/charges", strings.NewReader(`{"amount":1999}`))
+		if err != nil {
+			return "", err
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			return "", err
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		return strings.TrimSpace(string(body)), err
+	}
+	first, _ := coordinator.Do(context.Background(), c, call, checkout)
+	// A failover loses the record, and the client retries: the action runs
+	// again, and the provider answers from its own record.
+	store.Put(coordinator.Key{Operation: call.Operation, Key: call.Key}, coordinator.Record{})
+	again, _ := coordinator.Do(context.Background(), c, call, checkout)
+	fmt.Println(first, again, "charges:", charges.Load())
+	// Output: {"id":"ch_1"} {"id":"ch_1"} charges: 1
 }
