@@ -131,7 +131,7 @@ func (t *Transport) CloseIdleConnections() {
 
 // keyed returns req with its key: req itself when it has the header, or got
 // a minted key written into it; a copy with the header when the key comes
-// from ContextWithKey.
+// from ContextWithKey or is the action's downstream key.
 func (t *Transport) keyed(req *http.Request) (*http.Request, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -142,16 +142,12 @@ func (t *Transport) keyed(req *http.Request) (*http.Request, error) {
 		if err := coordinator.ValidateKey(key); err != nil {
 			return req, fmt.Errorf("idemhttp: key from ContextWithKey: %w", err)
 		}
-		out := req.Clone(req.Context())
-		out.Header.Set(KeyHeader, headerValue(key))
-		return out, nil
+		return withKey(req, key), nil
 	}
 	if key, ok := coordinator.DownstreamKey(req.Context()); ok {
 		// Derived again by every run of the action, so nothing is written
 		// into the caller's request.
-		out := req.Clone(req.Context())
-		out.Header.Set(KeyHeader, headerValue(key))
-		return out, nil
+		return withKey(req, key), nil
 	}
 	if req.Header == nil { // not from http.NewRequest nor through http.Client: nothing to write into
 		out := req.Clone(req.Context())
@@ -160,6 +156,14 @@ func (t *Transport) keyed(req *http.Request) (*http.Request, error) {
 	}
 	req.Header.Set(KeyHeader, NewKey())
 	return req, nil
+}
+
+// withKey returns a copy of req that sends key: the context keeps it for
+// every later send, so the caller's request is left as it was.
+func withKey(req *http.Request, key string) *http.Request {
+	out := req.Clone(req.Context())
+	out.Header.Set(KeyHeader, headerValue(key))
+	return out
 }
 
 // retryDelay reports whether resp is a 409 with a Retry-After, and how long
