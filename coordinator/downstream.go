@@ -52,6 +52,15 @@ func WithDownstreamStep(ctx context.Context, step string) context.Context {
 	return context.WithValue(ctx, downstreamStepKey{}, step)
 }
 
+// WithDownstream returns a copy of ctx whose DownstreamKey is call's (from
+// its Operation and Key; step "" until WithDownstreamStep names one), for
+// work done on the call's behalf outside an action: idempg.Steps runs its
+// phases and outside calls with it. Inside an action, ctx already carries
+// its call's.
+func WithDownstream(ctx context.Context, call Call) context.Context {
+	return withDownstream(ctx, Key{Operation: call.Operation, Key: call.Key})
+}
+
 // downstreamDomain separates the downstream keys' hash from any other use
 // of SHA-256 over the same strings; the version lets a later derivation
 // differ.

@@ -134,3 +134,20 @@ func TestDownstreamKeyOutsideAnAction(t *testing.T) {
 		t.Fatalf("DownstreamKey with a step outside an action = %q, %v; want \"\", false", k, ok)
 	}
 }
+
+// WithDownstream gives work done outside the action the key that the
+// call's action gets, and a step named on it the step's.
+func TestWithDownstreamIsTheActionsKey(t *testing.T) {
+	cl := call("order-43")
+	f, _ := newMem(t)
+	inAction := downstreamOf(t, f.c, cl)
+	ctx := coordinator.WithDownstream(t.Context(), cl)
+	got, ok := coordinator.DownstreamKey(ctx)
+	if !ok || got != inAction {
+		t.Fatalf("DownstreamKey(WithDownstream(call)) = %q, %v; want the action's %q", got, ok, inAction)
+	}
+	step, _ := coordinator.DownstreamKey(coordinator.WithDownstreamStep(ctx, "charge"))
+	if step == inAction || !hex32.MatchString(step) {
+		t.Fatalf("the step's key %q: want 32 hex digits, other than the call's %q", step, inAction)
+	}
+}
