@@ -4,4 +4,4 @@ go 1.26.0
 
 replace github.com/idemkit/idempotency => ../..
 
-require github.com/idemkit/idempotency v0.0.0-20261205170151-0f03402e9007
+require github.com/idemkit/idempotency v0.0.0-20261205190642-5651c1add102
