@@ -32,6 +32,25 @@ type Info struct {
 	// ResultSize is the size in bytes of a completed record's result, or of
 	// a not-replayable record's reason.
 	ResultSize int
+	// Steps are the live steps of a Steps call under the key, in the order
+	// they committed: where a call that stopped will resume. A key whose
+	// call stopped has steps and no record.
+	Steps []StepInfo
+}
+
+// StepInfo is what Inspect reports of one step of a Steps call.
+type StepInfo struct {
+	// Name is the step's name, as the code gives it to Phase or Outside.
+	Name string
+	// Outside is true for an outside call's kept answer, false for a
+	// phase that committed.
+	Outside bool
+	// Failed is true for a failure kept for good; Reason is its message.
+	Failed bool
+	Reason string
+	// CommittedAt is when the step's row was written, on the database's
+	// clock.
+	CommittedAt time.Time
 }
 
 // Counts is how many live records of one operation are in each state.
@@ -66,9 +85,21 @@ LEFT JOIN idempotency_records r
 	ON r.operation = k.operation AND r.key = k.key AND r.expires_at > clock_timestamp()
 ORDER BY k.n`
 
+	// inspectSteps reads the live steps of the keys ($1 operations, $2
+	// keys, in pairs), with n the key's place, in the order they committed.
+	inspectSteps = `SELECT k.n, st.step, st.kind, st.state,
+	CASE WHEN st.state = 'failed' THEN convert_from(st.result, 'UTF8') ELSE '' END, st.created_at
+FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS k(operation, key, n)
+JOIN idempotency_steps st ON st.operation = k.operation AND st.key = k.key AND st.expires_at > clock_timestamp()
+ORDER BY k.n, st.created_at, st.step`
+
 	// forgetRecords deletes the rows of the keys, live or expired, and
-	// counts the live ones.
-	forgetRecords = `WITH d AS (
+	// their steps, and counts the live records and the records deleted.
+	forgetRecords = `WITH st AS (
+	DELETE FROM idempotency_steps s
+	USING unnest($1::text[], $2::text[]) AS k(operation, key)
+	WHERE s.operation = k.operation AND s.key = k.key
+), d AS (
 	DELETE FROM idempotency_records r
 	USING unnest($1::text[], $2::text[]) AS k(operation, key)
 	WHERE r.operation = k.operation AND r.key = k.key
@@ -76,15 +107,21 @@ ORDER BY k.n`
 )
 SELECT count(*) FILTER (WHERE expires_at > clock_timestamp()), count(*) FROM d`
 
-	// forgetOperation deletes up to $2 rows of operation $1, live or
-	// expired, and counts the live ones and all of them.
+	// forgetOperation deletes up to $2 records and up to $2 steps of
+	// operation $1, live or expired, and counts the live records and all
+	// the rows deleted.
 	forgetOperation = `WITH d AS (
 	DELETE FROM idempotency_records r
 	USING (SELECT key FROM idempotency_records WHERE operation = $1 LIMIT $2) old
 	WHERE r.operation = $1 AND r.key = old.key
 	RETURNING r.expires_at
+), st AS (
+	DELETE FROM idempotency_steps s
+	USING (SELECT key, step FROM idempotency_steps WHERE operation = $1 LIMIT $2) old
+	WHERE s.operation = $1 AND s.key = old.key AND s.step = old.step
+	RETURNING 1
 )
-SELECT count(*) FILTER (WHERE expires_at > clock_timestamp()), count(*) FROM d`
+SELECT count(*) FILTER (WHERE expires_at > clock_timestamp()), count(*) + (SELECT count(*) FROM st) FROM d`
 
 	// countRecords counts the live rows per operation and state, of every
 	// operation ($1 NULL) or of those in $1.
@@ -133,13 +170,34 @@ func (s *Store) Inspect(ctx context.Context, keys ...coordinator.Key) ([]Info, e
 	if err != nil {
 		return nil, fmt.Errorf("idempg: inspect: %w", err)
 	}
+	err = s.query(ctx, inspectSteps, []any{ops, ks}, func(rows pgx.Rows) error {
+		for i := range infos {
+			infos[i].Steps = nil
+		}
+		for rows.Next() {
+			var (
+				n           int
+				kind, state string
+				st          StepInfo
+			)
+			if err := rows.Scan(&n, &st.Name, &kind, &state, &st.Reason, &st.CommittedAt); err != nil {
+				return err
+			}
+			st.Outside, st.Failed = kind == stepOutside, state == stepFailed
+			infos[n-1].Steps = append(infos[n-1].Steps, st)
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, fmt.Errorf("idempg: inspect the steps: %w", err)
+	}
 	return infos, nil
 }
 
-// Forget deletes the records of keys whatever their state, in one
-// transaction, and returns how many of them were live (an expired row is
-// deleted too, and not counted). A forgotten key lets the next call with it
-// run its action again. It returns an error for an invalid key, and the
+// Forget deletes the records of keys whatever their state, and their steps
+// (Steps), in one transaction, and returns how many records were live (an
+// expired row is deleted too, and not counted). A forgotten key lets the
+// next call with it run its action again, every step included. It returns an error for an invalid key, and the
 // database's otherwise (then nothing was deleted).
 func (s *Store) Forget(ctx context.Context, keys ...coordinator.Key) (int, error) {
 	ops, ks, err := keyColumns("forget", keys)
@@ -153,10 +211,11 @@ func (s *Store) Forget(ctx context.Context, keys ...coordinator.Key) (int, error
 	return live, nil
 }
 
-// ForgetOperation deletes up to limit rows of operation, live or expired,
-// in one transaction, and returns how many were live and how many it
-// deleted in all: call it until deleted is 0 to forget every record of the
-// operation, a batch at a time. It returns an error for an invalid
+// ForgetOperation deletes up to limit records and up to limit steps
+// (Steps) of operation, live or expired, in one transaction, and returns how
+// many records were live and how many rows it deleted in all: call it until
+// deleted is 0 to forget every record and step of the operation, a batch at
+// a time. It returns an error for an invalid
 // operation or a limit that is not positive, and the database's otherwise.
 func (s *Store) ForgetOperation(ctx context.Context, operation string, limit int) (live, deleted int, err error) {
 	if err := coordinator.ValidateOperation(operation); err != nil {

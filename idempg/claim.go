@@ -228,6 +228,7 @@ type claim struct {
 	leave func() // lets the next caller of this process claim the key
 	read  coordinator.Record
 	ended bool
+	steps bool // the call is a Steps call: its steps live as long as its record
 }
 
 // claim writes the pending record w in the transaction if the key has no
@@ -236,22 +237,22 @@ type claim struct {
 // expired), with no lock taken. It is one round trip.
 func (c *claim) claim(ctx context.Context, w coordinator.Write, wait time.Duration) (written bool, rec coordinator.Record, err error) {
 	b := &pgx.Batch{}
-	if c.checksConnection() {
-		b.Queue(holderSettings14, millis(w.TTL), keepalives[0], keepalives[1], keepalives[2], checkEvery)
-	} else {
-		b.Queue(holderSettings, millis(w.TTL), keepalives[0], keepalives[1], keepalives[2])
-	}
+	queueHolderSettings(b, c.tx, w.TTL)
 	err = c.waitThenRead(ctx, b, wait, &written, claimRecord,
 		c.key.Operation, c.key.Key, statePending, w.Token, w.Fingerprint, w.TTL.Milliseconds())
 	return written, c.read, err
 }
 
-// checksConnection reports whether the server has
-// client_connection_check_interval (PostgreSQL 14 and later).
-func (c *claim) checksConnection() bool {
-	v := c.tx.Conn().PgConn().ParameterStatus("server_version")
-	major, _ := strconv.Atoi(strings.SplitN(v, ".", 2)[0])
-	return major >= 14
+// queueHolderSettings queues holderSettings, or holderSettings14 when the
+// server of tx has client_connection_check_interval (PostgreSQL 14 and
+// later), with lease as idle_in_transaction_session_timeout.
+func queueHolderSettings(b *pgx.Batch, tx pgx.Tx, lease time.Duration) {
+	v := tx.Conn().PgConn().ParameterStatus("server_version")
+	if major, _ := strconv.Atoi(strings.SplitN(v, ".", 2)[0]); major >= 14 {
+		b.Queue(holderSettings14, millis(lease), keepalives[0], keepalives[1], keepalives[2], checkEvery)
+		return
+	}
+	b.Queue(holderSettings, millis(lease), keepalives[0], keepalives[1], keepalives[2])
 }
 
 // lock locks the key's row, waiting for another transaction that holds it
@@ -287,7 +288,7 @@ func (c *claim) waitThenRead(ctx context.Context, b *pgx.Batch, wait time.Durati
 // Context implements coordinator.Claim: ctx with the transaction, which Tx
 // returns.
 func (c *claim) Context(ctx context.Context) context.Context {
-	return context.WithValue(ctx, txKey{}, &ownedTx{Tx: c.tx})
+	return context.WithValue(ctx, txKey{}, &ownedTx{Tx: c.tx, claim: c})
 }
 
 // Commit implements coordinator.Claim: it writes the completed record in
@@ -306,7 +307,14 @@ func (c *claim) Commit(ctx context.Context, comp coordinator.Completion) error {
 			_ = c.tx.Rollback(ctx)
 			return fmt.Errorf("idempg: commit %s: state is %s, want completed or not_replayable", c.key, comp.State)
 		}
-		tag, err := c.tx.Exec(ctx, completeClaim, c.key.Operation, c.key.Key, c.token, st, nonNil(comp.Result), comp.TTL.Milliseconds())
+		var tag pgconn.CommandTag
+		b := &pgx.Batch{}
+		b.Queue(completeClaim, c.key.Operation, c.key.Key, c.token, st, nonNil(comp.Result), comp.TTL.Milliseconds()).
+			Exec(func(t pgconn.CommandTag) error { tag = t; return nil })
+		if c.steps {
+			b.Queue(keepSteps, c.key.Operation, c.key.Key)
+		}
+		err := c.tx.SendBatch(ctx, b).Close()
 		if err == nil && tag.RowsAffected() != 1 {
 			err = errors.New("the action's transaction changed or deleted the key's record")
 		}
@@ -411,7 +419,10 @@ func Tx(ctx context.Context) (tx pgx.Tx, ok bool) {
 // ownedTx is the transaction as the action gets it: the coordinator commits
 // or rolls it back, so its own Commit and Rollback refuse, and so does a
 // statement that would end it.
-type ownedTx struct{ pgx.Tx }
+type ownedTx struct {
+	pgx.Tx
+	claim *claim // the claim whose transaction it is; nil for a phase's (Steps)
+}
 
 // errOwned is what Commit and Rollback of the action's transaction return.
 var errOwned = errors.New("idempg: the transaction belongs to the protected call: return from the action to commit, or return an error to roll back")

@@ -190,7 +190,7 @@ func TestModuleStartupChecks(t *testing.T) {
 	if err := idempg.Migrate(ctx, old.pool); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := old.pool.Exec(ctx, `DELETE FROM idempotency_schema; INSERT INTO idempotency_schema (version) VALUES (2)`); err != nil {
+	if _, err := old.pool.Exec(ctx, `DELETE FROM idempotency_schema; INSERT INTO idempotency_schema (version) VALUES (3)`); err != nil {
 		t.Fatal(err)
 	}
 	tcp := func(user, pw, extra string) string {
@@ -211,9 +211,9 @@ func TestModuleStartupChecks(t *testing.T) {
 		{"missing table", schemaURL(newEmptyDB(t, 1).schema), false,
 			[]string{"IDEMPOTENCY_POSTGRES_MIGRATE: idempg: schema mismatch: no idempg tables", "set IDEMPOTENCY_POSTGRES_MIGRATE=true"}},
 		{"newer schema version", schemaURL(old.schema), false,
-			[]string{"IDEMPOTENCY_POSTGRES_MIGRATE: idempg: schema mismatch: the database is at schema version 2, newer than this idempg's (1): upgrade the library"}},
+			[]string{"IDEMPOTENCY_POSTGRES_MIGRATE: idempg: schema mismatch: the database is at schema version 3, newer than this idempg's (2): upgrade the library"}},
 		{"newer schema version, migrating", schemaURL(old.schema), true,
-			[]string{"IDEMPOTENCY_POSTGRES_MIGRATE: idempg: schema mismatch: the database is at schema version 2, newer"}},
+			[]string{"IDEMPOTENCY_POSTGRES_MIGRATE: idempg: schema mismatch: the database is at schema version 3, newer"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			app := fx.New(idempotency.Module, idempg.Module, fx.NopLogger, fx.Supply(zap.NewNop()),

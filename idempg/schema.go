@@ -11,7 +11,8 @@ import (
 
 // Schema is the SQL that creates the tables of schema version SchemaVersion:
 // idempotency_records (the records, with an index on expires_at for the
-// sweeper) and idempotency_schema (the versions applied). Every statement is
+// sweeper), idempotency_steps (the recovery points of Steps, since version
+// 2) and idempotency_schema (the versions applied). Every statement is
 // idempotent. Migrate applies it; a service that runs its own migration tool
 // can ship it as a migration instead.
 //
@@ -19,7 +20,7 @@ import (
 var Schema string
 
 // SchemaVersion is the schema version this package reads and writes.
-const SchemaVersion = 1
+const SchemaVersion = 2
 
 // ErrSchema matches the error of CheckSchema and Migrate when the database
 // does not hold the schema this package expects: the tables are missing, or
@@ -60,9 +61,10 @@ func Migrate(ctx context.Context, db DB) error {
 	case v > SchemaVersion:
 		return newerSchemaError(v)
 	case v < SchemaVersion:
-		// Version 1 is the first: there is nothing older to migrate from.
-		// A later version adds its own statements here, applied in order
-		// from v+1.
+		// Every statement of Schema is idempotent, and version 2 only adds
+		// a table and its index: Schema brings a database at version 0 or
+		// 1 to 2. A later version that changes a table adds its own
+		// statements here, applied in order from v+1.
 		if _, err := tx.Exec(ctx, Schema); err != nil {
 			return fmt.Errorf("idempg: migrate to schema version %d: %w", SchemaVersion, err)
 		}

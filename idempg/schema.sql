@@ -1,5 +1,7 @@
--- idempg schema, version 1: the idempotency records of idempg.Store and
--- idempg.Do. Apply it with idempg.Migrate, or with your own migration tool:
+-- idempg schema, version 2: the idempotency records of idempg.Store and
+-- idempg.Do, and the recovery points of idempg.Steps (version 2 adds
+-- idempotency_steps; applying this file to a database at version 1 migrates
+-- it). Apply it with idempg.Migrate, or with your own migration tool:
 -- every statement is idempotent, so applying it twice changes nothing.
 
 -- One row per (operation, key). A row whose expires_at has passed is absent
@@ -28,10 +30,36 @@ CREATE TABLE IF NOT EXISTS idempotency_records (
 CREATE INDEX IF NOT EXISTS idempotency_records_expires_at_idx
     ON idempotency_records (expires_at);
 
+-- The recovery points of idempg.Steps: one row per step of a key that
+-- committed (a phase's progress, with its writes) or whose answer was kept (an
+-- outside call's, with the next phase or the record). A row whose expires_at
+-- has passed is absent; the sweeper deletes it. A key's steps live at least as
+-- long as its completed record.
+CREATE TABLE IF NOT EXISTS idempotency_steps (
+    operation   text COLLATE "C" NOT NULL,
+    key         text COLLATE "C" NOT NULL,
+    -- The step's name, as the code names it (idempg.Phase, idempg.Outside).
+    step        text COLLATE "C" NOT NULL,
+    -- 'phase' (a local transaction) or 'outside' (an outside call's answer).
+    kind        text NOT NULL,
+    -- 'done', or 'failed' for a failure kept for good.
+    state       text NOT NULL,
+    -- The request fingerprint; '' for none.
+    fingerprint text NOT NULL DEFAULT '',
+    -- The step's result as JSON (done), or the failure's message (failed).
+    result      bytea,
+    expires_at  timestamptz NOT NULL,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (operation, key, step)
+);
+
+CREATE INDEX IF NOT EXISTS idempotency_steps_expires_at_idx
+    ON idempotency_steps (expires_at);
+
 -- The schema versions applied; idempg.CheckSchema compares the highest with
 -- the version the library expects (idempg.SchemaVersion).
 CREATE TABLE IF NOT EXISTS idempotency_schema (
     version    integer PRIMARY KEY,
     applied_at timestamptz NOT NULL DEFAULT now()
 );
-INSERT INTO idempotency_schema (version) VALUES (1) ON CONFLICT (version) DO NOTHING;
+INSERT INTO idempotency_schema (version) VALUES (2) ON CONFLICT (version) DO NOTHING;

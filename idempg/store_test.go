@@ -93,6 +93,45 @@ func TestMigrate(t *testing.T) {
 	}
 }
 
+// schemaV1 is schema version 1, as idempg shipped it: the records and the
+// versions, no steps.
+const schemaV1 = `CREATE TABLE idempotency_records (
+    operation text COLLATE "C" NOT NULL, key text COLLATE "C" NOT NULL, state text NOT NULL,
+    token text NOT NULL, fingerprint text NOT NULL DEFAULT '', result bytea,
+    expires_at timestamptz NOT NULL, created_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (operation, key));
+CREATE INDEX idempotency_records_expires_at_idx ON idempotency_records (expires_at);
+CREATE TABLE idempotency_schema (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now());
+INSERT INTO idempotency_schema (version) VALUES (1);`
+
+// A database at version 1 fails CheckSchema, and Migrate brings it to
+// version 2 with its records kept.
+func TestMigrateFromVersion1(t *testing.T) {
+	db := newEmptyDB(t, 2)
+	ctx := t.Context()
+	if _, err := db.pool.Exec(ctx, schemaV1+`
+INSERT INTO idempotency_records (operation, key, state, token, result, expires_at)
+VALUES ('op', 'k', 'completed', 't', '"kept"', clock_timestamp() + interval '1 hour')`); err != nil {
+		t.Fatal(err)
+	}
+	err := idempg.CheckSchema(ctx, db.pool)
+	if !errors.Is(err, idempg.ErrSchema) || !strings.Contains(err.Error(), "schema version 1, this idempg needs 2: run idempg.Migrate") {
+		t.Fatalf("CheckSchema at version 1 = %v, want ErrSchema asking for Migrate", err)
+	}
+	if err := idempg.Migrate(ctx, db.pool); err != nil {
+		t.Fatalf("Migrate from version 1: %v", err)
+	}
+	if err := idempg.CheckSchema(ctx, db.pool); err != nil {
+		t.Fatalf("CheckSchema after Migrate: %v", err)
+	}
+	var steps bool
+	var result string
+	if err := db.pool.QueryRow(ctx, `SELECT to_regclass('idempotency_steps') IS NOT NULL,
+		(SELECT convert_from(result, 'UTF8') FROM idempotency_records WHERE key = 'k')`).Scan(&steps, &result); err != nil || !steps || result != `"kept"` {
+		t.Fatalf("after Migrate: steps table %v, record %q, %v; want the table and the record kept", steps, result, err)
+	}
+}
+
 func TestNew(t *testing.T) {
 	if _, err := idempg.New(nil); err == nil {
 		t.Error("New(nil) = nil error, want one")

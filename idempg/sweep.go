@@ -27,8 +27,20 @@ USING (
 ) old
 WHERE r.operation = old.operation AND r.key = old.key`
 
+// sweepSteps is sweepRecords for the steps of Steps.
+const sweepSteps = `DELETE FROM idempotency_steps r
+USING (
+	SELECT operation, key, step FROM idempotency_steps
+	WHERE expires_at <= now()
+	ORDER BY expires_at
+	LIMIT $1
+	FOR UPDATE SKIP LOCKED
+) old
+WHERE r.operation = old.operation AND r.key = old.key AND r.step = old.step`
+
 // Sweep deletes at most limit expired records, those that expired first
-// first, and returns how many it deleted. Expired records are already absent
+// first, and at most limit expired steps of Steps, and returns how many rows
+// it deleted. Expired records are already absent
 // for every reader; Sweep only gives their space back. It takes no lock that
 // a request waits for: rows that a transaction holds are skipped. It
 // returns an error for a limit that is not positive, and the driver's error
@@ -39,10 +51,13 @@ func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
 	}
 	var n int64
 	err := s.send(ctx, func(b *pgx.Batch) {
-		b.Queue(sweepRecords, limit).Exec(func(tag pgconn.CommandTag) error {
-			n = tag.RowsAffected()
-			return nil
-		})
+		n = 0
+		for _, sql := range []string{sweepRecords, sweepSteps} {
+			b.Queue(sql, limit).Exec(func(tag pgconn.CommandTag) error {
+				n += tag.RowsAffected()
+				return nil
+			})
+		}
 	})
 	if err != nil {
 		return 0, fmt.Errorf("idempg: sweep: %w", err)

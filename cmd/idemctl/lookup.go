@@ -46,8 +46,20 @@ type lookupEntry struct {
 	// record.
 	Result         *string `json:"result,omitempty"`
 	ResultEncoding string  `json:"result_encoding,omitempty"`
+	// Steps are the steps of an idempg.Steps call that committed, on
+	// PostgreSQL: where a call that stopped resumes.
+	Steps []stepEntry `json:"steps,omitempty"`
 
 	state coordinator.State
+}
+
+// stepEntry is one step of lookupEntry.Steps.
+type stepEntry struct {
+	Name        string    `json:"name"`
+	Kind        string    `json:"kind"`  // "phase" or "outside"
+	State       string    `json:"state"` // "done" or "failed"
+	Reason      string    `json:"reason,omitempty"`
+	CommittedAt time.Time `json:"committed_at"`
 }
 
 // lookup describes keys of one operation: the store's Inspect, and its Get
@@ -178,7 +190,22 @@ func (a *app) printEntry(e lookupEntry) {
 		line("table", e.Table)
 	}
 	line("state", e.State)
+	for i, st := range e.Steps {
+		label := ""
+		if i == 0 {
+			label = "steps"
+		}
+		text := fmt.Sprintf("%s %s %s at %s", safe(st.Name), st.Kind, st.State, st.CommittedAt.Format(time.RFC3339Nano))
+		if st.Reason != "" {
+			text += ": " + safe(st.Reason)
+		}
+		line(label, text)
+	}
 	if e.State == coordinator.StateAbsent.String() {
+		if len(e.Steps) > 0 {
+			line("note", "no record: the call stopped after the steps above, and a retry resumes after them")
+			return
+		}
 		if e.Table != "" {
 			line("note", "a key whose first run is in progress is absent until its transaction commits")
 		}

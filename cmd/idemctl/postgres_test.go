@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idempotency/coordinator"
@@ -217,5 +218,58 @@ func TestPostgresCheck(t *testing.T) {
 		if r.code != exitFailure || !strings.Contains(r.output(), "127.0.0.1") || strings.Contains(r.output(), "secret-pw") {
 			t.Errorf("idemctl %v against a closed port: exit %d\n%s", args, r.code, r.output())
 		}
+	}
+}
+
+// lookup shows where an idempg.Steps call stopped, and forget deletes its
+// steps with its record.
+func TestPostgresLookupSteps(t *testing.T) {
+	dsn, pool := postgresDB(t, true)
+	store, err := idempg.New(pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := coordinator.New(store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	call := coordinator.Call{Operation: "shop.checkout", Key: "cart-7"}
+	_, err = idempg.Steps(t.Context(), c, store, call, func(ctx context.Context, r *idempg.Run) (int, error) {
+		if _, err := idempg.Phase(r, "reserve", func(context.Context, pgx.Tx) (int, error) { return 1, nil }); err != nil {
+			return 0, err
+		}
+		return idempg.Outside(r, "charge", func(context.Context) (int, error) {
+			return 0, idempg.Permanent(errors.New("card declined"))
+		})
+	})
+	if !errors.Is(err, idempg.ErrStepFailed) {
+		t.Fatalf("Steps: %v, want the charge's failure", err)
+	}
+	env := map[string]string{"IDEMPOTENCY_POSTGRES_URL": dsn}
+	r := idemctl(t, env, "", false, "lookup", "shop.checkout", "cart-7")
+	for _, want := range []string{
+		"  state        absent\n  steps        reserve phase done at ",
+		"\n               charge outside failed at ",
+		": card declined\n  note         no record: the call stopped after the steps above, and a retry resumes after them\n",
+	} {
+		if r.code != exitOK || !strings.Contains(r.stdout, want) {
+			t.Errorf("lookup: exit %d\n%s\nwant %q in it", r.code, r.output(), want)
+		}
+	}
+	r = idemctl(t, env, "", false, "lookup", "-json", "shop.checkout", "cart-7")
+	var entries []lookupEntry
+	if err := json.Unmarshal([]byte(r.stdout), &entries); err != nil || len(entries) != 1 || len(entries[0].Steps) != 2 {
+		t.Fatalf("lookup -json: %v\n%s", err, r.output())
+	}
+	if st := entries[0].Steps[1]; st.Name != "charge" || st.Kind != "outside" || st.State != "failed" || st.Reason != "card declined" || st.CommittedAt.IsZero() {
+		t.Errorf("lookup -json step = %+v", st)
+	}
+	if r = idemctl(t, env, "", false, "forget", "shop.checkout", "cart-7"); r.code != exitOK {
+		t.Fatalf("forget: exit %d\n%s", r.code, r.output())
+	}
+	var steps int
+	if err := pool.QueryRow(t.Context(), "SELECT count(*) FROM idempotency_steps").Scan(&steps); err != nil || steps != 0 {
+		t.Fatalf("%d steps left after forget (%v), want none", steps, err)
 	}
 }

@@ -188,6 +188,16 @@ func (r *pgRecords) inspect(ctx context.Context, keys []coordinator.Key) ([]look
 	for i, in := range infos {
 		entries[i] = entryOf(in.Key, in.State, in.TTL, in.CreatedAt, in.Fingerprint, in.ResultSize)
 		entries[i].Table = "idempotency_records"
+		for _, st := range in.Steps {
+			e := stepEntry{Name: st.Name, Kind: "phase", State: "done", Reason: st.Reason, CommittedAt: st.CommittedAt.UTC()}
+			if st.Outside {
+				e.Kind = "outside"
+			}
+			if st.Failed {
+				e.State = "failed"
+			}
+			entries[i].Steps = append(entries[i].Steps, e)
+		}
 	}
 	return entries, nil
 }
