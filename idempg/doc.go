@@ -100,8 +100,29 @@
 // call, a message published, a write through another connection or to
 // another database happens when the action runs, and runs again when the
 // transaction rolls back (an error, a crash, a failed COMMIT) and the call
-// is retried. For such effects pass the key downstream, or write an outbox
-// row through tx.
+// is retried. For such effects pass the key downstream
+// (coordinator.DownstreamKey), write an outbox row through tx, or split the
+// request into recovery points (Steps).
+//
+// # Recovery points
+//
+// [Steps] is for a request that mixes writes here with outside calls (a
+// checkout: reserve stock, charge a card, record the order), where one
+// transaction would put the call between writes that can still roll back.
+// Its body is a sequence of steps: each [Phase] is a transaction of its
+// own that writes the step's row first, then its writes, and commits them
+// with the step's result; each [Outside] call runs with the step's
+// downstream key (coordinator.DownstreamKey), and its answer is kept with
+// the next phase that commits, or with the record. A retry of a request that
+// stopped reads the key's steps and resumes at the first one that did not
+// commit: a committed phase is never run again, and an outside call is
+// repeated only before its answer was kept, with the same key. A failure
+// marked with [Permanent] is kept and replayed ([StepFailedError]). The
+// body's value completes the record through the coordinator, last. Steps
+// run outside the claim's transaction, one connection at a time; a
+// concurrent run of the key waits on each step's row. The rows live in
+// idempotency_steps (schema version 2), as long as the key's record, and
+// [Store.Inspect] and idemctl lookup show them (docs/effects.md).
 //
 // # When the database fails
 //

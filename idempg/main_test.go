@@ -26,6 +26,11 @@ func TestMain(m *testing.M) {
 		// stdin ends, or it is killed.
 		os.Exit(stormChild())
 	}
+	if os.Getenv(checkoutChildEnv) != "" {
+		// A client process of TestCheckoutStorm: checkouts until its
+		// stdin ends, or it kills itself.
+		os.Exit(checkoutChild())
+	}
 	if os.Getenv(holderEnv) != "" {
 		// A holder process of TestDeadAndFrozenHolders: it claims a key,
 		// then dies or freezes with it.

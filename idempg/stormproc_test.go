@@ -60,14 +60,7 @@ func stormChild() int {
 		fmt.Fprintln(os.Stderr, "storm child:", err)
 		return 2
 	}
-	cfg, err := pgxpool.ParseConfig(os.Getenv(stormChildEnv))
-	if err != nil {
-		return fail(err)
-	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = os.Getenv(stormChildSchema)
-	cfg.ConnConfig.RuntimeParams["application_name"] = "idempg-storm-child"
-	cfg.MaxConns = 8
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	pool, err := childPool(ctx, stormChildEnv, stormChildSchema, 8)
 	if err != nil {
 		return fail(err)
 	}
@@ -137,6 +130,19 @@ func stormChild() int {
 		return fail(err)
 	}
 	return 0
+}
+
+// childPool is the pool of a child process: on the connection string in
+// the variable dsnEnv, with search_path from schemaEnv.
+func childPool(ctx context.Context, dsnEnv, schemaEnv string, maxConns int32) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(os.Getenv(dsnEnv))
+	if err != nil {
+		return nil, err
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = os.Getenv(schemaEnv)
+	cfg.ConnConfig.RuntimeParams["application_name"] = "idempg-storm-child"
+	cfg.MaxConns = maxConns
+	return pgxpool.NewWithConfig(ctx, cfg)
 }
 
 // TestStormProcessKilled: client processes killed with SIGKILL. Child
