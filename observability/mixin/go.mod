@@ -4,4 +4,4 @@ go 1.26.0
 
 replace github.com/idemkit/idempotency => ../..
 
-require github.com/idemkit/idempotency v0.0.0-20261205190642-5651c1add102
+require github.com/idemkit/idempotency v0.0.0-20261205192857-520452c1fa14
