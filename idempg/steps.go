@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -481,10 +482,7 @@ func (r *Run) queueKept(b *pgx.Batch) {
 // yet, and returns the step that committed: this one, or the one a
 // concurrent run committed first.
 func (r *Run) fail(name, kind string, cause error) (step, bool, error) {
-	msg := cause.Error()
-	if len(msg) > maxReasonLen {
-		msg = msg[:maxReasonLen]
-	}
+	msg := reasonOf(cause)
 	ctx := r.ctx
 	var (
 		inserted bool
@@ -514,6 +512,21 @@ func (r *Run) fail(name, kind string, cause error) (step, bool, error) {
 	}
 	return step{kind: kind, failed: true, fp: r.fp, result: []byte(msg)}, false, &StepFailedError{
 		Operation: r.key.Operation, Key: r.key.Key, Step: name, Reason: msg, err: cause}
+}
+
+// reasonOf is err's message as a kept failure's reason: valid UTF-8 (so
+// that Inspect can read it as text), cut to at most maxReasonLen bytes at
+// a character's start.
+func reasonOf(err error) string {
+	msg := strings.ToValidUTF8(err.Error(), "\uFFFD")
+	if len(msg) <= maxReasonLen {
+		return msg
+	}
+	cut := maxReasonLen
+	for cut > 0 && !utf8.RuneStart(msg[cut]) {
+		cut--
+	}
+	return msg[:cut]
 }
 
 // storageError is a *coordinator.StorageError of the run's key.

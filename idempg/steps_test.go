@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -427,5 +428,25 @@ func TestStepsDownstreamKeys(t *testing.T) {
 	inAction, _ := coordinator.DownstreamKey(coordinator.WithDownstreamStep(coordinator.WithDownstream(t.Context(), call(k)), "a"))
 	if first[0] != inAction {
 		t.Fatalf("step a's key %s, want the call's step key %s", first[0], inAction)
+	}
+}
+
+// A kept failure's reason is valid UTF-8 of at most 256 bytes, whatever
+// the error said, so that Inspect reads it.
+func TestStepsReasonIsText(t *testing.T) {
+	db := newDB(t, 4)
+	c, s := db.coord(t), db.store(t)
+	key := uniqueKey("reason")
+	long := strings.Repeat("é", 200) + "\xff"
+	_, err := idempg.Steps(t.Context(), c, s, call(key), func(ctx context.Context, r *idempg.Run) (int, error) {
+		return idempg.Outside(r, "charge", func(context.Context) (int, error) { return 0, idempg.Permanent(errors.New(long)) })
+	})
+	var sf *idempg.StepFailedError
+	if !errors.As(err, &sf) || len(sf.Reason) > 256 || len(sf.Reason) < 250 || !utf8.ValidString(sf.Reason) {
+		t.Fatalf("Steps: %v; want a reason of at most 256 bytes of UTF-8", err)
+	}
+	infos, err := s.Inspect(t.Context(), coordinator.Key{Operation: "test.op", Key: key})
+	if err != nil || len(infos[0].Steps) != 1 || infos[0].Steps[0].Reason != sf.Reason || !infos[0].Steps[0].Failed || !infos[0].Steps[0].Outside {
+		t.Fatalf("Inspect: %+v, %v; want the charge's failure with its reason", infos, err)
 	}
 }
