@@ -39,11 +39,11 @@ func StepsWithCodec[T any](ctx context.Context, c *coordinator.Coordinator, s *S
 	}
 	if !c.Enabled() {
 		// The kill switch is off: the phases run and commit their writes,
-		// and nothing is kept or skipped.
-		return coordinator.DoWithCodec(ctx, c, call, codec, func(ctx context.Context) (T, error) {
-			r := &Run{ctx: ctx, s: s, key: coordinator.Key{Operation: call.Operation, Key: call.Key}, seen: make(map[string]bool), off: true}
-			return body(ctx, r)
-		})
+		// and nothing is kept, skipped or recorded.
+		ctx = coordinator.WithDownstream(ctx, call)
+		r := &Run{ctx: ctx, s: s, key: coordinator.Key{Operation: call.Operation, Key: call.Key}, seen: make(map[string]bool), off: true}
+		v, err := body(ctx, r)
+		return coordinator.Result[T]{Value: v}, err
 	}
 	key := coordinator.Key{Operation: call.Operation, Key: call.Key}
 	// A key with a record replays it, or waits for its holder, through the
