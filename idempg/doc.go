@@ -117,7 +117,7 @@
 // stopped reads the key's steps and resumes at the first one that did not
 // commit: a committed phase is never run again, and an outside call is
 // repeated only before its answer was kept, with the same key. A failure
-// marked with [Permanent] is kept and replayed ([StepFailedError]). The
+// marked with idemconsume.Permanent is kept and replayed ([StepFailedError]). The
 // body's value completes the record through the coordinator, last. Steps
 // run outside the claim's transaction, one connection at a time; a
 // concurrent run of the key waits on each step's row. The rows live in

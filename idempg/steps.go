@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/idemconsume"
 )
 
 // Steps runs body once per (call.Operation, call.Key) as recovery points
@@ -236,11 +237,12 @@ func (r *Run) reused(st step) error {
 // the step's progress and its result, once per key: a step that committed
 // on an earlier run is not run again, and returns its result (as JSON) or,
 // when it failed for good, its *StepFailedError. fn's ctx carries the
-// step's downstream key. fn's error rolls its writes back; one marked with
-// Permanent is kept as the step's failure, and every later run gets it. fn
-// runs again when the database asks for it (a serialization failure or a
-// deadlock, after its writes rolled back), and when a concurrent run of
-// the key held the step and rolled it back. The transaction is at READ
+// step's downstream key. fn's error rolls its writes back; one that
+// matches idemconsume.ErrPermanent (idemconsume.Permanent) is kept as the
+// step's failure, and every later run gets it. fn runs again when the
+// database asks for it (a serialization failure or a deadlock, after its
+// writes rolled back), and when a concurrent run of the key held the step
+// and rolled it back. The transaction is at READ
 // COMMITTED, and, as in Do, fn must not end it.
 func Phase[T any](r *Run, name string, fn func(ctx context.Context, tx pgx.Tx) (T, error)) (T, error) {
 	var zero T
@@ -273,9 +275,9 @@ func Phase[T any](r *Run, name string, fn func(ctx context.Context, tx pgx.Tx) (
 // Transport and the gRPC and Connect client interceptors send. Its answer
 // (as JSON) is kept with the next phase that commits, or with the record:
 // a run after that gets it without calling. A run before that calls again,
-// with the same key. An error marked with Permanent is kept at once as the
-// step's failure; any other error is returned as it is, and the next run
-// calls again.
+// with the same key. An error that matches idemconsume.ErrPermanent
+// (idemconsume.Permanent) is kept at once as the step's failure; any other
+// error is returned as it is, and the next run calls again.
 func Outside[T any](r *Run, name string, fn func(ctx context.Context) (T, error)) (T, error) {
 	var zero T
 	if fn == nil {
@@ -289,7 +291,7 @@ func Outside[T any](r *Run, name string, fn func(ctx context.Context) (T, error)
 		return v, err
 	}
 	if err != nil {
-		if !IsPermanent(err) {
+		if !permanent(err) {
 			return v, err
 		}
 		st, _, err := r.fail(name, stepOutside, err)
@@ -380,7 +382,7 @@ func (r *Run) phase(name string, fn func(ctx context.Context, tx pgx.Tx) ([]byte
 	case err == nil:
 		return st, ran, nil
 	case errors.As(err, &failed):
-		if !IsPermanent(failed.err) {
+		if !permanent(failed.err) {
 			return step{}, false, failed.err
 		}
 		return r.fail(name, stepPhase, failed.err)
@@ -567,8 +569,9 @@ func (r *Run) finish(ctx context.Context) error {
 var ErrStepFailed = errors.New("idempg: step failed for good")
 
 // StepFailedError is the error of a step (Phase, Outside) whose failure was
-// kept: its function returned an error marked with Permanent, on this run
-// or an earlier one. Every later run of the key gets it at that step, and
+// kept: its function returned an error that matches idemconsume.ErrPermanent
+// (idemconsume.Permanent marks one: the library's one mark of an error that
+// no retry cures), on this run or an earlier one. Every later run of the key gets it at that step, and
 // the steps before it keep what they committed. It matches ErrStepFailed,
 // and, on the run that failed, unwraps to the function's error.
 type StepFailedError struct {
@@ -587,30 +590,17 @@ func (e *StepFailedError) Error() string {
 	return fmt.Sprintf("idempg: step %q of %s:%s failed for good: %s", e.Step, e.Operation, e.Key, e.Reason)
 }
 
-// Is reports whether target is ErrStepFailed.
-func (e *StepFailedError) Is(target error) bool { return target == ErrStepFailed }
+// Is reports whether target is ErrStepFailed or idemconsume.ErrPermanent:
+// a consumer's handler that returns it dead-letters its message rather
+// than wait for a redelivery that would get the same failure.
+func (e *StepFailedError) Is(target error) bool {
+	return target == ErrStepFailed || target == idemconsume.ErrPermanent
+}
 
 // Unwrap returns the function's error on the run that failed, nil on a
 // later one.
 func (e *StepFailedError) Unwrap() error { return e.err }
 
-// Permanent marks err as a failure for good (a card declined, an order
-// refused), which a step keeps (see Phase, Outside); nil stays nil.
-func Permanent(err error) error {
-	if err == nil {
-		return nil
-	}
-	return &permanentError{err}
-}
-
-// IsPermanent reports whether err, or an error it wraps, was marked with
-// Permanent.
-func IsPermanent(err error) bool {
-	var p *permanentError
-	return errors.As(err, &p)
-}
-
-type permanentError struct{ err error }
-
-func (e *permanentError) Error() string { return e.err.Error() }
-func (e *permanentError) Unwrap() error { return e.err }
+// permanent reports whether err is a failure for good: it matches
+// idemconsume.ErrPermanent (idemconsume.Permanent marks one).
+func permanent(err error) bool { return errors.Is(err, idemconsume.ErrPermanent) }

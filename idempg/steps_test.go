@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/idemconsume"
 	"github.com/idemkit/idempotency/idempg"
 )
 
@@ -43,7 +44,7 @@ func (co *checkout) body(ctx context.Context, r *idempg.Run) (string, error) {
 		n, _ := co.keys.LoadOrStore(k, new(atomic.Int32))
 		n.(*atomic.Int32).Add(1)
 		if co.decline {
-			return "", idempg.Permanent(errors.New("card declined"))
+			return "", idemconsume.Permanent(errors.New("card declined"))
 		}
 		return "ch_" + k[:8], nil
 	})
@@ -183,7 +184,7 @@ func TestStepsReplayAFailureForGood(t *testing.T) {
 	co := &checkout{decline: true}
 	_, err := stepsCall(t, c, s, key, co)
 	var sf *idempg.StepFailedError
-	if !errors.As(err, &sf) || sf.Step != "charge" || sf.Reason != "card declined" || !idempg.IsPermanent(errors.Unwrap(err)) {
+	if !errors.As(err, &sf) || sf.Step != "charge" || sf.Reason != "card declined" || !errors.Is(errors.Unwrap(err), idemconsume.ErrPermanent) || !errors.Is(err, idemconsume.ErrPermanent) {
 		t.Fatalf("first call: %s, want the charge's *StepFailedError wrapping the Permanent error", fmtErr(err))
 	}
 	for range 2 {
@@ -209,7 +210,7 @@ func TestStepsReplayAFailureForGood(t *testing.T) {
 				if err := insertLedger(ctx, tx, key2, "refused"); err != nil {
 					return 0, err
 				}
-				return 0, idempg.Permanent(errors.New("out of stock"))
+				return 0, idemconsume.Permanent(errors.New("out of stock"))
 			})
 		})
 		if !errors.As(err, &sf) || sf.Step != "refuse" || sf.Reason != "out of stock" {
@@ -439,7 +440,7 @@ func TestStepsReasonIsText(t *testing.T) {
 	key := uniqueKey("reason")
 	long := strings.Repeat("é", 200) + "\xff"
 	_, err := idempg.Steps(t.Context(), c, s, call(key), func(ctx context.Context, r *idempg.Run) (int, error) {
-		return idempg.Outside(r, "charge", func(context.Context) (int, error) { return 0, idempg.Permanent(errors.New(long)) })
+		return idempg.Outside(r, "charge", func(context.Context) (int, error) { return 0, idemconsume.Permanent(errors.New(long)) })
 	})
 	var sf *idempg.StepFailedError
 	if !errors.As(err, &sf) || len(sf.Reason) > 256 || len(sf.Reason) < 250 || !utf8.ValidString(sf.Reason) {

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/idemconsume"
 	"github.com/idemkit/idempotency/idemkey"
 	"github.com/idemkit/idempotency/idempg"
 	"github.com/idemkit/idempotency/idempg/pgtemp"
@@ -240,7 +241,7 @@ func TestPostgresLookupSteps(t *testing.T) {
 			return 0, err
 		}
 		return idempg.Outside(r, "charge", func(context.Context) (int, error) {
-			return 0, idempg.Permanent(errors.New("card declined"))
+			return 0, idemconsume.Permanent(errors.New("card declined"))
 		})
 	})
 	if !errors.Is(err, idempg.ErrStepFailed) {
