@@ -221,3 +221,44 @@ func OffRequestPath(ctx context.Context) bool {
 	v, _ := ctx.Value(offRequestPathKey{}).(bool)
 	return v
 }
+
+// BulkStore is an optional interface of a Store that reads, reserves,
+// completes and deletes the records of many keys at once: one round trip
+// per node or hash slot on Redis, one statement on PostgreSQL, where the
+// single-key methods take one per key. The slices a method takes are
+// parallel (entry i of each is about keys[i]), and so are the slices it
+// returns; a method returns an error, and changes nothing, when their
+// lengths differ. Every entry obeys the rule of the single-key method it
+// stands for, and the entries of one call are independent: a key given
+// twice is two entries, decided in order.
+//
+// The entries are not one atomic step: on an error (a node that fails, a
+// context that ends), some entries may have been applied and others not.
+// An entry's write carries its own token, so a caller that retries it with
+// the same token meets its own record (Reserve's "our own reservation,
+// met again"), and Complete and Release stay owner-checked.
+type BulkStore interface {
+	// GetMany is Get for each of keys: the record under keys[i] is
+	// records[i], StateAbsent where there is none.
+	GetMany(ctx context.Context, keys []Key) (records []Record, err error)
+
+	// ReserveMany is Reserve for each i with keys[i] and ws[i]. With
+	// allOrNothing set, when any entry did not write, it deletes the
+	// records it wrote, each only while it still holds its write's token
+	// (whatever its state: a write may be a completed record), and reports
+	// written[i] false for every i, with the records that prevented the
+	// writes in existing and the zero Record for the entries it undid: the
+	// seed's save_many with rollback_on_error. With allOrNothing set and an
+	// error, it also undoes, best effort, what it wrote.
+	ReserveMany(ctx context.Context, keys []Key, ws []Write, allOrNothing bool) (existing []Record, written []bool, err error)
+
+	// CompleteMany is Complete for each i with keys[i], tokens[i] and
+	// cs[i]; ok[i] reports whether entry i completed.
+	CompleteMany(ctx context.Context, keys []Key, tokens []string, cs []Completion) (ok []bool, err error)
+
+	// DeleteMany deletes the records under keys, whoever owns them and
+	// whatever their state, and returns how many it deleted: the operator's
+	// forget. On an error, n counts the deletions that are known to have
+	// been made.
+	DeleteMany(ctx context.Context, keys []Key) (n int, err error)
+}

@@ -128,17 +128,25 @@ func (s *Store) Reset() {
 // A non-nil err fails the call before it reaches the inner store; a non-nil
 // lost replaces the inner store's answer.
 func (s *Store) enter(ctx context.Context, method coordinator.Method, key coordinator.Key) (lost, err error) {
-	s.mu.Lock()
-	s.calls[method]++
-	hook := s.hooks[method]
-	s.mu.Unlock()
-
+	hook := s.count(method)
 	if hook != nil {
 		if err := hook(ctx, key); err != nil {
 			return nil, err
 		}
 	}
+	return s.take(method)
+}
 
+// count counts a call of method and returns its Hook.
+func (s *Store) count(method coordinator.Method) Hook {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.calls[method]++
+	return s.hooks[method]
+}
+
+// take takes one armed failure of method; see enter.
+func (s *Store) take(method coordinator.Method) (lost, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r, ok := s.rules[method]

@@ -93,16 +93,18 @@ func (s *Store) reserve(ctx context.Context, key coordinator.Key, w coordinator.
 	if err := ctx.Err(); err != nil {
 		return coordinator.Record{}, 0, false, err
 	}
-	if w.State != coordinator.StatePending && !final(w.State) {
-		return coordinator.Record{}, 0, false, fmt.Errorf("memstore: reserve %s: write state is %s, want pending, completed or not_replayable", key, w.State)
-	}
-	if err := checkTTL("reserve", key, w.TTL); err != nil {
+	if err := checkWrite(key, w); err != nil {
 		return coordinator.Record{}, 0, false, err
 	}
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now := s.now()
+	rec, fence, written := s.reserveLocked(key, w, fenced, s.now())
+	return rec, fence, written, nil
+}
+
+// reserveLocked is reserve on checked arguments. s.mu must be held.
+func (s *Store) reserveLocked(key coordinator.Key, w coordinator.Write, fenced bool, now time.Time) (coordinator.Record, uint64, bool) {
 	if e, ok := s.lookup(key, now); ok {
 		replaceable := w.Replace && e.rec.State != coordinator.StatePending && e.rec.Token == w.ReplaceToken
 		if !replaceable {
@@ -110,7 +112,7 @@ func (s *Store) reserve(ctx context.Context, key coordinator.Key, w coordinator.
 			if fenced && e.rec.State == coordinator.StatePending && e.rec.Token == w.Token {
 				fence = e.fence
 			}
-			return e.out(now), fence, false, nil
+			return e.out(now), fence, false
 		}
 	}
 	rec := coordinator.Record{State: w.State, Token: w.Token, Fingerprint: w.Fingerprint}
@@ -126,7 +128,15 @@ func (s *Store) reserve(ctx context.Context, key coordinator.Key, w coordinator.
 		e.fence = s.fences[key]
 	}
 	s.store(key, e, now)
-	return coordinator.Record{}, e.fence, true, nil
+	return coordinator.Record{}, e.fence, true
+}
+
+// checkWrite returns an error for a write the coordinator never sends.
+func checkWrite(key coordinator.Key, w coordinator.Write) error {
+	if w.State != coordinator.StatePending && !final(w.State) {
+		return fmt.Errorf("memstore: reserve %s: write state is %s, want pending, completed or not_replayable", key, w.State)
+	}
+	return checkTTL("reserve", key, w.TTL)
 }
 
 // Get implements coordinator.Store: it returns the record under key, or a
@@ -145,10 +155,15 @@ func (s *Store) Complete(ctx context.Context, key coordinator.Key, token string,
 	if !final(c.State) {
 		return false, fmt.Errorf("memstore: complete %s: state is %s, want completed or not_replayable", key, c.State)
 	}
-	return s.extendOwned(ctx, "complete", key, token, c.TTL, func(e *entry) {
+	return s.extendOwned(ctx, "complete", key, token, c.TTL, completion(c))
+}
+
+// completion returns the change Complete makes to a pending entry.
+func completion(c coordinator.Completion) func(*entry) {
+	return func(e *entry) {
 		e.rec.State = c.State
 		e.rec.Result = bytes.Clone(c.Result)
-	})
+	}
 }
 
 // final reports whether st is a state a completion writes.
@@ -165,11 +180,16 @@ func (s *Store) Release(ctx context.Context, key coordinator.Key, token string) 
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, ok := s.owned(key, token, s.now()); !ok {
-		return false, nil
+	return s.releaseLocked(key, token, s.now()), nil
+}
+
+// releaseLocked is Release. s.mu must be held.
+func (s *Store) releaseLocked(key coordinator.Key, token string, now time.Time) bool {
+	if _, ok := s.owned(key, token, now); !ok {
+		return false
 	}
 	delete(s.records, key)
-	return true, nil
+	return true
 }
 
 // Renew implements coordinator.Store: if key holds a pending record owned by
@@ -191,17 +211,21 @@ func (s *Store) extendOwned(ctx context.Context, method string, key coordinator.
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now := s.now()
+	return s.extendLocked(key, token, ttl, change, s.now()), nil
+}
+
+// extendLocked is extendOwned on checked arguments. s.mu must be held.
+func (s *Store) extendLocked(key coordinator.Key, token string, ttl time.Duration, change func(*entry), now time.Time) bool {
 	e, ok := s.owned(key, token, now)
 	if !ok {
-		return false, nil
+		return false
 	}
 	if change != nil {
 		change(&e)
 	}
 	e.expires = now.Add(ttl)
 	s.records[key] = e
-	return true, nil
+	return true
 }
 
 // Put stores rec under key as it is, whatever its State, replacing any

@@ -68,8 +68,8 @@ const (
 // TestStore runs the conformance suite: one subtest per rule of the
 // coordinator.Store contract, grouped by method (Reserve, Replace, Get,
 // Complete, Release, Renew), then Expiry, Results, NotReplayable, Keys,
-// Fences (with Harness.Fences) and
-// Concurrency.
+// Fences (with Harness.Fences), Bulk (when the store is a
+// coordinator.BulkStore) and Concurrency.
 // newHarness is called once at the start of every subtest, on the subtest's
 // t, so it can register cleanups there; it may return the same store each
 // time, or a new one. The subtests run one after another.
@@ -177,6 +177,20 @@ var groups = []group{
 		{"GrowAcrossReleaseExpiryTakeover", false, testFenceGrows},
 		{"OwnRecordKeepsItsFence", false, testFenceOfOwnRecord},
 		{"ConcurrentDistinct", false, testConcurrentFences},
+	}},
+	{"Bulk", []testCase{
+		{"GetManyMixed", false, testGetManyMixed},
+		{"GetManyEmpty", false, testGetManyEmpty},
+		{"ReserveManyMixed", false, testReserveManyMixed},
+		{"ReserveManyAllOrNothing", false, testReserveManyAllOrNothing},
+		{"ReserveManyReplace", false, testReserveManyReplace},
+		{"ReserveManySameKeyTwice", false, testReserveManySameKeyTwice},
+		{"MismatchedLengths", false, testBulkMismatchedLengths},
+		{"CompleteManyOwners", false, testCompleteManyOwners},
+		{"DeleteMany", false, testDeleteMany},
+		{"ManyKeys", false, testBulkManyKeys},
+		{"ConcurrentReserveMany", false, testConcurrentReserveMany},
+		{"Expiry", false, testExpiryReserveMany},
 	}},
 	{"Concurrency", []testCase{
 		{"ReserveOneWinner", false, testConcurrentReserve},

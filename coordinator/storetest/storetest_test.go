@@ -92,6 +92,14 @@ var broken = map[string]struct {
 		func(s *memstore.Store) coordinator.Store { return losesNotReplayable{s} },
 		[]string{"NotReplayable/CompleteKeepsIt", "NotReplayable/WriteKeepsIt"},
 	},
+	"ReserveManyKeepsPartial": {
+		func(s *memstore.Store) coordinator.Store { return reserveManyPartial{s} },
+		[]string{"Bulk/ReserveManyAllOrNothing"},
+	},
+	"CompleteManyIgnoresToken": {
+		func(s *memstore.Store) coordinator.Store { return completeManyAnyToken{s} },
+		[]string{"Bulk/CompleteManyOwners", "Bulk/ManyKeys"},
+	},
 	"NotAtomic": {
 		func(s *memstore.Store) coordinator.Store { return &notAtomic{Store: s} },
 		[]string{"Concurrency/ReserveOneWinner", "Concurrency/ReplaceCompletedOneWinner"},
@@ -262,4 +270,24 @@ func (r *rendezvous) arrive() {
 	}
 	r.mu.Unlock()
 	<-r.both
+}
+
+// reserveManyPartial ignores allOrNothing: it keeps what it wrote when an
+// entry collides.
+type reserveManyPartial struct{ *memstore.Store }
+
+func (s reserveManyPartial) ReserveMany(ctx context.Context, keys []coordinator.Key, ws []coordinator.Write, _ bool) ([]coordinator.Record, []bool, error) {
+	return s.Store.ReserveMany(ctx, keys, ws, false)
+}
+
+// completeManyAnyToken completes each entry with the token of the record
+// it finds.
+type completeManyAnyToken struct{ *memstore.Store }
+
+func (s completeManyAnyToken) CompleteMany(ctx context.Context, keys []coordinator.Key, _ []string, cs []coordinator.Completion) ([]bool, error) {
+	tokens := make([]string, len(keys))
+	for i, k := range keys {
+		tokens[i] = s.Snapshot(k).Token
+	}
+	return s.Store.CompleteMany(ctx, keys, tokens, cs)
 }
