@@ -318,11 +318,31 @@ const maxReasonLen = 256
 // can read. Every round writes with the compare-and-swap the last record
 // calls for.
 func (f *flow[T]) reserved(ctx context.Context) (Result[T], error) {
+	return f.reservedAfter(ctx, nil)
+}
+
+// answer is what a Reserve of the call's key sent at sent returned.
+type answer struct {
+	rec     Record
+	written bool
+	err     error
+	sent    time.Time
+}
+
+// reservedAfter is reserved whose first round takes first, when not nil,
+// as its Reserve's answer: the part of a batch's ReserveMany about the key.
+func (f *flow[T]) reservedAfter(ctx context.Context, first *answer) (Result[T], error) {
 	w := Write{State: StatePending, Token: f.token, Fingerprint: f.fp, TTL: f.c.cfg.lease}
 	var deadline time.Time // of waiting; set when a holder is first seen
 	for range maxRounds {
-		sent := time.Now()
-		rec, written, err := f.storeReserve(ctx, w)
+		var a answer
+		if first != nil {
+			a, first = *first, nil
+		} else {
+			a.sent = time.Now()
+			a.rec, a.written, a.err = f.storeReserve(ctx, w)
+		}
+		rec, written, err, sent := a.rec, a.written, a.err, a.sent
 		switch {
 		case err != nil:
 			return f.reserveFailed(ctx, err)

@@ -64,6 +64,14 @@ const (
 	// not be kept, so the call got a *NotReplayableError (Err) instead of a
 	// replay or a second run.
 	EventNotReplayable
+	// EventBulkHit: a batch call (DoBatch) replayed Count keys of the
+	// operation Key.Operation (Key.Key is ""), the seed's bulk hit. Each
+	// replay also reports its own EventHit.
+	EventBulkHit
+	// EventBulkMiss: a batch call ran the actions of Count keys of the
+	// operation Key.Operation under its reservations, the seed's bulk miss.
+	// Each also reports its own EventMiss.
+	EventBulkMiss
 )
 
 // String returns the event's name, e.g. "hit".
@@ -87,6 +95,10 @@ func (k EventKind) String() string {
 		return "unprotected"
 	case EventNotReplayable:
 		return "not_replayable"
+	case EventBulkHit:
+		return "bulk_hit"
+	case EventBulkMiss:
+		return "bulk_miss"
 	default:
 		return "unknown"
 	}
@@ -126,6 +138,10 @@ const (
 	MethodComplete Method = "complete"
 	MethodRelease  Method = "release"
 	MethodRenew    Method = "renew"
+	// MethodReserveMany and MethodCompleteMany are the bulk calls of a
+	// batch (DoBatch, BulkStore).
+	MethodReserveMany  Method = "reserve_many"
+	MethodCompleteMany Method = "complete_many"
 	// MethodNone is no store method: on an EventUnprotected it means the
 	// caller had no key, so the store was never called (see
 	// Coordinator.ReportUnprotected). It is not among Methods.
@@ -134,7 +150,7 @@ const (
 
 // Methods lists every Method, for pre-initialising metrics.
 func Methods() []Method {
-	return []Method{MethodReserve, MethodGet, MethodComplete, MethodRelease, MethodRenew}
+	return []Method{MethodReserve, MethodGet, MethodComplete, MethodRelease, MethodRenew, MethodReserveMany, MethodCompleteMany}
 }
 
 // WaitOutcome says how a wait for another caller's result ended.
@@ -175,4 +191,6 @@ type Event struct {
 	Outcome WaitOutcome
 	// Err is the error, for EventError and a failed EventStorageCall.
 	Err error
+	// Count is the number of keys, for EventBulkHit and EventBulkMiss.
+	Count int
 }

@@ -26,6 +26,7 @@
 //	idempotency_wait_duration_seconds{operation,outcome}   histogram
 //	idempotency_storage_duration_seconds{method,result}    histogram
 //	idempotency_storage_refusals_total{operation,reason}   counter
+//	idempotency_bulk_keys_total{operation,outcome}         counter
 //
 // storage_refusals_total counts the storage errors (also counted in
 // errors_total) that were refusals: Redis answered but refused the

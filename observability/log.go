@@ -70,6 +70,8 @@ func (l *eventLogger) logEvent(e coordinator.Event) {
 		fields = append(fields, zap.String("error_type", string(e.ErrorType)))
 	case coordinator.EventStorageCall:
 		fields = append(fields, zap.Duration("duration", e.Duration))
+	case coordinator.EventBulkHit, coordinator.EventBulkMiss:
+		fields = append(fields, zap.Int("count", e.Count))
 	}
 	if e.Method != "" {
 		fields = append(fields, zap.String("method", string(e.Method)))

@@ -58,6 +58,7 @@ type metrics struct {
 	wait        *prometheus.HistogramVec
 	storage     *prometheus.HistogramVec
 	refusals    *prometheus.CounterVec
+	bulk        *prometheus.CounterVec
 
 	// storageSeries holds the storage_duration_seconds series by method.
 	storageSeries map[coordinator.Method]*[telemetry.NumResults]prometheus.Observer
@@ -77,6 +78,7 @@ type opSeries struct {
 	hit, miss, inFlight prometheus.Counter
 	notReplayable       prometheus.Counter
 	stored              prometheus.Counter
+	bulkHit, bulkMiss   prometheus.Counter
 	errors              map[coordinator.ErrorType]prometheus.Counter
 	unprotected         map[coordinator.Method]prometheus.Counter
 	waits               map[coordinator.WaitOutcome]prometheus.Observer
@@ -115,6 +117,9 @@ func newMetrics(reg prometheus.Registerer, namespace string, ops []string, limit
 	m.refusals = prometheus.NewCounterVec(prometheus.CounterOpts(opts("storage_refusals_total",
 		"Failed store calls that were refusals, by reason: Redis refused the credentials (WRONGPASS, NOAUTH), denied a permission (NOPERM) or has no such database, or the module's circuit breaker was open. Each is also counted in errors_total under its storage error type.")),
 		[]string{"operation", "reason"})
+	m.bulk = prometheus.NewCounterVec(prometheus.CounterOpts(opts("bulk_keys_total",
+		"Keys of batch calls (DoBatch) by outcome: hit (replayed), miss (run under the batch's reservation). Each is also counted in requests_total.")),
+		[]string{"operation", "outcome"})
 
 	fq := func(name string) string { return prometheus.BuildFQName(namespace, subsystem, name) }
 	var registered []prometheus.Collector
@@ -128,6 +133,7 @@ func newMetrics(reg prometheus.Registerer, namespace string, ops []string, limit
 		{&m.stored, "stored_total"},
 		{&m.unprotected, "unprotected_total"},
 		{&m.refusals, "storage_refusals_total"},
+		{&m.bulk, "bulk_keys_total"},
 	} {
 		if *c.vec, err = register(reg, *c.vec, fq(c.name), &registered); err != nil {
 			break
@@ -195,6 +201,8 @@ func (m *metrics) newOpSeries(op string) *opSeries {
 		inFlight:      m.requests.WithLabelValues(op, outcomeInFlight),
 		notReplayable: m.requests.WithLabelValues(op, outcomeNotRepl),
 		stored:        m.stored.WithLabelValues(op),
+		bulkHit:       m.bulk.WithLabelValues(op, outcomeHit),
+		bulkMiss:      m.bulk.WithLabelValues(op, outcomeMiss),
 		errors:        make(map[coordinator.ErrorType]prometheus.Counter, len(coordinator.ErrorTypes())),
 		unprotected:   make(map[coordinator.Method]prometheus.Counter, len(coordinator.Methods())+1),
 		waits:         make(map[coordinator.WaitOutcome]prometheus.Observer, len(coordinator.WaitOutcomes())),
@@ -270,6 +278,10 @@ func (m *metrics) observe(e coordinator.Event) {
 		m.series(e.Key.Operation).notReplayable.Inc()
 	case coordinator.EventStored:
 		m.series(e.Key.Operation).stored.Inc()
+	case coordinator.EventBulkHit:
+		m.series(e.Key.Operation).bulkHit.Add(float64(e.Count))
+	case coordinator.EventBulkMiss:
+		m.series(e.Key.Operation).bulkMiss.Add(float64(e.Count))
 	case coordinator.EventWaited:
 		s := m.series(e.Key.Operation)
 		o, ok := s.waits[e.Outcome]

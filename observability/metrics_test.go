@@ -30,10 +30,11 @@ var documented = []struct {
 	{"idempotency_requests_total", 4},                                                                           // hit, miss, in_flight, not_replayable
 	{"idempotency_errors_total", len(coordinator.ErrorTypes())},                                                 // 9
 	{"idempotency_stored_total", 1},                                                                             //
-	{"idempotency_unprotected_total", len(coordinator.Methods()) + 1},                                           // 5 store methods and none
+	{"idempotency_unprotected_total", len(coordinator.Methods()) + 1},                                           // 7 store methods and none
 	{"idempotency_wait_duration_seconds", len(coordinator.WaitOutcomes())},                                      // 6
-	{"idempotency_storage_duration_seconds", len(coordinator.Methods()) * 4 /* ok, error, timeout, canceled */}, // 20
+	{"idempotency_storage_duration_seconds", len(coordinator.Methods()) * 4 /* ok, error, timeout, canceled */}, // 28
 	{"idempotency_storage_refusals_total", 4},                                                                   // credentials, permission, database, breaker_open
+	{"idempotency_bulk_keys_total", 2},                                                                          // hit, miss
 }
 
 func TestFreshRegistryHasEveryMetricAtZero(t *testing.T) {
@@ -100,8 +101,8 @@ idempotency_stored_total{operation="payment.charge"} 0
 
 func TestWithoutOperationsOnlyStorageSeriesExist(t *testing.T) {
 	_, reg := newObserver(t)
-	if n, err := testutil.GatherAndCount(reg); err != nil || n != 20 {
-		t.Fatalf("GatherAndCount = %d, %v; want the 20 storage series", n, err)
+	if n, err := testutil.GatherAndCount(reg); err != nil || n != 4*len(coordinator.Methods()) {
+		t.Fatalf("GatherAndCount = %d, %v; want the %d storage series", n, err, 4*len(coordinator.Methods()))
 	}
 }
 

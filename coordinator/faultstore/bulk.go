@@ -9,11 +9,11 @@ import (
 
 var _ coordinator.BulkStore = (*Store)(nil)
 
-// The bulk methods: each call counts as one call of the single-key method it
-// stands for (GetMany of coordinator.MethodGet, ReserveMany of
-// coordinator.MethodReserve, CompleteMany of coordinator.MethodComplete,
-// DeleteMany of coordinator.MethodRelease), takes that method's armed
-// failures, and runs its Hook once per entry, in order, before the call: an
+// The bulk methods: each call counts as one call of its method
+// (ReserveMany of coordinator.MethodReserveMany, CompleteMany of
+// coordinator.MethodCompleteMany; GetMany, which the coordinator does not
+// call, of coordinator.MethodGet, and DeleteMany of
+// coordinator.MethodRelease), takes that method's armed failures, and runs its Hook once per entry, in order, before the call: an
 // error from any of them fails the whole call. They return an error when the
 // inner store is not a coordinator.BulkStore.
 
@@ -63,7 +63,7 @@ func (s *Store) ReserveMany(ctx context.Context, keys []coordinator.Key, ws []co
 	if err != nil {
 		return nil, nil, err
 	}
-	lost, err := s.enterMany(ctx, coordinator.MethodReserve, keys)
+	lost, err := s.enterMany(ctx, coordinator.MethodReserveMany, keys)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -81,7 +81,7 @@ func (s *Store) CompleteMany(ctx context.Context, keys []coordinator.Key, tokens
 	if err != nil {
 		return nil, err
 	}
-	lost, err := s.enterMany(ctx, coordinator.MethodComplete, keys)
+	lost, err := s.enterMany(ctx, coordinator.MethodCompleteMany, keys)
 	if err != nil {
 		return nil, err
 	}

@@ -16,12 +16,12 @@ func bulkCall(ctx context.Context, s *faultstore.Store, method coordinator.Metho
 	keys := []coordinator.Key{key, {Operation: "op", Key: "other"}}
 	var err error
 	switch method {
-	case coordinator.MethodReserve:
+	case coordinator.MethodReserveMany:
 		w := coordinator.Write{State: coordinator.StatePending, Token: "tok2", TTL: time.Minute}
 		_, _, err = s.ReserveMany(ctx, keys, []coordinator.Write{w, w}, false)
 	case coordinator.MethodGet:
 		_, err = s.GetMany(ctx, keys)
-	case coordinator.MethodComplete:
+	case coordinator.MethodCompleteMany:
 		c := coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("r"), TTL: time.Hour}
 		_, err = s.CompleteMany(ctx, keys, []string{"tok", "tok"}, []coordinator.Completion{c, c})
 	case coordinator.MethodRelease:
@@ -32,8 +32,11 @@ func bulkCall(ctx context.Context, s *faultstore.Store, method coordinator.Metho
 	return err
 }
 
+// bulkMethods are the methods the bulk calls count under.
+var bulkMethods = []coordinator.Method{coordinator.MethodReserveMany, coordinator.MethodGet, coordinator.MethodCompleteMany, coordinator.MethodRelease}
+
 func TestBulkCallsTakeTheirMethodsFaults(t *testing.T) {
-	for _, m := range []coordinator.Method{coordinator.MethodReserve, coordinator.MethodGet, coordinator.MethodComplete, coordinator.MethodRelease} {
+	for _, m := range bulkMethods {
 		t.Run(string(m), func(t *testing.T) {
 			s, inner := newStore(t)
 			s.FailOnce(m, nil)
@@ -62,13 +65,13 @@ func TestBulkCallsTakeTheirMethodsFaults(t *testing.T) {
 func TestBulkHookFailsTheWholeCall(t *testing.T) {
 	s, inner := newStore(t)
 	boom := errors.New("second key")
-	s.Before(coordinator.MethodComplete, func(_ context.Context, k coordinator.Key) error {
+	s.Before(coordinator.MethodCompleteMany, func(_ context.Context, k coordinator.Key) error {
 		if k != key {
 			return boom
 		}
 		return nil
 	})
-	if err := bulkCall(t.Context(), s, coordinator.MethodComplete); !errors.Is(err, boom) {
+	if err := bulkCall(t.Context(), s, coordinator.MethodCompleteMany); !errors.Is(err, boom) {
 		t.Fatalf("CompleteMany with a failing hook on its second key: %v, want the hook's error", err)
 	}
 	untouched(t, inner)
@@ -76,8 +79,8 @@ func TestBulkHookFailsTheWholeCall(t *testing.T) {
 
 func TestBulkLostReply(t *testing.T) {
 	s, inner := newStore(t)
-	s.LoseReplies(coordinator.MethodComplete, 1, nil)
-	if err := bulkCall(t.Context(), s, coordinator.MethodComplete); !errors.Is(err, faultstore.ErrInjected) {
+	s.LoseReplies(coordinator.MethodCompleteMany, 1, nil)
+	if err := bulkCall(t.Context(), s, coordinator.MethodCompleteMany); !errors.Is(err, faultstore.ErrInjected) {
 		t.Fatalf("CompleteMany with its reply lost: %v, want ErrInjected", err)
 	}
 	if got := inner.Snapshot(key); got.State != coordinator.StateCompleted {
@@ -91,7 +94,7 @@ type notBulk struct{ coordinator.Store }
 func TestBulkNeedsABulkInner(t *testing.T) {
 	_, inner := newStore(t)
 	s := faultstore.Wrap(notBulk{inner})
-	for _, m := range []coordinator.Method{coordinator.MethodReserve, coordinator.MethodGet, coordinator.MethodComplete, coordinator.MethodRelease} {
+	for _, m := range bulkMethods {
 		if err := bulkCall(t.Context(), s, m); err == nil {
 			t.Errorf("bulk call of %s over a store without bulk operations: no error", m)
 		}

@@ -31,6 +31,12 @@ func call(ctx context.Context, s coordinator.Store, method coordinator.Method) e
 		_, err = s.Release(ctx, key, "tok")
 	case coordinator.MethodRenew:
 		_, err = s.Renew(ctx, key, "tok", 2*time.Minute)
+	case coordinator.MethodReserveMany, coordinator.MethodCompleteMany:
+		fs, ok := s.(*faultstore.Store)
+		if !ok {
+			panic("a bulk method needs a *faultstore.Store")
+		}
+		return bulkCall(ctx, fs, method)
 	default:
 		panic("unknown method " + method)
 	}

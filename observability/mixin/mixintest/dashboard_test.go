@@ -205,6 +205,7 @@ func TestSchemaIsTheDocumentedOne(t *testing.T) {
 		"idempotency_wait_duration_seconds_count":    {"operation": ops, "outcome": str(waitOutcomes)},
 		"idempotency_storage_duration_seconds_count": {"method": str(methods()), "result": str(promcheck.StorageResults)},
 		"idempotency_storage_refusals_total":         {"operation": ops, "reason": str(promcheck.RefusalReasons)},
+		"idempotency_bulk_keys_total":                {"operation": ops, "outcome": {"hit", "miss"}},
 		"idempotency_consumer_deliveries_total":      {"operation": consumerOp, "decision": str([]string{"ack", "retry", "dead_letter"}), "reason": str(reasons)},
 		"idempotency_consumer_dead_letters_total":    {"operation": consumerOp, "reason": str(deadReasons)},
 		"idempotency_consumer_claims_total":          {"operation": consumerOp},
@@ -240,8 +241,8 @@ func TestSchemaIsTheDocumentedOne(t *testing.T) {
 			}
 		}
 	}
-	if n := len(s.Series); n != 15 {
-		t.Errorf("%d series names, want 9 counters and 2 histograms of 3: %v", n, s.Names())
+	if n := len(s.Series); n != 16 {
+		t.Errorf("%d series names, want 10 counters and 2 histograms of 3: %v", n, s.Names())
 	}
 }
 

@@ -123,6 +123,10 @@ var documented = map[string]map[string]domain{
 		"operation": operationDomain,
 		"reason":    enum(RefusalReasons),
 	},
+	"idempotency_bulk_keys_total": {
+		"operation": operationDomain,
+		"outcome":   enum([]string{"hit", "miss"}),
+	},
 	"idempotency_consumer_deliveries_total": {
 		"operation": operationDomain,
 		"decision":  enum([]string{idemconsume.Ack.String(), idemconsume.Retry.String(), idemconsume.DeadLetter.String()}),

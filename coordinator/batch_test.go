@@ -1,0 +1,354 @@
+package coordinator_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/coordinator/faultstore"
+	"github.com/idemkit/idempotency/coordinator/memstore"
+)
+
+// calls returns a batch of calls of keys.
+func calls(keys ...string) []coordinator.Call {
+	cs := make([]coordinator.Call, len(keys))
+	for i, k := range keys {
+		cs[i] = call(k)
+	}
+	return cs
+}
+
+// batchAction counts the runs of each call's action and returns the key.
+type batchAction struct {
+	mu   sync.Mutex
+	runs map[string]int
+	cs   []coordinator.Call
+	fail map[string]error
+}
+
+func newBatchAction(cs []coordinator.Call) *batchAction {
+	return &batchAction{runs: map[string]int{}, cs: cs, fail: map[string]error{}}
+}
+
+func (a *batchAction) run(_ context.Context, i int) (string, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	k := a.cs[i].Key
+	a.runs[k]++
+	return "result of " + k, a.fail[k]
+}
+
+func TestDoBatchOneRoundTripEach(t *testing.T) {
+	fs := faultstore.Wrap(memstore.New())
+	fx := newFixture(t, fs)
+	cs := calls("a", "b", "c", "d", "e")
+	act := newBatchAction(cs)
+	res, errs := coordinator.DoBatch(t.Context(), fx.c, cs, act.run)
+	for i, c := range cs {
+		if errs[i] != nil || res[i].Replayed || res[i].Value != "result of "+c.Key || act.runs[c.Key] != 1 {
+			t.Errorf("call %d: %+v, %v, %d runs; want its own result, run once", i, res[i], errs[i], act.runs[c.Key])
+		}
+	}
+	if r, c := fs.Calls(coordinator.MethodReserveMany), fs.Calls(coordinator.MethodCompleteMany); r != 1 || c != 1 || fs.Calls(coordinator.MethodReserve)+fs.Calls(coordinator.MethodComplete) != 0 {
+		t.Errorf("store calls: %d reserve, %d complete; want one ReserveMany and one CompleteMany", r, c)
+	}
+	if n := fx.rec.calls(coordinator.MethodReserveMany); n != 1 {
+		t.Errorf("%d reserve_many storage call events, want 1", n)
+	}
+	if n := fx.rec.count(coordinator.EventMiss, ""); n != 5 {
+		t.Errorf("%d miss events, want 5", n)
+	}
+	if n := fx.rec.count(coordinator.EventStored, ""); n != 5 {
+		t.Errorf("%d stored events, want 5", n)
+	}
+	wantBulk(t, fx.rec, 0, 5)
+
+	// Again: every key replays, in one ReserveMany and no completion.
+	res, errs = coordinator.DoBatch(t.Context(), fx.c, cs, act.run)
+	for i, c := range cs {
+		if errs[i] != nil || !res[i].Replayed || res[i].Value != "result of "+c.Key || act.runs[c.Key] != 1 {
+			t.Errorf("replayed call %d: %+v, %v, %d runs; want the stored result", i, res[i], errs[i], act.runs[c.Key])
+		}
+	}
+	if r, c := fs.Calls(coordinator.MethodReserveMany), fs.Calls(coordinator.MethodCompleteMany); r != 2 || c != 1 {
+		t.Errorf("store calls after the replay: %d reserve, %d complete; want 2 and 1", r, c)
+	}
+	wantBulk(t, fx.rec, 5, 5)
+}
+
+// wantBulk fails the test unless the bulk events counted hits and misses.
+func wantBulk(t *testing.T, rec *recorder, hits, misses int) {
+	t.Helper()
+	var h, m int
+	for _, e := range rec.all() {
+		switch e.Kind {
+		case coordinator.EventBulkHit:
+			h += e.Count
+		case coordinator.EventBulkMiss:
+			m += e.Count
+		}
+	}
+	if h != hits || m != misses {
+		t.Errorf("bulk events counted %d hits and %d misses, want %d and %d", h, m, hits, misses)
+	}
+}
+
+func TestDoBatchMixed(t *testing.T) {
+	fx, s := newMem(t, coordinator.WithInFlight(coordinator.InFlightRaise))
+	done := coordinator.Key{Operation: "payment.charge", Key: "done"}
+	s.Put(done, coordinator.Record{State: coordinator.StateCompleted, Token: "t", Result: []byte(`"stored"`), TTL: time.Hour})
+	s.Put(coordinator.Key{Operation: "payment.charge", Key: "held"}, coordinator.Record{State: coordinator.StatePending, Token: "other", TTL: time.Hour})
+	s.Put(coordinator.Key{Operation: "payment.charge", Key: "reused"}, coordinator.Record{State: coordinator.StateCompleted, Token: "t", Fingerprint: "fp-old", Result: []byte(`"x"`), TTL: time.Hour})
+	s.Put(coordinator.Key{Operation: "payment.charge", Key: "gone"}, coordinator.Record{State: coordinator.StateNotReplayable, Token: "t", Result: []byte("too big"), TTL: time.Hour})
+	s.Put(coordinator.Key{Operation: "payment.charge", Key: "bad"}, coordinator.Record{State: coordinator.StateUnreadable, TTL: time.Hour})
+	cs := calls("new", "done", "held", "reused", "gone", "bad", "", "new", "fails")
+	cs[3].Fingerprint = "fp-new"
+	act := newBatchAction(cs)
+	boom := errors.New("boom")
+	act.fail["fails"] = boom
+	res, errs := coordinator.DoBatch(t.Context(), fx.c, cs, act.run)
+
+	want := []struct {
+		value    string
+		replayed bool
+		err      error
+	}{
+		{"result of new", false, nil},
+		{"stored", true, nil},
+		{"", false, coordinator.ErrInProgress},
+		{"", false, coordinator.ErrKeyReuse},
+		{"", false, coordinator.ErrNotReplayable},
+		{"result of bad", false, nil}, // healed: run
+		{"", false, coordinator.ErrInvalidRequest},
+		{"result of new", true, nil}, // the same key again: replayed
+		{"result of fails", false, boom},
+	}
+	for i, w := range want {
+		if res[i].Value != w.value || res[i].Replayed != w.replayed || !errors.Is(errs[i], w.err) || (w.err == nil) != (errs[i] == nil) {
+			t.Errorf("call %d (%q): %+v, %v; want %+v", i, cs[i].Key, res[i], errs[i], w)
+		}
+	}
+	for k, n := range map[string]int{"new": 1, "bad": 1, "fails": 1, "done": 0, "held": 0, "reused": 0, "gone": 0} {
+		if act.runs[k] != n {
+			t.Errorf("%q ran %d times, want %d", k, act.runs[k], n)
+		}
+	}
+	if rec := s.Snapshot(coordinator.Key{Operation: "payment.charge", Key: "fails"}); rec.State != coordinator.StateAbsent {
+		t.Errorf("the key whose action failed holds %v, want it released", rec.State)
+	}
+	if rec := s.Snapshot(coordinator.Key{Operation: "payment.charge", Key: "new"}); rec.State != coordinator.StateCompleted {
+		t.Errorf("the new key holds %v, want completed", rec.State)
+	}
+	// Replays: "done", and "new" a second time; misses: new and fails
+	// under the batch's reservations ("bad" is healed by its own call).
+	wantBulk(t, fx.rec, 1, 2)
+}
+
+func TestDoBatchWaitsForAHolder(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		fx, s := newMem(t, coordinator.WithInFlight(coordinator.InFlightWait))
+		held := coordinator.Key{Operation: "payment.charge", Key: "held"}
+		s.Put(held, coordinator.Record{State: coordinator.StatePending, Token: "other", TTL: time.Hour})
+		go func() {
+			time.Sleep(3 * time.Second)
+			if ok, err := s.Complete(context.Background(), held, "other", coordinator.Completion{State: coordinator.StateCompleted, Result: []byte(`"theirs"`), TTL: time.Hour}); !ok || err != nil {
+				panic(fmt.Sprint("complete: ", ok, err))
+			}
+		}()
+		cs := calls("a", "held", "b")
+		act := newBatchAction(cs)
+		res, errs := coordinator.DoBatch(t.Context(), fx.c, cs, act.run)
+		if errs[1] != nil || res[1].Value != "theirs" || !res[1].Replayed {
+			t.Errorf("the held key: %+v, %v; want the holder's result", res[1], errs[1])
+		}
+		for _, i := range []int{0, 2} {
+			if errs[i] != nil || res[i].Value != "result of "+cs[i].Key {
+				t.Errorf("call %d: %+v, %v", i, res[i], errs[i])
+			}
+		}
+		// memstore has no Watch: the wait polls, and ends at the first
+		// poll after the completion.
+		if w := fx.rec.waits(); len(w) != 1 || w[0].Outcome != coordinator.WaitHit || w[0].Duration < 3*time.Second {
+			t.Errorf("waits %+v, want one that ended with a hit after 3s or more", w)
+		}
+	})
+}
+
+func TestDoBatchKeepsLeasesWhileItRuns(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		lease := 3 * time.Second
+		fx, s := newMem(t, coordinator.WithLease(lease))
+		cs := calls("slow", "next")
+		res, errs := coordinator.DoBatch(t.Context(), fx.c, cs, func(ctx context.Context, i int) (string, error) {
+			if i == 0 {
+				time.Sleep(4 * lease) // the second key's lease would have run out
+			}
+			if ctx.Err() != nil {
+				return "", context.Cause(ctx)
+			}
+			return cs[i].Key, nil
+		})
+		for i := range cs {
+			if errs[i] != nil || res[i].Value != cs[i].Key {
+				t.Fatalf("call %d: %+v, %v", i, res[i], errs[i])
+			}
+			if rec := s.Snapshot(coordinator.Key{Operation: "payment.charge", Key: cs[i].Key}); rec.State != coordinator.StateCompleted {
+				t.Errorf("key %q holds %v, want completed", cs[i].Key, rec.State)
+			}
+		}
+		if n := fx.rec.errors(coordinator.ErrorLeaseLost); n != 0 {
+			t.Errorf("%d lease_lost errors, want none", n)
+		}
+		if n := fx.rec.calls(coordinator.MethodRenew); n < 2*4 {
+			t.Errorf("%d renewals, want both leases renewed through the slow action", n)
+		}
+	})
+}
+
+func TestDoBatchPanicKeepsWhatRan(t *testing.T) {
+	fx, s := newMem(t)
+	cs := calls("first", "panics", "never")
+	func() {
+		defer func() {
+			if v := recover(); v != "boom" {
+				t.Fatalf("recovered %v, want the action's panic", v)
+			}
+		}()
+		coordinator.DoBatch(t.Context(), fx.c, cs, func(_ context.Context, i int) (string, error) {
+			if i == 1 {
+				panic("boom")
+			}
+			return cs[i].Key, nil
+		})
+	}()
+	want := map[string]coordinator.State{"first": coordinator.StateCompleted, "panics": coordinator.StateAbsent, "never": coordinator.StateAbsent}
+	for k, st := range want {
+		if got := s.Snapshot(coordinator.Key{Operation: "payment.charge", Key: k}).State; got != st {
+			t.Errorf("after the panic, %q holds %v, want %v", k, got, st)
+		}
+	}
+}
+
+func TestDoBatchStoreFails(t *testing.T) {
+	for _, mode := range []coordinator.OnStorageErrorMode{coordinator.OnStorageErrorRaise, coordinator.OnStorageErrorRun} {
+		t.Run(string(mode), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				fs := faultstore.Wrap(memstore.New())
+				fx := newFixture(t, fs, coordinator.WithOnStorageError(mode))
+				fs.FailOnce(coordinator.MethodReserveMany, nil)
+				cs := calls("a", "b")
+				act := newBatchAction(cs)
+				res, errs := coordinator.DoBatch(t.Context(), fx.c, cs, act.run)
+				for i := range cs {
+					switch mode {
+					case coordinator.OnStorageErrorRaise:
+						if !errors.Is(errs[i], coordinator.ErrStorage) || act.runs[cs[i].Key] != 0 {
+							t.Errorf("call %d: %v, %d runs; want a storage error and no run", i, errs[i], act.runs[cs[i].Key])
+						}
+					default:
+						if errs[i] != nil || res[i].Value != "result of "+cs[i].Key || act.runs[cs[i].Key] != 1 {
+							t.Errorf("call %d: %+v, %v, %d runs; want an unprotected run", i, res[i], errs[i], act.runs[cs[i].Key])
+						}
+					}
+				}
+				synctest.Wait() // the background saves of mode run
+			})
+		})
+	}
+}
+
+func TestDoBatchCompleteManyFailsIsRetried(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		inner := memstore.New()
+		fs := faultstore.Wrap(inner)
+		fx := newFixture(t, fs)
+		fs.FailOnce(coordinator.MethodCompleteMany, nil)
+		cs := calls("a", "b")
+		act := newBatchAction(cs)
+		_, errs := coordinator.DoBatch(t.Context(), fx.c, cs, act.run)
+		if errs[0] != nil || errs[1] != nil {
+			t.Fatalf("errors %v: the actions ran, want their results", errs)
+		}
+		time.Sleep(time.Second)
+		synctest.Wait()
+		for _, c := range cs {
+			if rec := inner.Snapshot(coordinator.Key{Operation: c.Operation, Key: c.Key}); rec.State != coordinator.StateCompleted {
+				t.Errorf("%q holds %v after the background retry, want completed", c.Key, rec.State)
+			}
+		}
+	})
+}
+
+// noBulk is a store without bulk operations.
+type noBulk struct{ coordinator.Store }
+
+func TestDoBatchWithoutBulkStore(t *testing.T) {
+	fx := newFixture(t, noBulk{memstore.New()})
+	cs := calls("a", "b", "a")
+	act := newBatchAction(cs)
+	res, errs := coordinator.DoBatch(t.Context(), fx.c, cs, act.run)
+	if errs[0] != nil || errs[1] != nil || errs[2] != nil || !res[2].Replayed || act.runs["a"] != 1 {
+		t.Errorf("results %+v, errors %v, runs %v; want one run per key", res, errs, act.runs)
+	}
+	if n := fx.rec.calls(coordinator.MethodReserveMany); n != 0 {
+		t.Errorf("%d reserve_many calls on a store without bulk operations", n)
+	}
+}
+
+func TestDoBatchDisabled(t *testing.T) {
+	fx, s := newMem(t, coordinator.WithEnabled(false))
+	cs := calls("a", "a")
+	act := newBatchAction(cs)
+	_, errs := coordinator.DoBatch(t.Context(), fx.c, cs, act.run)
+	if errs[0] != nil || errs[1] != nil || act.runs["a"] != 2 || s.Len() != 0 {
+		t.Errorf("errors %v, runs %v, %d records; want every action run, nothing stored", errs, act.runs, s.Len())
+	}
+}
+
+func TestDoBatchNilAction(t *testing.T) {
+	fx, _ := newMem(t)
+	_, errs := coordinator.DoBatch[string](t.Context(), fx.c, calls("a"), nil)
+	if !errors.Is(errs[0], coordinator.ErrInvalidRequest) {
+		t.Errorf("nil action: %v, want ErrInvalidRequest", errs[0])
+	}
+}
+
+// TestDoBatchConcurrent runs overlapping batches at once: every key's
+// action runs exactly once, and every call gets its result.
+func TestDoBatchConcurrent(t *testing.T) {
+	fx, _ := newMem(t)
+	const batches, keys = 16, 40
+	var runs [keys]atomic.Int32
+	var wg sync.WaitGroup
+	for g := range batches {
+		wg.Go(func() {
+			cs := make([]coordinator.Call, keys)
+			for j := range cs {
+				cs[j] = call(fmt.Sprint("k", (j+g*7)%keys))
+			}
+			res, errs := coordinator.DoBatch(context.Background(), fx.c, cs, func(_ context.Context, i int) (string, error) {
+				var n int
+				fmt.Sscan(cs[i].Key[1:], &n)
+				runs[n].Add(1)
+				return cs[i].Key, nil
+			})
+			for i := range cs {
+				if errs[i] != nil || res[i].Value != cs[i].Key {
+					t.Errorf("batch %d call %d: %+v, %v", g, i, res[i], errs[i])
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for k := range runs {
+		if n := runs[k].Load(); n != 1 {
+			t.Errorf("key k%d ran %d times, want once", k, n)
+		}
+	}
+}
