@@ -2,14 +2,20 @@ package coordinator
 
 import (
 	"context"
+	"sync"
 	"time"
 )
 
 // DoBatch runs a batch of calls as Do runs each of them, with the store
 // round trips of the batch shared: it reserves or reads every key at once
 // (one BulkStore.ReserveMany), runs the actions of the keys it reserved one
-// after another in the order of calls, and completes them together (one
-// BulkStore.CompleteMany). action(ctx, i) is the action of calls[i]; it runs
+// after another in the order of calls, and completes them together: a
+// result is sent as soon as its action returns when no completion of the
+// batch is in flight, and the results that become ready meanwhile go
+// together in the next BulkStore.CompleteMany. A result thus waits for no
+// more than one other round trip, whatever the actions after it take, and
+// a process that dies in the middle of a batch leaves no more actions run
+// and not recorded than single calls would. action(ctx, i) is the action of calls[i]; it runs
 // at most once per key, as Do's would. The results and errors come back in
 // the order of calls, each as DoResult would return it; a key that appears
 // twice in calls is run once, and its later calls replay its result.
@@ -66,6 +72,12 @@ type batch[T any] struct {
 	answers []answer
 	held    []*holding // this batch's reservation, or nil
 	missed  []bool     // the action ran under the batch's reservation
+
+	// The completions: see ready.
+	mu       sync.Mutex
+	queue    []int // entries whose action ran, not yet sent
+	flushing bool  // a flush goroutine runs
+	done     sync.WaitGroup
 }
 
 // holding is a reservation the batch made: the action's context and the
@@ -156,14 +168,19 @@ func (b *batch[T]) hold(ctx context.Context, f *flow[T], sent time.Time) *holdin
 	return &holding{actx: actx, cancel: cancel, renewer: f.startRenewer(ctx, cancel, sent)}
 }
 
-// run settles every call in order, completes what ran, then runs the calls
-// of keys met twice.
+// run settles every call in order, waits for the completions, then runs
+// the calls of keys met twice.
 func (b *batch[T]) run(ctx context.Context, one func(int)) {
 	j := 0 // the next entry of the bulk path
 	returned := false
 	defer func() {
 		if !returned { // an action panicked: keep what ran, free the rest
-			b.complete(ctx, true)
+			b.done.Wait()
+			for j, h := range b.held {
+				if h != nil && !h.ran {
+					b.free(ctx, j)
+				}
+			}
 		}
 	}()
 	for i := range b.flows {
@@ -178,7 +195,7 @@ func (b *batch[T]) run(ctx context.Context, one func(int)) {
 		}
 	}
 	returned = true
-	b.complete(ctx, false)
+	b.done.Wait()
 	b.count(ctx)
 	for _, i := range b.later {
 		one(i)
@@ -186,8 +203,8 @@ func (b *batch[T]) run(ctx context.Context, one func(int)) {
 }
 
 // settle settles entry j of the bulk path: it runs the action under the
-// batch's reservation, or takes the record another caller wrote as a
-// single call's Reserve would.
+// batch's reservation and hands its result to the completions, or takes
+// the record another caller wrote as a single call's Reserve would.
 func (b *batch[T]) settle(ctx context.Context, j int) {
 	i := b.at[j]
 	f, h := b.flows[i], b.held[j]
@@ -206,6 +223,7 @@ func (b *batch[T]) settle(ctx context.Context, j int) {
 	}
 	f.keep(ctx)
 	h.ran = true
+	b.ready(ctx, j)
 }
 
 // free ends entry j's reservation without a result: its action failed,
@@ -218,39 +236,69 @@ func (b *batch[T]) free(ctx context.Context, j int) {
 	b.flows[b.at[j]].release(ctx)
 }
 
-// complete stores the results of the actions that ran, in one
-// CompleteMany, and frees the reservations whose action did not run (an
-// action panicked: panicking). A completion that fails is retried per key
-// in the background, as runReserved's is.
-func (b *batch[T]) complete(ctx context.Context, panicking bool) {
-	var js []int
-	for j, h := range b.held {
-		switch {
-		case h == nil:
-		case !h.ran:
-			if panicking {
-				b.free(ctx, j)
-			}
-		case h.renewer.stop():
+// ready queues entry j, whose action ran, for completion. A result is
+// stored as soon as it is ready, as a single call's is, when no completion
+// of the batch is in flight; the results that become ready while one is
+// in flight go together in the next: one CompleteMany for as many actions
+// as ended during a round trip. A result thus waits for at most one other
+// completion, whatever the actions after it take, and a process that dies
+// in the middle of a batch leaves no more actions run and not recorded
+// than a single call would.
+func (b *batch[T]) ready(ctx context.Context, j int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.queue = append(b.queue, j)
+	if !b.flushing {
+		b.flushing = true
+		b.done.Add(1)
+		go b.flush(ctx)
+	}
+}
+
+// flush completes the queued entries, a CompleteMany at a time, until the
+// queue is empty.
+func (b *batch[T]) flush(ctx context.Context) {
+	defer b.done.Done()
+	for {
+		b.mu.Lock()
+		js := b.queue
+		b.queue = nil
+		if len(js) == 0 {
+			b.flushing = false
+			b.mu.Unlock()
+			return
+		}
+		b.mu.Unlock()
+		b.complete(ctx, js)
+	}
+}
+
+// complete stores the results of entries js in one CompleteMany. A
+// completion that fails is retried per key in the background, as
+// runReserved's is.
+func (b *batch[T]) complete(ctx context.Context, js []int) {
+	var keep []int
+	for _, j := range js {
+		if h := b.held[j]; h.renewer.stop() {
 			h.cancel(nil) // the lease was lost: reported by the renewer
-		default:
-			js = append(js, j)
+		} else {
+			keep = append(keep, j)
 		}
 	}
-	if len(js) == 0 {
+	if len(keep) == 0 {
 		return
 	}
-	keys, tokens, cs := make([]Key, len(js)), make([]string, len(js)), make([]Completion, len(js))
-	for n, j := range js {
+	keys, tokens, cs := make([]Key, len(keep)), make([]string, len(keep)), make([]Completion, len(keep))
+	for n, j := range keep {
 		f := b.flows[b.at[j]]
 		keys[n], tokens[n] = f.key, f.token
 		cs[n] = Completion{State: f.state, Result: f.payload, TTL: f.ttl}
 	}
 	dctx := context.WithoutCancel(ctx)
-	sctx, cancel, start := b.flows[b.at[js[0]]].begin(dctx)
+	sctx, cancel, start := b.flows[b.at[keep[0]]].begin(dctx)
 	ok, err := b.bulk.CompleteMany(sctx, keys, tokens, cs)
 	b.bulkCall(ctx, cancel, start, MethodCompleteMany, err)
-	for n, j := range js {
+	for n, j := range keep {
 		f, h := b.flows[b.at[j]], b.held[j]
 		h.cancel(nil)
 		if err != nil {

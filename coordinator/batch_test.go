@@ -55,8 +55,12 @@ func TestDoBatchOneRoundTripEach(t *testing.T) {
 			t.Errorf("call %d: %+v, %v, %d runs; want its own result, run once", i, res[i], errs[i], act.runs[c.Key])
 		}
 	}
-	if r, c := fs.Calls(coordinator.MethodReserveMany), fs.Calls(coordinator.MethodCompleteMany); r != 1 || c != 1 || fs.Calls(coordinator.MethodReserve)+fs.Calls(coordinator.MethodComplete) != 0 {
-		t.Errorf("store calls: %d reserve, %d complete; want one ReserveMany and one CompleteMany", r, c)
+	// The completions: the first result is sent at once, and those that
+	// are ready while it is in flight go in the next CompleteMany.
+	completions := fs.Calls(coordinator.MethodCompleteMany)
+	if r := fs.Calls(coordinator.MethodReserveMany); r != 1 || completions < 1 || completions > 5 || fs.Calls(coordinator.MethodReserve)+fs.Calls(coordinator.MethodComplete) != 0 {
+		t.Errorf("store calls: %d reserve_many, %d complete_many, %d reserve, %d complete; want one ReserveMany and 1 to 5 CompleteMany",
+			r, completions, fs.Calls(coordinator.MethodReserve), fs.Calls(coordinator.MethodComplete))
 	}
 	if n := fx.rec.calls(coordinator.MethodReserveMany); n != 1 {
 		t.Errorf("%d reserve_many storage call events, want 1", n)
@@ -76,7 +80,7 @@ func TestDoBatchOneRoundTripEach(t *testing.T) {
 			t.Errorf("replayed call %d: %+v, %v, %d runs; want the stored result", i, res[i], errs[i], act.runs[c.Key])
 		}
 	}
-	if r, c := fs.Calls(coordinator.MethodReserveMany), fs.Calls(coordinator.MethodCompleteMany); r != 2 || c != 1 {
+	if r, c := fs.Calls(coordinator.MethodReserveMany), fs.Calls(coordinator.MethodCompleteMany); r != 2 || c != completions {
 		t.Errorf("store calls after the replay: %d reserve, %d complete; want 2 and 1", r, c)
 	}
 	wantBulk(t, fx.rec, 5, 5)
@@ -96,6 +100,48 @@ func wantBulk(t *testing.T, rec *recorder, hits, misses int) {
 	}
 	if h != hits || m != misses {
 		t.Errorf("bulk events counted %d hits and %d misses, want %d and %d", h, m, hits, misses)
+	}
+}
+
+// TestDoBatchGroupsCompletions holds the first completion in flight while
+// the other actions end: they all go in the second CompleteMany.
+func TestDoBatchGroupsCompletions(t *testing.T) {
+	fs := faultstore.Wrap(memstore.New())
+	fx := newFixture(t, fs)
+	release, sentA := make(chan struct{}), make(chan struct{})
+	var sizes []int
+	var mu sync.Mutex
+	fs.Before(coordinator.MethodCompleteMany, func(ctx context.Context, k coordinator.Key) error {
+		mu.Lock()
+		defer mu.Unlock()
+		// The call is counted before its hook runs for each of its keys.
+		for len(sizes) < fs.Calls(coordinator.MethodCompleteMany) {
+			sizes = append(sizes, 0)
+		}
+		sizes[len(sizes)-1]++
+		if k.Key == "a" {
+			close(sentA)
+			<-release
+		}
+		return nil
+	})
+	cs := calls("a", "b", "c", "d")
+	res, errs := coordinator.DoBatch(t.Context(), fx.c, cs, func(_ context.Context, i int) (string, error) {
+		switch i {
+		case 1:
+			<-sentA // the first completion is on its way
+		case len(cs) - 1:
+			close(release) // the last action ends: let the first completion return
+		}
+		return cs[i].Key, nil
+	})
+	for i := range cs {
+		if errs[i] != nil || res[i].Value != cs[i].Key {
+			t.Fatalf("call %d: %+v, %v", i, res[i], errs[i])
+		}
+	}
+	if fmt.Sprint(sizes) != "[1 3]" {
+		t.Errorf("CompleteMany sizes %v, want [1 3]: the first alone, the rest together", sizes)
 	}
 }
 
