@@ -86,23 +86,87 @@ func (p *Processor) Process(ctx context.Context, msg Message, handle Handler) De
 	if handle == nil {
 		panic("idemconsume: Process: handler is nil")
 	}
-	over := msg.Deliveries > p.cfg.maxDeliveries
 	if !p.c.Enabled() {
-		if over {
-			return Decision{Action: DeadLetter, Reason: ReasonMaxDeliveries, Err: p.overLimit(msg)}
-		}
-		if err := run(ctx, msg, handle); err != nil {
-			return p.failed(ctx, msg, "", err, false)
-		}
-		return Decision{Action: Ack, Reason: ReasonUnprotected}
+		return p.unprotected(ctx, msg, handle)
 	}
+	call, d, ok := p.prepare(msg)
+	if !ok {
+		return d
+	}
+	var st delivery
+	st.init(p, msg)
+	_, err := coordinator.DoResult(ctx, p.c, call, func(actx context.Context) (struct{}, error) {
+		return struct{}{}, st.act(actx, msg, handle)
+	})
+	return p.decide(ctx, msg, call.Key, err, &st)
+}
 
+// ProcessBatch is Process for a batch of deliveries, through
+// coordinator.DoBatch: their keys are reserved or read at once, the
+// handlers of the new ones run one after another in the order of msgs, and
+// their records are completed together (see DoBatch for when each is
+// stored), so that a batch of n new messages costs a few store round trips
+// rather than 2n. It returns one Decision per delivery, in the order of
+// msgs, each as Process would decide it; two deliveries with one key run
+// the handler once, and the second is a ReasonDuplicate. The adapter must
+// act on the decisions only after ProcessBatch has returned.
+//
+// ProcessBatch panics when handle is nil.
+func (p *Processor) ProcessBatch(ctx context.Context, msgs []Message, handle Handler) []Decision {
+	if handle == nil {
+		panic("idemconsume: ProcessBatch: handler is nil")
+	}
+	ds := make([]Decision, len(msgs))
+	if !p.c.Enabled() {
+		for i, msg := range msgs {
+			ds[i] = p.unprotected(ctx, msg, handle)
+		}
+		return ds
+	}
+	calls := make([]coordinator.Call, 0, len(msgs))
+	at := make([]int, 0, len(msgs)) // at[j] is the delivery of calls[j]
+	sts := make([]delivery, len(msgs))
+	for i, msg := range msgs {
+		call, d, ok := p.prepare(msg)
+		if !ok {
+			ds[i] = d
+			continue
+		}
+		sts[i].init(p, msg)
+		calls = append(calls, call)
+		at = append(at, i)
+	}
+	_, errs := coordinator.DoBatch(ctx, p.c, calls, func(actx context.Context, j int) (struct{}, error) {
+		i := at[j]
+		return struct{}{}, sts[i].act(actx, msgs[i], handle)
+	})
+	for j, i := range at {
+		ds[i] = p.decide(ctx, msgs[i], calls[j].Key, errs[j], &sts[i])
+	}
+	return ds
+}
+
+// unprotected processes msg while the coordinator is disabled (its kill
+// switch): handle just runs.
+func (p *Processor) unprotected(ctx context.Context, msg Message, handle Handler) Decision {
+	if msg.Deliveries > p.cfg.maxDeliveries {
+		return Decision{Action: DeadLetter, Reason: ReasonMaxDeliveries, Err: p.overLimit(msg)}
+	}
+	if err := run(ctx, msg, handle); err != nil {
+		return p.failed(ctx, msg, "", err, false)
+	}
+	return Decision{Action: Ack, Reason: ReasonUnprotected}
+}
+
+// prepare derives msg's call; it reports false, with the decision, for a
+// message whose key or fingerprint cannot be derived.
+func (p *Processor) prepare(msg Message) (coordinator.Call, Decision, bool) {
 	key, err := guard(p.cfg.key, msg)
 	if err == nil {
 		err = coordinator.ValidateKey(key)
 	}
 	if err != nil {
-		return Decision{Action: DeadLetter, Reason: ReasonBadMessage, Err: fmt.Errorf("idemconsume: key of message %q: %w", msg.ID, err)}
+		return coordinator.Call{}, Decision{Action: DeadLetter, Reason: ReasonBadMessage, Err: fmt.Errorf("idemconsume: key of message %q: %w", msg.ID, err)}, false
 	}
 	call := coordinator.Call{Operation: p.op, Key: key, TTL: p.cfg.ttl}
 	if p.cfg.fingerprint != nil {
@@ -111,54 +175,68 @@ func (p *Processor) Process(ctx context.Context, msg Message, handle Handler) De
 			err = coordinator.ValidateFingerprint(fp)
 		}
 		if err != nil {
-			return Decision{Action: DeadLetter, Reason: ReasonBadMessage, Key: key,
-				Err: fmt.Errorf("idemconsume: fingerprint of message %q: %w", msg.ID, err)}
+			return coordinator.Call{}, Decision{Action: DeadLetter, Reason: ReasonBadMessage, Key: key,
+				Err: fmt.Errorf("idemconsume: fingerprint of message %q: %w", msg.ID, err)}, false
 		}
 		call.Fingerprint = fp
 	}
+	return call, Decision{}, true
+}
 
-	// What the action saw, read once DoResult has returned (the action has
-	// returned by then).
-	var ran, protected, lost bool
-	var limit error
-	if over {
-		limit = p.overLimit(msg)
+// delivery is what the action of one delivery saw, read once the
+// coordinator has returned (the action has returned by then).
+type delivery struct {
+	over                 bool  // delivered more than MaxDeliveries times
+	limit                error // the error of over
+	ran, protected, lost bool
+}
+
+func (st *delivery) init(p *Processor, msg Message) {
+	st.over = msg.Deliveries > p.cfg.maxDeliveries
+	if st.over {
+		st.limit = p.overLimit(msg)
 	}
-	_, err = coordinator.DoResult(ctx, p.c, call, func(actx context.Context) (struct{}, error) {
-		_, protected = coordinator.ReservationFromContext(actx)
-		if over {
-			// The message may crash its consumer every time: do not run it.
-			// Reaching here under a reservation means no completed record
-			// and no other holder: dead-letter it, and let the coordinator
-			// release the key. Without one (the store failed, mode "run")
-			// nobody knows; see below.
-			return struct{}{}, limit
-		}
-		ran = true
-		herr := run(actx, msg, handle)
-		lost = herr != nil && errors.Is(context.Cause(actx), coordinator.ErrLeaseLost)
-		return struct{}{}, herr
-	})
+}
 
+// act is the coordinator's action for the delivery of msg.
+func (st *delivery) act(actx context.Context, msg Message, handle Handler) error {
+	_, st.protected = coordinator.ReservationFromContext(actx)
+	if st.over {
+		// The message may crash its consumer every time: do not run it.
+		// Reaching here under a reservation means no completed record
+		// and no other holder: dead-letter it, and let the coordinator
+		// release the key. Without one (the store failed, mode "run")
+		// nobody knows; see decide.
+		return st.limit
+	}
+	st.ran = true
+	herr := run(actx, msg, handle)
+	st.lost = herr != nil && errors.Is(context.Cause(actx), coordinator.ErrLeaseLost)
+	return herr
+}
+
+// decide turns the coordinator's answer for the delivery of msg into a
+// Decision.
+func (p *Processor) decide(ctx context.Context, msg Message, key string, err error, st *delivery) Decision {
 	var inProgress *coordinator.InProgressError
 	switch {
-	case err == nil && ran && !protected:
+	case err == nil && st.ran && !st.protected:
 		return Decision{Action: Ack, Reason: ReasonUnprotected, Key: key}
-	case err == nil && ran:
+	case err == nil && st.ran:
 		return Decision{Action: Ack, Reason: ReasonProcessed, Key: key}
 	case err == nil:
 		return Decision{Action: Ack, Reason: ReasonDuplicate, Key: key}
-	case ran:
-		return p.failed(ctx, msg, key, err, lost)
-	case over && err == limit && !protected:
+	case st.ran:
+		return p.failed(ctx, msg, key, err, st.lost)
+	case st.over && err == st.limit && !st.protected:
 		// The store could not tell whether the message was processed, or is
 		// being processed by another consumer now: dead-lettering it could
 		// hand the dead-letter queue a message whose effect happened or is
 		// happening. It waits for the store, without running the handler.
 		return Decision{Action: Retry, Reason: ReasonStorage, Key: key,
-			Err: fmt.Errorf("%w; the store cannot say whether it was processed, so it is left for a later delivery", limit)}
-	case over && err == limit:
-		return Decision{Action: DeadLetter, Reason: ReasonMaxDeliveries, Key: key, Err: limit}
+			Err: fmt.Errorf("%w; the store cannot say whether it was processed, so it is left for a later delivery", st.limit)}
+	case st.over && err == st.limit:
+		return Decision{Action: DeadLetter, Reason: ReasonMaxDeliveries, Key: key, Err: st.limit}
 	case errors.Is(err, coordinator.ErrNotReplayable):
 		// The key's action completed, but its result was not kept (another
 		// caller of the operation returned one too large, or the

@@ -1,0 +1,152 @@
+package idemconsume_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/coordinator/faultstore"
+	"github.com/idemkit/idempotency/coordinator/memstore"
+	"github.com/idemkit/idempotency/idemconsume"
+)
+
+// batchCase is one delivery of the table that Process and ProcessBatch
+// must decide alike.
+type batchCase struct {
+	name   string
+	msg    idemconsume.Message
+	action idemconsume.Action
+	reason idemconsume.Reason
+	runs   int // of the handler, for this delivery's key
+}
+
+// entry is a delivery of key with amount, delivered n times.
+func entry(id, key, amount string, n int64) idemconsume.Message {
+	f := map[string]string{"amount": amount}
+	if key != "" {
+		f["idempotency-key"] = key
+	}
+	return idemconsume.Message{ID: id, Fields: f, Deliveries: n}
+}
+
+var batchCases = []batchCase{
+	{"new", entry("1-0", "new", "5", 1), idemconsume.Ack, idemconsume.ReasonProcessed, 1},
+	{"done before", entry("2-0", "done", "5", 2), idemconsume.Ack, idemconsume.ReasonDuplicate, 0},
+	{"held elsewhere", entry("3-0", "held", "5", 1), idemconsume.Retry, idemconsume.ReasonInProgress, 0},
+	{"another request's key", entry("4-0", "reused", "6", 1), idemconsume.DeadLetter, idemconsume.ReasonKeyReuse, 0},
+	{"not replayable", entry("5-0", "gone", "5", 1), idemconsume.Ack, idemconsume.ReasonDuplicate, 0},
+	{"bad key", entry("6-0", "has space", "5", 1), idemconsume.DeadLetter, idemconsume.ReasonBadMessage, 0},
+	{"over the limit", entry("7-0", "poison", "5", 4), idemconsume.DeadLetter, idemconsume.ReasonMaxDeliveries, 0},
+	{"fails", entry("8-0", "fails", "5", 1), idemconsume.Retry, idemconsume.ReasonHandlerError, 1},
+	{"fails for good", entry("9-0", "permanent", "5", 1), idemconsume.DeadLetter, idemconsume.ReasonPermanent, 1},
+	{"panics", entry("10-0", "panics", "5", 3), idemconsume.DeadLetter, idemconsume.ReasonMaxDeliveries, 1},
+	{"new, again in the batch", entry("11-0", "new", "5", 1), idemconsume.Ack, idemconsume.ReasonDuplicate, 1},
+}
+
+// batchSetup is a processor over a store that holds the records the table
+// expects, and a handler that counts its runs per key.
+func batchSetup(t *testing.T, opts ...coordinator.Option) (*idemconsume.Processor, map[string]int, idemconsume.Handler, *faultstore.Store) {
+	s := memstore.New()
+	op := "test.consume"
+	put := func(key string, rec coordinator.Record) {
+		rec.TTL = time.Hour
+		s.Put(coordinator.Key{Operation: op, Key: key}, rec)
+	}
+	fp, _ := coordinator.Fingerprint("5")
+	put("done", coordinator.Record{State: coordinator.StateCompleted, Token: "t", Fingerprint: fp, Result: []byte("{}")})
+	put("held", coordinator.Record{State: coordinator.StatePending, Token: "other"})
+	put("reused", coordinator.Record{State: coordinator.StateCompleted, Token: "t", Fingerprint: fp, Result: []byte("{}")})
+	put("gone", coordinator.Record{State: coordinator.StateNotReplayable, Token: "t", Result: []byte("too big")})
+	fs := faultstore.Wrap(s)
+	c := newCoordinator(t, fs, append([]coordinator.Option{coordinator.WithInFlight(coordinator.InFlightRaise)}, opts...)...)
+	p := newProcessor(t, c, idemconsume.WithMaxDeliveries(3),
+		idemconsume.WithFingerprint(func(m idemconsume.Message) (string, error) { return coordinator.Fingerprint(m.Fields["amount"]) }))
+	runs := map[string]int{}
+	handle := func(_ context.Context, m idemconsume.Message) error {
+		k := m.Fields["idempotency-key"]
+		runs[k]++
+		switch k {
+		case "fails":
+			return errors.New("try again")
+		case "permanent":
+			return idemconsume.Permanent(errors.New("never"))
+		case "panics":
+			panic("boom")
+		}
+		return nil
+	}
+	return p, runs, handle, fs
+}
+
+func TestProcessBatchDecidesAsProcess(t *testing.T) {
+	msgs := make([]idemconsume.Message, len(batchCases))
+	for i, c := range batchCases {
+		msgs[i] = c.msg
+	}
+	one, oneRuns, oneHandle, _ := batchSetup(t)
+	batch, batchRuns, batchHandle, fs := batchSetup(t)
+	ds := batch.ProcessBatch(t.Context(), msgs, batchHandle)
+	for i, c := range batchCases {
+		want := one.Process(t.Context(), c.msg, oneHandle)
+		got := ds[i]
+		if got.Action != want.Action || got.Reason != want.Reason || got.Key != want.Key || (got.Err == nil) != (want.Err == nil) {
+			t.Errorf("%s: ProcessBatch decided %v (%v), Process %v (%v)", c.name, got, got.Err, want, want.Err)
+		}
+		if got.Action != c.action || got.Reason != c.reason {
+			t.Errorf("%s: decided %v (%v), want %v (%s)", c.name, got, got.Err, c.action, c.reason)
+		}
+		k := c.msg.Fields["idempotency-key"]
+		if batchRuns[k] != c.runs || oneRuns[k] != c.runs {
+			t.Errorf("%s: the handler ran %d times in the batch and %d one by one, want %d", c.name, batchRuns[k], oneRuns[k], c.runs)
+		}
+	}
+	if n := fs.Calls(coordinator.MethodReserveMany); n != 1 {
+		t.Errorf("%d ReserveMany calls for the batch, want 1", n)
+	}
+	// The key met twice: its second delivery is a call of its own, after
+	// the batch, and replays.
+	if r, c := fs.Calls(coordinator.MethodReserve), fs.Calls(coordinator.MethodComplete); r != 1 || c != 0 {
+		t.Errorf("%d single-key reserves and %d completions for the batch, want 1 (the key met twice) and 0", r, c)
+	}
+}
+
+func TestProcessBatchStoreDown(t *testing.T) {
+	for _, mode := range []coordinator.OnStorageErrorMode{coordinator.OnStorageErrorRaise, coordinator.OnStorageErrorRun} {
+		t.Run(string(mode), func(t *testing.T) {
+			p, runs, handle, fs := batchSetup(t, coordinator.WithOnStorageError(mode))
+			fs.Fail(coordinator.MethodReserveMany, errors.New("connection refused"))
+			fs.Fail(coordinator.MethodReserve, errors.New("connection refused"))
+			ds := p.ProcessBatch(t.Context(), []idemconsume.Message{entry("1-0", "a", "5", 1), entry("2-0", "b", "5", 1)}, handle)
+			for i, d := range ds {
+				switch mode {
+				case coordinator.OnStorageErrorRaise:
+					check(t, d, idemconsume.Retry, idemconsume.ReasonStorage)
+				default:
+					check(t, d, idemconsume.Ack, idemconsume.ReasonUnprotected)
+				}
+				want := 0
+				if mode == coordinator.OnStorageErrorRun {
+					want = 1
+				}
+				if k := fmt.Sprint([]string{"a", "b"}[i]); runs[k] != want {
+					t.Errorf("%s ran %d times, want %d", k, runs[k], want)
+				}
+			}
+		})
+	}
+}
+
+func TestProcessBatchKillSwitch(t *testing.T) {
+	p := newProcessor(t, newCoordinator(t, nil, coordinator.WithEnabled(false)))
+	h := &counter{}
+	ds := p.ProcessBatch(t.Context(), []idemconsume.Message{{Deliveries: 1}, {Deliveries: 1}}, h.handle)
+	for _, d := range ds {
+		check(t, d, idemconsume.Ack, idemconsume.ReasonUnprotected)
+	}
+	if h.runs.Load() != 2 {
+		t.Errorf("runs %d, want 2", h.runs.Load())
+	}
+}
