@@ -20,7 +20,9 @@ import (
 // the order of calls, each as DoResult would return it; a key that appears
 // twice in calls is run once, and its later calls replay its result.
 //
-// A key whose record another caller holds is waited on (or refused) as the
+// When ctx ends, the actions that have not begun do not run: their calls
+// return ctx's error and their keys are released. A key whose record
+// another caller holds is waited on (or refused) as the
 // in-flight mode says, in its turn; the keys the batch reserved keep their
 // leases renewed meanwhile, from the batch's reservation until their
 // completion. A Reserve that fails fails every key of the batch, each as
@@ -210,6 +212,13 @@ func (b *batch[T]) settle(ctx context.Context, j int) {
 	f, h := b.flows[i], b.held[j]
 	if h == nil {
 		b.res[i], b.errs[i] = f.reservedAfter(ctx, &b.answers[j])
+		return
+	}
+	if err := ctx.Err(); err != nil {
+		// The caller hung up before the action's turn: it does not run,
+		// as a single call whose Reserve met the ended context would not.
+		b.free(ctx, j)
+		b.errs[i] = err
 		return
 	}
 	f.observe(ctx, Event{Kind: EventMiss})

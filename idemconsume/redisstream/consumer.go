@@ -338,11 +338,8 @@ func (w *worker) run(ctx, hctx context.Context) {
 			continue
 		}
 		w.backoff = 0
-		for _, m := range batch {
-			if ctx.Err() != nil {
-				return // the rest stay pending, and are claimed later
-			}
-			w.c.process(hctx, m)
+		if len(batch) > 0 && ctx.Err() == nil {
+			w.c.process(hctx, batch)
 		}
 	}
 }
@@ -442,30 +439,50 @@ func (w *worker) counted(ctx context.Context, msgs []redis.XMessage) []idemconsu
 	return out
 }
 
-// process processes one delivery and acts on the decision.
-func (c *Consumer) process(ctx context.Context, msg idemconsume.Message) {
-	var d idemconsume.Decision
-	if msg.Fields == nil {
-		// An entry deleted (XDEL, XTRIM) while it was pending is delivered
-		// without fields: there is nothing to process.
-		d = idemconsume.Decision{Action: idemconsume.Ack, Reason: idemconsume.ReasonDuplicate}
-	} else {
-		d = c.proc.Process(ctx, msg, c.handle)
+// process processes a batch of deliveries together
+// (idemconsume.Processor.ProcessBatch) and acts on the decisions: one XACK
+// for the entries to acknowledge, then the dead letters.
+func (c *Consumer) process(ctx context.Context, msgs []idemconsume.Message) {
+	ds := make([]idemconsume.Decision, len(msgs))
+	live := make([]idemconsume.Message, 0, len(msgs))
+	at := make([]int, 0, len(msgs)) // at[j] is the index in msgs of live[j]
+	for i, m := range msgs {
+		if m.Fields == nil {
+			// An entry deleted (XDEL, XTRIM) while it was pending is
+			// delivered without fields: there is nothing to process.
+			ds[i] = idemconsume.Decision{Action: idemconsume.Ack, Reason: idemconsume.ReasonDuplicate}
+			continue
+		}
+		live = append(live, m)
+		at = append(at, i)
 	}
-	// The effect, if any, has happened: acknowledge it even if the consumer
-	// is stopping.
+	for j, d := range c.proc.ProcessBatch(ctx, live, c.handle) {
+		ds[at[j]] = d
+	}
+	// The effects, if any, have happened: acknowledge them even if the
+	// consumer is stopping.
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.ackTimeout)
 	defer cancel()
-	switch d.Action {
-	case idemconsume.Ack:
-		if err := c.client.XAck(actx, c.stream, c.group, msg.ID).Err(); err != nil {
-			c.reportError(ctx, cmdErr(CommandAck, fmt.Errorf("redisstream: XACK %s %s: %w", c.stream, msg.ID, err)))
+	var acks []string
+	for i, d := range ds {
+		if d.Action == idemconsume.Ack {
+			acks = append(acks, msgs[i].ID)
 		}
-	case idemconsume.DeadLetter:
-		c.deadLetter(actx, ctx, msg, d)
 	}
-	for _, f := range c.cfg.onDecision {
-		f(ctx, msg, d)
+	if len(acks) > 0 {
+		if err := c.client.XAck(actx, c.stream, c.group, acks...).Err(); err != nil {
+			c.reportError(ctx, cmdErr(CommandAck, fmt.Errorf("redisstream: XACK %s of %d entries (%s...): %w", c.stream, len(acks), acks[0], err)))
+		}
+	}
+	for i, d := range ds {
+		if d.Action == idemconsume.DeadLetter {
+			c.deadLetter(actx, ctx, msgs[i], d)
+		}
+	}
+	for i, d := range ds {
+		for _, f := range c.cfg.onDecision {
+			f(ctx, msgs[i], d)
+		}
 	}
 }
 

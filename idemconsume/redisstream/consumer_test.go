@@ -228,6 +228,7 @@ func TestStorageErrorModes(t *testing.T) {
 			store := faultstore.Wrap(e.store)
 			down := errors.New("connection refused")
 			store.Fail(coordinator.MethodReserve, down)
+			store.Fail(coordinator.MethodReserveMany, down)
 			store.Fail(coordinator.MethodGet, down)
 			p := e.processor(e.coordinator(store, coordinator.WithOnStorageError(mode)))
 			e.publish("order-1")

@@ -64,8 +64,8 @@ func Example() {
 	}
 	// Output:
 	// crediting order-7
-	// order-7 ack (processed)
 	// crediting order-8
+	// order-7 ack (processed)
 	// order-8 ack (processed)
 	// order-7 ack (duplicate)
 }

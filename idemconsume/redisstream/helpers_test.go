@@ -233,11 +233,22 @@ type lossyAcks struct {
 	drop func(id string) bool
 }
 
+// XAck acknowledges the entries of ids that drop keeps, and fails when it
+// dropped any: the acknowledgements of a batch lost in part.
 func (l lossyAcks) XAck(ctx context.Context, stream, group string, ids ...string) *redis.IntCmd {
-	if len(ids) == 1 && l.drop(ids[0]) {
-		cmd := redis.NewIntCmd(ctx)
-		cmd.SetErr(errAckLost)
-		return cmd
+	var kept []string
+	for _, id := range ids {
+		if !l.drop(id) {
+			kept = append(kept, id)
+		}
 	}
-	return l.Client.XAck(ctx, stream, group, ids...)
+	if len(kept) == len(ids) {
+		return l.Client.XAck(ctx, stream, group, ids...)
+	}
+	if len(kept) > 0 {
+		l.Client.XAck(ctx, stream, group, kept...)
+	}
+	cmd := redis.NewIntCmd(ctx)
+	cmd.SetErr(errAckLost)
+	return cmd
 }
