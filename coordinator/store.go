@@ -243,13 +243,16 @@ type BulkStore interface {
 	GetMany(ctx context.Context, keys []Key) (records []Record, err error)
 
 	// ReserveMany is Reserve for each i with keys[i] and ws[i]. With
-	// allOrNothing set, when any entry did not write, it deletes the
-	// records it wrote, each only while it still holds its write's token
-	// (whatever its state: a write may be a completed record), and reports
-	// written[i] false for every i, with the records that prevented the
-	// writes in existing and the zero Record for the entries it undid: the
-	// seed's save_many with rollback_on_error. With allOrNothing set and an
-	// error, it also undoes, best effort, what it wrote.
+	// allOrNothing set, when any entry did not write, it undoes the entries
+	// that wrote and reports written[i] false for every i, with the records
+	// that prevented the writes in existing (for a key given twice, that
+	// may be the undone record of its earlier entry) and the zero Record
+	// for the entries it undid: the seed's save_many with
+	// rollback_on_error. A store with transactions rolls the writes back,
+	// which also restores what a replacing write replaced; another deletes
+	// each record it wrote while it still holds its write's token, whatever
+	// its state (a write may be a completed record). With allOrNothing set
+	// and an error, it also undoes, best effort, what it wrote.
 	ReserveMany(ctx context.Context, keys []Key, ws []Write, allOrNothing bool) (existing []Record, written []bool, err error)
 
 	// CompleteMany is Complete for each i with keys[i], tokens[i] and
