@@ -398,3 +398,62 @@ func TestDoBatchConcurrent(t *testing.T) {
 		}
 	}
 }
+
+// TestDoBatchBulkCallsHang hangs the bulk calls while the single-key ones
+// answer: a hung ReserveMany ends at the storage timeout and fails every
+// key as its mode says; a hung CompleteMany ends there too, and the results
+// are stored by the per-key retries.
+func TestDoBatchBulkCallsHang(t *testing.T) {
+	hang := func(ctx context.Context, _ coordinator.Key) error {
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	t.Run("reserve_many", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			fs := faultstore.Wrap(memstore.New())
+			fx := newFixture(t, fs, coordinator.WithStorageTimeout(time.Second), coordinator.WithOnStorageError(coordinator.OnStorageErrorRaise))
+			fs.Before(coordinator.MethodReserveMany, hang)
+			cs := calls("a", "b")
+			act := newBatchAction(cs)
+			start := time.Now()
+			_, errs := coordinator.DoBatch(t.Context(), fx.c, cs, act.run)
+			if d := time.Since(start); d != time.Second {
+				t.Errorf("DoBatch returned after %v, want the storage timeout, 1s", d)
+			}
+			for i := range cs {
+				if !errors.Is(errs[i], coordinator.ErrStorage) || act.runs[cs[i].Key] != 0 {
+					t.Errorf("call %d: %v, %d runs; want a storage error, no run", i, errs[i], act.runs[cs[i].Key])
+				}
+			}
+			synctest.Wait()
+		})
+	})
+	t.Run("complete_many", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			inner := memstore.New()
+			fs := faultstore.Wrap(inner)
+			fx := newFixture(t, fs, coordinator.WithStorageTimeout(time.Second))
+			fs.Before(coordinator.MethodCompleteMany, hang)
+			cs := calls("a", "b")
+			act := newBatchAction(cs)
+			start := time.Now()
+			_, errs := coordinator.DoBatch(t.Context(), fx.c, cs, act.run)
+			if errs[0] != nil || errs[1] != nil {
+				t.Fatalf("errors %v, want the actions' results", errs)
+			}
+			if d := time.Since(start); d > 2*time.Second {
+				t.Errorf("DoBatch returned after %v, want at most two storage timeouts", d)
+			}
+			time.Sleep(5 * time.Second)
+			synctest.Wait()
+			for _, c := range cs {
+				if rec := inner.Snapshot(coordinator.Key{Operation: c.Operation, Key: c.Key}); rec.State != coordinator.StateCompleted {
+					t.Errorf("%q holds %v after the per-key retries, want completed", c.Key, rec.State)
+				}
+			}
+			if n := fx.rec.errors(coordinator.ErrorStorageSave); n < 1 {
+				t.Errorf("%d storage_save_error events, want the hung CompleteMany reported", n)
+			}
+		})
+	})
+}
