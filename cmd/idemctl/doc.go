@@ -8,6 +8,7 @@
 //	idemctl check                              settings (secrets masked), Redis, Cluster or Sentinel health
 //	idemctl lookup [-scope S] [-json] [-result] <operation> <key>...
 //	idemctl forget [-scope S] <operation> <key>...  forget keys: a retry runs the action again
+//	idemctl forget -operation <op> -file <keys.txt | ->  forget the keys of a file, 1000 at a time
 //	idemctl forget -operation <op> -all [-yes] forget every record of an operation
 //	idemctl count [-json] [operation...]       records per operation and state
 //

@@ -12,14 +12,16 @@ import (
 const forgetWarning = "A forgotten key lets the next call with it run its action AGAIN (a retried payment is charged twice);\n" +
 	"forgetting a pending key lets a second caller run while the first still runs."
 
-// forget deletes the records of keys, or, with -all, of every key of an
-// operation (on Redis found with SCAN, on PostgreSQL deleted a batch at a
-// time), after a confirmation.
+// forget deletes the records of keys (given, or read from -file), or, with
+// -all, of every key of an operation (on Redis found with SCAN, on
+// PostgreSQL deleted a batch at a time), after a confirmation. A long one
+// reports its progress on stderr.
 func (a *app) forget(ctx context.Context, args []string) int {
-	fs, o := a.newFlagSet("forget", "forget [flags] <operation> <key>...\n       idemctl forget [flags] -operation <op> -all [-yes]")
+	fs, o := a.newFlagSet("forget", "forget [flags] <operation> <key>...\n       idemctl forget [flags] -operation <op> -file <keys.txt | ->\n       idemctl forget [flags] -operation <op> -all [-yes]")
 	all := fs.Bool("all", false, "forget every record of the operation (-operation): on Redis found with SCAN, on PostgreSQL deleted 1000 at a time")
 	operation := fs.String("operation", "", "the `operation` (instead of the first argument)")
 	yes := fs.Bool("yes", false, "with -all: do not ask for a confirmation (required when stdin is not a terminal)")
+	file := fs.String("file", "", "read the keys from `file`, one per line (- is stdin), and forget them 1000 at a time, reporting the progress")
 	scope := addScopeFlag(fs)
 	rest, err := parse(fs, o, args)
 	if err != nil {
@@ -33,8 +35,10 @@ func (a *app) forget(ctx context.Context, args []string) int {
 		return a.usageError(fs, "-all needs -operation")
 	case *all && len(rest) > 0:
 		return a.usageError(fs, "-all takes no keys, got %q", rest)
-	case !*all && (*operation == "" || len(rest) == 0):
-		return a.usageError(fs, "want an operation and at least one key, or -operation and -all")
+	case *all && *file != "":
+		return a.usageError(fs, "-all and -file do not go together")
+	case !*all && (*operation == "" || len(rest) == 0 && *file == ""):
+		return a.usageError(fs, "want an operation and at least one key (or -file), or -operation and -all")
 	case *yes && !*all:
 		return a.usageError(fs, "-yes goes with -all only")
 	case scope.set && *all:
@@ -43,6 +47,13 @@ func (a *app) forget(ctx context.Context, args []string) int {
 	keys, err := parseKeys(*operation, rest, scope)
 	if err != nil {
 		return a.usageError(fs, "%v", err)
+	}
+	if *file != "" {
+		more, err := a.readKeys(*file, *operation, scope)
+		if err != nil {
+			return a.usageError(fs, "-file: %v", err)
+		}
+		keys = append(keys, more...)
 	}
 	c, err := a.connect(ctx, o)
 	if err != nil {
@@ -53,7 +64,7 @@ func (a *app) forget(ctx context.Context, args []string) int {
 		return a.forgetAll(ctx, c, *operation, *yes)
 	}
 
-	n, err := c.forget(ctx, keys)
+	n, err := a.forgetKeys(ctx, c, keys, "keys of "+*operation)
 	if err != nil {
 		return a.fail("forget", fmt.Errorf("%w (%d forgotten before the error)", err, n))
 	}
@@ -98,7 +109,8 @@ func (a *app) forgetAll(ctx context.Context, c recordStore, operation string, ye
 			return exitFailure
 		}
 	}
-	forgotten, err := c.forgetOperation(ctx, operation)
+	p := a.newProgress("records of "+operation+" scanned", n.Total)
+	forgotten, err := c.forgetOperation(ctx, operation, func(scanned, forgotten int) { p.report(scanned, forgotten) })
 	if err != nil {
 		return a.fail("forget", fmt.Errorf("%w (%d forgotten before the error)", err, forgotten))
 	}

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 	"unicode"
 	"unicode/utf8"
 
@@ -63,6 +64,9 @@ type app struct {
 	// newClient builds the Redis client of the settings; nil means
 	// idempotency.NewRedisClient, as the module builds it. Tests wrap it.
 	newClient func(idempotency.Settings) (redis.UniversalClient, error)
+	// progressEvery is how often a long forget reports its progress; 0
+	// means defaultProgressEvery. Tests shorten it.
+	progressEvery time.Duration
 }
 
 // client returns the Redis client of s (newClient).

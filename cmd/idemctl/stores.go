@@ -26,8 +26,9 @@ type recordStore interface {
 	// forget deletes the records of keys and returns how many there were.
 	forget(ctx context.Context, keys []coordinator.Key) (int, error)
 	// forgetOperation forgets every record of operation, a batch at a
-	// time, and returns how many it forgot, before an error too.
-	forgetOperation(ctx context.Context, operation string) (int, error)
+	// time, calling batch after each with the keys handled and forgotten
+	// so far, and returns how many it forgot, before an error too.
+	forgetOperation(ctx context.Context, operation string, batch func(done, forgotten int)) (int, error)
 	// count counts the records per operation and state, of operations or
 	// of every operation.
 	count(ctx context.Context, operations []string) ([]countEntry, error)
@@ -105,11 +106,13 @@ func (r *redisRecords) forget(ctx context.Context, keys []coordinator.Key) (int,
 
 // forgetOperation finds the keys with SCAN (Store.ScanKeys) and forgets
 // each batch that it finds.
-func (r *redisRecords) forgetOperation(ctx context.Context, operation string) (int, error) {
-	forgotten := 0
+func (r *redisRecords) forgetOperation(ctx context.Context, operation string, batch func(done, forgotten int)) (int, error) {
+	scanned, forgotten := 0, 0
 	err := r.store.ScanKeys(ctx, operation, func(keys []coordinator.Key) error {
 		n, err := r.forget(ctx, keys)
+		scanned += len(keys)
 		forgotten += n
+		batch(scanned, forgotten)
 		return err
 	})
 	return forgotten, err
@@ -216,13 +219,15 @@ func (r *pgRecords) forget(ctx context.Context, keys []coordinator.Key) (int, er
 
 // forgetOperation deletes forgetBatch rows at a time, each batch in a
 // transaction of its own within the storage timeout, until none is left.
-func (r *pgRecords) forgetOperation(ctx context.Context, operation string) (int, error) {
-	forgotten := 0
+func (r *pgRecords) forgetOperation(ctx context.Context, operation string, batch func(done, forgotten int)) (int, error) {
+	done, forgotten := 0, 0
 	for {
 		bctx, cancel := context.WithTimeout(ctx, r.s.StorageTimeout)
 		live, deleted, err := r.store.ForgetOperation(bctx, operation, forgetBatch)
 		cancel()
+		done += deleted
 		forgotten += live
+		batch(done, forgotten)
 		if err != nil || deleted == 0 {
 			return forgotten, err
 		}
