@@ -251,8 +251,9 @@ type BulkStore interface {
 	// rollback_on_error. A store with transactions rolls the writes back,
 	// which also restores what a replacing write replaced; another deletes
 	// each record it wrote while it still holds its write's token, whatever
-	// its state (a write may be a completed record). With allOrNothing set
-	// and an error, it also undoes, best effort, what it wrote.
+	// its state (a write may be a completed record), so that another caller
+	// may see a write before it is undone. With allOrNothing set and an
+	// error, it also undoes, best effort, what it wrote.
 	ReserveMany(ctx context.Context, keys []Key, ws []Write, allOrNothing bool) (existing []Record, written []bool, err error)
 
 	// CompleteMany is Complete for each i with keys[i], tokens[i] and

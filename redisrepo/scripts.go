@@ -32,6 +32,8 @@ var (
 	owner1Lua string
 	//go:embed confirm.lua
 	confirmLua string
+	//go:embed unwrite.lua
+	unwriteLua string
 
 	//go:embed owner.lua
 	ownerLua string
@@ -67,6 +69,7 @@ var (
 	abandon1Script = redis.NewScript(prelude + abandon1Lua)
 	inspectScript  = redis.NewScript(prelude + inspectLua)
 	forgetScript   = redis.NewScript(prelude + forgetLua)
+	unwriteScript  = redis.NewScript(prelude + unwriteLua)
 
 	// The writer of format 1 (WithRecordFormat(Format1)).
 	reserve1Script = redis.NewScript(prelude + reserve1Lua)
@@ -79,7 +82,7 @@ var (
 var confirmSrc = minify(constants + confirmLua)
 
 // scripts lists the EVALSHA scripts, for LoadScripts.
-var scripts = [...]*redis.Script{legacyScript, reserveScript, fenceScript, abandon1Script, inspectScript, forgetScript, reserve1Script, owner1Script}
+var scripts = [...]*redis.Script{legacyScript, reserveScript, fenceScript, abandon1Script, inspectScript, forgetScript, unwriteScript, reserve1Script, owner1Script}
 
 // The scripts of the common paths: a first run's completion, a long
 // action's renewals, a release, a waiter's read, a collision's check for a

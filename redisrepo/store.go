@@ -137,13 +137,9 @@ func (s *Store) Reserve(ctx context.Context, key coordinator.Key, w coordinator.
 
 // reserve is Reserve without acknowledgement.
 func (s *Store) reserve(ctx context.Context, key coordinator.Key, w coordinator.Write) (coordinator.Record, bool, error) {
-	ttl, err := millis(w.TTL)
+	ttl, err := checkWrite(w)
 	if err != nil {
 		return coordinator.Record{}, false, storageError(coordinator.MethodReserve, err)
-	}
-	if w.State != coordinator.StatePending && !hasResult(byte(w.State)) {
-		return coordinator.Record{}, false, storageError(coordinator.MethodReserve,
-			fmt.Errorf("redisrepo: cannot write a record in state %s", w.State))
 	}
 	if s.format == Format1 {
 		return s.reserve1(ctx, key, w, ttl)
@@ -184,6 +180,19 @@ func (s *Store) reserve(ctx context.Context, key coordinator.Key, w coordinator.
 	}
 	return reserveReply(reserveScript.Run(ctx, s.client, []string{rkey},
 		val, ttl, storedToken(w.ReplaceToken), w.ReplaceToken).Result())
+}
+
+// checkWrite checks the state and the time to live of w, and returns the
+// time to live in milliseconds.
+func checkWrite(w coordinator.Write) (int64, error) {
+	ttl, err := millis(w.TTL)
+	if err != nil {
+		return 0, err
+	}
+	if w.State != coordinator.StatePending && !hasResult(byte(w.State)) {
+		return 0, fmt.Errorf("redisrepo: cannot write a record in state %s", w.State)
+	}
+	return ttl, nil
 }
 
 // checkEvery is how long Reserve meets one pending record with w before it
@@ -255,6 +264,12 @@ func reserveReply(v any, err error) (coordinator.Record, bool, error) {
 
 // reserve1 is Reserve in format 1.
 func (s *Store) reserve1(ctx context.Context, key coordinator.Key, w coordinator.Write, ttl int64) (coordinator.Record, bool, error) {
+	return reserveReply(reserve1Script.Run(ctx, s.client, []string{s.Key(key)}, reserve1Args(w, ttl)...).Result())
+}
+
+// reserve1Args returns the arguments of reserve1.lua that write w with time
+// to live ttl.
+func reserve1Args(w coordinator.Write, ttl int64) []any {
 	state, result := argPending, any("")
 	switch w.State {
 	case coordinator.StateCompleted:
@@ -266,8 +281,7 @@ func (s *Store) reserve1(ctx context.Context, key coordinator.Key, w coordinator
 	if w.Replace {
 		replace, replaceToken = argReplace, w.ReplaceToken
 	}
-	return reserveReply(reserve1Script.Run(ctx, s.client, []string{s.Key(key)},
-		state, w.Token, w.Fingerprint, result, ttl, replace, replaceToken).Result())
+	return []any{state, w.Token, w.Fingerprint, result, ttl, replace, replaceToken}
 }
 
 // The arguments of the format 1 scripts that are always the same.
@@ -364,15 +378,9 @@ func (s *Store) complete(ctx context.Context, key coordinator.Key, token string,
 	if err != nil {
 		return false, storageError(coordinator.MethodComplete, err)
 	}
-	var state, state1 any
-	switch c.State {
-	case coordinator.StateCompleted:
-		state, state1 = argStateCompleted, argCompleted
-	case coordinator.StateNotReplayable:
-		state, state1 = argStateNotReplayable, argNotReplayable
-	default:
-		return false, storageError(coordinator.MethodComplete,
-			fmt.Errorf("redisrepo: cannot complete a record in state %s", c.State))
+	state, state1, err := completionStates(c.State)
+	if err != nil {
+		return false, storageError(coordinator.MethodComplete, err)
 	}
 	if s.format == Format1 {
 		v, err := owner1Script.Run(ctx, s.client, []string{s.Key(key)}, "complete", token, c.Result, ms, state1).Result()
@@ -384,6 +392,18 @@ func (s *Store) complete(ctx context.Context, key coordinator.Key, token string,
 	k.result = bytesString(c.Result)
 	k.add(argEvalSha, completeScript.sha, argOneKey, &k.key, &k.token, &k.result, s.boxed(ms, false), &k.channel, state, s.publishArg())
 	return s.owner(ctx, coordinator.MethodComplete, k)
+}
+
+// completionStates returns the state to write for a completion in state st:
+// as complete.lua takes it, and as owner1.lua takes it (format 1).
+func completionStates(st coordinator.State) (state, state1 any, err error) {
+	switch st {
+	case coordinator.StateCompleted:
+		return argStateCompleted, argCompleted, nil
+	case coordinator.StateNotReplayable:
+		return argStateNotReplayable, argNotReplayable, nil
+	}
+	return nil, nil, fmt.Errorf("redisrepo: cannot complete a record in state %s", st)
 }
 
 // Release implements coordinator.Store: if key holds a pending record owned
