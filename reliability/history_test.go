@@ -240,6 +240,9 @@ type observer struct {
 
 func (o *observer) Observe(ctx context.Context, e coordinator.Event) {
 	c, _ := ctx.Value(callKey{}).(*call)
+	if byKey, ok := ctx.Value(batchCallsKey{}).(map[coordinator.Key]*call); ok {
+		c = byKey[e.Key] // nil for a bulk call's event, which has no key
+	}
 	name := e.Kind.String()
 	if c != nil && o.now != nil {
 		ev := name

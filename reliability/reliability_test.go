@@ -250,6 +250,46 @@ func TestAutoPipeline(t *testing.T) {
 	}
 }
 
+// TestBatches: storms whose callers make batches of calls (DoBatch: the
+// keys reserved or read in one ReserveMany, the results stored in
+// CompleteMany), without a fault and with the faults that strike a bulk
+// call in flight: kill -9, SIGSTOP (the pipeline hangs), a slow link, a held
+// link delivered newest first, SCRIPT FLUSH loops (NOSCRIPT in the middle
+// of a pipeline), and on a cluster, where a batch spans masters, a master
+// killed. The checker's rules are those of single calls. The short level
+// runs one mode pair per fault.
+func TestBatches(t *testing.T) {
+	lv := suiteLevel(t)
+	modesOf := func(f fault) []modes {
+		m := faultModes(lv, f)
+		if lv != levelFull && f.name != faultNone.name {
+			m = m[:1]
+		}
+		if lv != levelFull && f.name == faultNone.name {
+			m = []modes{{coordinator.InFlightWait, coordinator.OnStorageErrorRaise}, {coordinator.InFlightRaise, coordinator.OnStorageErrorRun}}
+		}
+		return m
+	}
+	for _, f := range []fault{faultNone, faultKill, faultStop, faultSlow, faultHold, faultScriptFlush} {
+		for _, m := range modesOf(f) {
+			sc := scenario{backend: "standalone", modes: m, fault: f, batched: true}
+			t.Run(sc.name(), func(t *testing.T) {
+				b, env := startStandalone(t, f.needs == "proxy")
+				check(t, lv, sc, b, env)
+			})
+		}
+	}
+	for _, f := range []fault{faultNone, faultFailover} {
+		for _, m := range modesOf(f)[:1] {
+			sc := scenario{backend: "cluster", modes: m, fault: f, batched: true}
+			t.Run(sc.name(), func(t *testing.T) {
+				b, env := startClusterBackend(t)
+				check(t, lv, sc, b, env)
+			})
+		}
+	}
+}
+
 // TestFences: fenced storms (every reservation through the fence script),
 // with the faults that touch what a fence depends on: kill -9 and an empty
 // restart (the fence keys are lost), SCRIPT FLUSH loops (the script is

@@ -98,6 +98,7 @@ func configFor(lv level) stormConfig {
 // storm is one run of concurrent callers against one coordinator.
 type storm struct {
 	fencing coordinator.Option // WithFencedOperations in a fenced storm, else nil
+	batched bool               // the callers make batches of calls (DoBatch)
 	cfg     stormConfig
 	modes   modes
 	base    time.Time // the clock's zero: every time is time.Since(base), monotonic
@@ -218,14 +219,80 @@ func (s *storm) caller(client int, stop <-chan struct{}) {
 		if gate != nil {
 			<-gate
 		}
-		shift := int(s.now()/int64(s.cfg.shiftEvery)) * s.cfg.shiftBy
-		key := "k" + strconv.Itoa(int(z.Uint64())+shift)
-		op, fp := opCharge, "fp-"+key
-		if r.IntN(8) == 0 {
-			op, fp = opReuse, []string{"fpA", "fpB"}[r.IntN(2)]
+		n := 1
+		if s.batched {
+			n = 2 + r.IntN(7)
 		}
-		s.do(s.coord, client, r, op, key, fp, false)
+		var batch []coordinator.Call
+		seen := map[coordinator.Key]bool{}
+		for range n {
+			shift := int(s.now()/int64(s.cfg.shiftEvery)) * s.cfg.shiftBy
+			key := "k" + strconv.Itoa(int(z.Uint64())+shift)
+			op, fp := opCharge, "fp-"+key
+			if r.IntN(8) == 0 {
+				op, fp = opReuse, []string{"fpA", "fpB"}[r.IntN(2)]
+			}
+			if k := (coordinator.Key{Operation: op, Key: key}); !seen[k] {
+				seen[k] = true
+				batch = append(batch, coordinator.Call{Operation: op, Key: key, Fingerprint: fp})
+			}
+		}
+		if !s.batched {
+			s.do(s.coord, client, r, batch[0].Operation, batch[0].Key, batch[0].Fingerprint, false)
+			continue
+		}
+		s.doBatch(s.coord, client, r, batch)
 	}
+}
+
+// batchCallsKey carries the calls of a batch in the context of its
+// DoBatch, by key, so that the observer can attribute events to them.
+type batchCallsKey struct{}
+
+// doBatch makes one DoBatch of calls, whose keys are distinct, and records
+// each as a call of its own that spans the batch. As do, every other batch
+// runs under a context that cannot end.
+func (s *storm) doBatch(c *coordinator.Coordinator, client int, r *rand.Rand, calls []coordinator.Call) {
+	cls := make([]*call, len(calls))
+	byKey := make(map[coordinator.Key]*call, len(calls))
+	actions := make([]func(context.Context) (string, error), len(calls))
+	for i, k := range calls {
+		id := int(s.nextID.Add(1))
+		cls[i] = &call{id: id, client: client, op: k.Operation, key: k.Key, fp: k.Fingerprint, own: value(k.Operation, k.Key, k.Fingerprint, id)}
+		byKey[coordinator.Key{Operation: k.Operation, Key: k.Key}] = cls[i]
+		actions[i] = s.action(cls[i], r)
+	}
+	ctx := context.WithValue(context.Background(), batchCallsKey{}, byKey)
+	if cls[0].id%2 == 1 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, callDeadline)
+		defer cancel()
+	}
+	start := s.now()
+	var res []coordinator.Result[string]
+	var errs []error
+	var panicked any
+	func() {
+		defer func() { panicked = recover() }()
+		res, errs = coordinator.DoBatch(ctx, c, calls, func(ctx context.Context, i int) (string, error) { return actions[i](ctx) })
+	}()
+	end := s.now()
+	for i, cl := range cls {
+		cl.start, cl.end = start, end
+		switch {
+		case panicked != nil:
+			cl.panicked, cl.err = panicked, fmt.Errorf("panic: %v", panicked)
+		default:
+			cl.value, cl.err = res[i].Value, errs[i]
+		}
+		cl.class = classify(cl.err)
+		if cl.class != okValue {
+			cl.value = ""
+		}
+	}
+	s.mu.Lock()
+	s.calls[client] = append(s.calls[client], cls...)
+	s.mu.Unlock()
 }
 
 // backend is a Redis that a storm runs against.
@@ -281,6 +348,9 @@ type scenario struct {
 	// (idempotency.NewStoreClient over go-redis's AutoPipeliner); the
 	// backend builds its client for it.
 	autoPipeline bool
+	// batched makes the callers' calls in batches of 2 to 8 distinct keys
+	// (coordinator.DoBatch: one ReserveMany, completions in CompleteMany).
+	batched bool
 }
 
 func (sc scenario) name() string {
@@ -293,6 +363,9 @@ func (sc scenario) name() string {
 	}
 	if sc.autoPipeline {
 		name = "autopipeline/" + name
+	}
+	if sc.batched {
+		name = "batched/" + name
 	}
 	if sc.label != "" {
 		name = sc.label + "/" + name
@@ -367,7 +440,7 @@ func runStorm(t *testing.T, lv level, sc scenario, b backend, env *faultEnv) *ou
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &storm{fencing: fencing, cfg: cfg, modes: sc.modes, base: base, coord: c, obs: obs,
+	s := &storm{fencing: fencing, batched: sc.batched, cfg: cfg, modes: sc.modes, base: base, coord: c, obs: obs,
 		calls: make([][]*call, cfg.callers+finalReaders), effect: map[string]int64{}}
 
 	stop := make(chan struct{})
