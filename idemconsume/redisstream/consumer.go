@@ -251,10 +251,11 @@ func (c *Consumer) Start(ctx context.Context) error {
 }
 
 // Stop stops what Start began: the workers read no further entries, the
-// handlers running finish, and their entries are acknowledged (or
-// dead-lettered, or left pending) as their decisions say. When ctx ends
-// first, the handlers' context is canceled (their entries stay pending, and
-// are claimed later) and Stop returns ctx's error without waiting longer;
+// batches in hand finish (see WithBatchSize), and their entries are
+// acknowledged (or dead-lettered, or left pending) as their decisions say.
+// When ctx ends first, the handlers' context is canceled (the handlers
+// running see it, the rest of their batches do not run, and those entries
+// stay pending, to be claimed later) and Stop returns ctx's error without waiting longer;
 // the workers then end within WithAckTimeout, and a second Stop waits for
 // them (Start refuses until then). Stop returns the error that
 // ended Run early, if any, and nil when the Consumer is not running.

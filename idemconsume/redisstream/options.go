@@ -93,9 +93,13 @@ func WithConsumerName(name string) Option { return optionFunc(func(c *config) { 
 func WithWorkers(n int) Option { return optionFunc(func(c *config) { c.workers = n }) }
 
 // WithBatchSize sets how many entries a worker reads or claims at a time
-// (COUNT). The entries of a batch are processed one after the other; those
-// not reached when the consumer stops stay pending, and are claimed later.
-// Default DefaultBatchSize (10); at least 1.
+// (COUNT). The entries of a batch are processed together
+// (idemconsume.Processor.ProcessBatch: their keys reserved or read in one
+// round trip, their handlers run one after the other, their records
+// completed together, one XACK); a batch begun when the consumer stops is
+// finished, and the handlers that have not begun when the handlers'
+// context ends do not run: their entries stay pending, and are claimed
+// later. Default DefaultBatchSize (10); at least 1.
 func WithBatchSize(n int) Option { return optionFunc(func(c *config) { c.batch = int64(n) }) }
 
 // WithBlock sets how long a read (XREADGROUP BLOCK) waits for new entries.
