@@ -73,26 +73,93 @@ func (d *Deduplicator) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		panic("idemwatermill: Middleware: handler is nil")
 	}
 	return func(msg *message.Message) ([]*message.Message, error) {
-		orig := msg.Context()
-		var produced []*message.Message
-		dec := d.p.Process(orig, d.message(msg), func(ctx context.Context, _ idemconsume.Message) error {
-			msg.SetContext(ctx)
-			defer msg.SetContext(orig)
-			out, err := h(msg)
-			if err != nil {
-				return err
-			}
-			produced = out
-			return nil
-		})
-		for _, f := range d.cfg.onDecision {
-			f(msg, dec)
-		}
-		if dec.Action == idemconsume.Ack {
-			return produced, nil
-		}
-		return nil, &DecisionError{Decision: dec}
+		r := d.run(msg, h)
+		dec := d.p.Process(msg.Context(), d.message(msg), r.handle)
+		return r.decided(dec)
 	}
+}
+
+// HandleBatch is Middleware for a batch of deliveries that the caller
+// collected (from a subscriber's channel, a broker's batch read): it
+// processes them together (idemconsume.Processor.ProcessBatch, their keys
+// reserved or read in one store round trip, their records completed
+// together), running h for the new ones one after another in order. It
+// returns, for each of msgs, what Middleware's handler would: the messages h
+// produced and nil, so that the caller acknowledges the delivery and
+// publishes them; or a *DecisionError, so that it nacks it (or, matching
+// ErrDeadLetter, dead-letters it). The caller acts on them only after
+// HandleBatch has returned. While h runs, msg.Context() is the
+// coordinator's context of the run, as in Middleware; the messages'
+// contexts are not canceled by one another, and ProcessBatch's own context
+// is that of msgs[0].
+//
+// HandleBatch panics when h is nil.
+func (d *Deduplicator) HandleBatch(msgs []*message.Message, h message.HandlerFunc) (produced [][]*message.Message, errs []error) {
+	if h == nil {
+		panic("idemwatermill: HandleBatch: handler is nil")
+	}
+	produced, errs = make([][]*message.Message, len(msgs)), make([]error, len(msgs))
+	if len(msgs) == 0 {
+		return produced, errs
+	}
+	runs := make([]*run, len(msgs))
+	in := make([]idemconsume.Message, len(msgs))
+	byID := make(map[string][]int, len(msgs))
+	for i, msg := range msgs {
+		runs[i] = d.run(msg, h)
+		in[i] = d.message(msg)
+		byID[in[i].ID] = append(byID[in[i].ID], i)
+	}
+	// The handler gets idemconsume's copy of the message; find its own by
+	// position: the deliveries it runs for come in the order of msgs.
+	next := make(map[string]int, len(msgs))
+	decs := d.p.ProcessBatch(msgs[0].Context(), in, func(ctx context.Context, m idemconsume.Message) error {
+		at := byID[m.ID]
+		i := at[min(next[m.ID], len(at)-1)]
+		next[m.ID]++
+		return runs[i].handle(ctx, m)
+	})
+	for i, dec := range decs {
+		produced[i], errs[i] = runs[i].decided(dec)
+	}
+	return produced, errs
+}
+
+// run is one delivery of msg to h: what h produced, and the hooks.
+type run struct {
+	d        *Deduplicator
+	msg      *message.Message
+	h        message.HandlerFunc
+	produced []*message.Message
+}
+
+func (d *Deduplicator) run(msg *message.Message, h message.HandlerFunc) *run {
+	return &run{d: d, msg: msg, h: h}
+}
+
+// handle is the idemconsume handler of the delivery: h, with msg's context
+// the run's while it runs.
+func (r *run) handle(ctx context.Context, _ idemconsume.Message) error {
+	orig := r.msg.Context()
+	r.msg.SetContext(ctx)
+	defer r.msg.SetContext(orig)
+	out, err := r.h(r.msg)
+	if err != nil {
+		return err
+	}
+	r.produced = out
+	return nil
+}
+
+// decided reports dec to the hooks and returns what the router acts on.
+func (r *run) decided(dec idemconsume.Decision) ([]*message.Message, error) {
+	for _, f := range r.d.cfg.onDecision {
+		f(r.msg, dec)
+	}
+	if dec.Action == idemconsume.Ack {
+		return r.produced, nil
+	}
+	return nil, &DecisionError{Decision: dec}
 }
 
 // message is msg as idemconsume sees it: its UUID, its metadata as the

@@ -46,6 +46,18 @@
 // every error, a Retry decision for a key in progress or a store outage
 // included: use the filter.
 //
+// # Batches
+//
+// Deduplicator.HandleBatch processes a batch of deliveries that you
+// collected yourself (from a subscriber's channel, or a broker's batch
+// read) through idemconsume.Processor.ProcessBatch: their keys are
+// reserved or read in one store round trip and their records completed
+// together, and it returns, per delivery, what Middleware's handler would.
+// A router hands a handler one message at a time, and many subscribers
+// (NATS JetStream's among them) deliver the next message only once the
+// last is acknowledged, so batches are for a consumer loop of your own over
+// a subscriber that lets several messages be in flight.
+//
 // # Delivery counts
 //
 // idemconsume dead-letters a message whose handler failed on its
