@@ -25,10 +25,11 @@ import (
 // another caller holds is waited on (or refused) as the
 // in-flight mode says, in its turn; the keys the batch reserved keep their
 // leases renewed meanwhile, from the batch's reservation until their
-// completion. A Reserve that fails fails every key of the batch, each as
-// its own call's Reserve would (the on-storage-error mode decides), and a
-// CompleteMany that fails is retried per key in the background, as a
-// single completion is.
+// completion. A ReserveMany that fails fails the keys whose outcome it
+// does not know (every key, unless the store says which it knows; see
+// BulkStore), each as its own call's Reserve would (the on-storage-error
+// mode decides), and a CompleteMany that fails is retried per key in the
+// background, as a single completion is.
 //
 // DoBatch falls back to one call after another, each as DoResult, when the
 // store has no bulk operations, for a Transactor (each call then has its
@@ -141,12 +142,14 @@ func (b *batch[T]) reserve(ctx context.Context) {
 	existing, written, err := b.bulk.ReserveMany(sctx, keys, ws, false)
 	b.bulkCall(ctx, cancel, sent, MethodReserveMany, err)
 	b.answers, b.held, b.missed = make([]answer, n), make([]*holding, n), make([]bool, n)
+	partial := err != nil && len(existing) == n && len(written) == n
 	for j, i := range b.at {
 		a := &b.answers[j]
 		a.sent, a.err = sent, err
-		if err != nil {
-			continue
+		if err != nil && !(partial && (written[j] || existing[j].State != StateAbsent)) {
+			continue // unknown: the entry takes the error, as its own Reserve would
 		}
+		a.err = nil
 		a.rec, a.written = existing[j], written[j]
 		if f := b.flows[i]; a.written || f.ours(a.rec, StatePending) {
 			b.held[j] = b.hold(ctx, f, sent)

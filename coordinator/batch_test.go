@@ -457,3 +457,39 @@ func TestDoBatchBulkCallsHang(t *testing.T) {
 		})
 	})
 }
+
+// halfDown is a bulk store whose ReserveMany reaches only the first half of
+// its entries, as a batch across two nodes of which one is down: it
+// returns their outcomes with the error.
+type halfDown struct{ *memstore.Store }
+
+var errNodeDown = errors.New("dial tcp: connection refused")
+
+func (s halfDown) ReserveMany(ctx context.Context, keys []coordinator.Key, ws []coordinator.Write, allOrNothing bool) ([]coordinator.Record, []bool, error) {
+	h := len(keys) / 2
+	existing, written, err := s.Store.ReserveMany(ctx, keys[:h], ws[:h], allOrNothing)
+	if err != nil {
+		return nil, nil, err
+	}
+	return append(existing, make([]coordinator.Record, len(keys)-h)...), append(written, make([]bool, len(keys)-h)...), errNodeDown
+}
+
+func TestDoBatchPartOfTheStoreDown(t *testing.T) {
+	s := memstore.New()
+	fx := newFixture(t, halfDown{s}, coordinator.WithOnStorageError(coordinator.OnStorageErrorRaise))
+	s.Put(coordinator.Key{Operation: "payment.charge", Key: "done"}, coordinator.Record{State: coordinator.StateCompleted, Token: "t", Result: []byte(`"stored"`), TTL: time.Hour})
+	cs := calls("a", "done", "c", "d") // a and done reach the store; c and d do not
+	act := newBatchAction(cs)
+	res, errs := coordinator.DoBatch(t.Context(), fx.c, cs, act.run)
+	if errs[0] != nil || res[0].Value != "result of a" || act.runs["a"] != 1 {
+		t.Errorf("a, on the node that answered: %+v, %v, %d runs; want its run", res[0], errs[0], act.runs["a"])
+	}
+	if errs[1] != nil || !res[1].Replayed || res[1].Value != "stored" {
+		t.Errorf("done, on the node that answered: %+v, %v; want the replay", res[1], errs[1])
+	}
+	for _, i := range []int{2, 3} {
+		if !errors.Is(errs[i], coordinator.ErrStorage) || !errors.Is(errs[i], errNodeDown) || act.runs[cs[i].Key] != 0 {
+			t.Errorf("%s, on the node that is down: %v, %d runs; want its storage error and no run", cs[i].Key, errs[i], act.runs[cs[i].Key])
+		}
+	}
+}

@@ -234,7 +234,12 @@ func OffRequestPath(ctx context.Context) bool {
 //
 // The entries are not one atomic step: on an error (a node that fails, a
 // context that ends), some entries may have been applied and others not.
-// An entry's write carries its own token, so a caller that retries it with
+// ReserveMany may then return what it knows, entry by entry: written[i] for
+// an entry it knows it wrote, or existing[i] (not absent) for one it knows
+// it did not; an entry with neither is unknown. The coordinator goes on
+// with the known entries and takes the error for the unknown ones, so that
+// a batch across nodes of which one is down still runs the keys of the
+// others. An entry's write carries its own token, so a caller that retries it with
 // the same token meets its own record (Reserve's "our own reservation,
 // met again"), and Complete and Release stay owner-checked.
 type BulkStore interface {
