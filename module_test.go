@@ -617,8 +617,8 @@ func TestModuleLoadsScriptsAtStart(t *testing.T) {
 	app := fxtest.New(t, idempotency.Module, regOpt, fx.Invoke(func(*coordinator.Coordinator) {}))
 	app.RequireStart()
 	defer app.RequireStop()
-	if n := cached(); n != "13" {
-		t.Errorf("after start-up %s scripts are cached, want 13 (complete, renew, release, watch, abandon; legacy, reserve, fence, inspect, forget, and the format 1 writer's abandon1, reserve1 and owner1)", n)
+	if n := cached(); n != "14" {
+		t.Errorf("after start-up %s scripts are cached, want 14 (complete, renew, release, watch, abandon; legacy, reserve, fence, inspect, forget, unwrite, and the format 1 writer's abandon1, reserve1 and owner1)", n)
 	}
 }
 
