@@ -196,11 +196,12 @@ func TestModuleWithAutoPipeline(t *testing.T) {
 
 // What NewStoreClient returns batches concurrent calls (the client's pipeline
 // hook sees batches of more than one command) on the client NewRedisClient
-// builds, and sends nothing in pipelines with the setting off.
+// builds, and so does the store's coalescing, the default; with both off,
+// nothing goes in pipelines.
 func TestNewStoreClientBatches(t *testing.T) {
 	for _, topology := range []string{"standalone", "cluster"} {
-		for _, on := range []bool{false, true} {
-			t.Run(fmt.Sprintf("%s/auto_pipeline=%v", topology, on), func(t *testing.T) {
+		for _, mode := range []string{"auto_pipeline", "coalesce", "off"} {
+			t.Run(topology+"/"+mode, func(t *testing.T) {
 				s := idempotency.DefaultSettings()
 				if topology == "cluster" {
 					s.RedisClusterAddrs = redistest.ClusterAddrs(t)
@@ -208,7 +209,10 @@ func TestNewStoreClientBatches(t *testing.T) {
 					s.RedisURL = "redis://" + redistest.ServerOptions(t).Addr + "/0"
 				}
 				s.KeyPrefix = redistest.Prefix(t)
-				s.RedisAutoPipeline = on
+				s.RedisAutoPipeline = mode == "auto_pipeline"
+				if mode == "off" {
+					s.RedisCoalesceLanes = 0
+				}
 				defer verifyNoLeaks(t, goleak.IgnoreCurrent(), goredisProbe)
 
 				client, err := idempotency.NewRedisClient(s)
@@ -221,8 +225,8 @@ func TestNewStoreClientBatches(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if !on && sc != redisrepo.Client(client) {
-					t.Fatalf("setting off: NewStoreClient returned %T, want the client itself", sc)
+				if !s.RedisAutoPipeline && sc != redisrepo.Client(client) {
+					t.Fatalf("auto-pipelining off: NewStoreClient returned %T, want the client itself", sc)
 				}
 				c, err := idempotency.NewCoordinator(s, idempotency.NewStore(s, sc), nil)
 				if err != nil {
@@ -238,11 +242,11 @@ func TestNewStoreClientBatches(t *testing.T) {
 				}
 				largest := hook.largest.Load()
 				t.Logf("%d commands in %d pipelines, the largest of %d", hook.cmds.Load(), hook.batches.Load(), largest)
-				if on && largest < 2 {
-					t.Errorf("auto-pipelining on: the largest pipeline had %d commands; want concurrent calls batched", largest)
+				if mode != "off" && largest < 2 {
+					t.Errorf("%s: the largest pipeline had %d commands; want concurrent calls batched", mode, largest)
 				}
-				if !on && largest != 0 {
-					t.Errorf("auto-pipelining off: %d commands went in pipelines; want none", hook.cmds.Load())
+				if mode == "off" && largest != 0 {
+					t.Errorf("auto-pipelining and coalescing off: %d commands went in pipelines; want none", hook.cmds.Load())
 				}
 			})
 		}

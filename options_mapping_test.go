@@ -145,6 +145,12 @@ func TestEveryOptionErrorNamesItsVariable(t *testing.T) {
 			lines: []string{"IDEMPOTENCY_FENCED_OPERATIONS: fences need IDEMPOTENCY_RECORD_FORMAT=2, and it is 1 (format 1 records have none): leave IDEMPOTENCY_FENCED_OPERATIONS empty until the rollout to format 2 is over"},
 		},
 		{
+			name:  "REDIS_COALESCE_LANES negative",
+			env:   env("REDIS_COALESCE_LANES", "-1"),
+			want:  []string{"REDIS_COALESCE_LANES"},
+			lines: []string{"IDEMPOTENCY_REDIS_COALESCE_LANES: must be 0 (off) or more, got -1"},
+		},
+		{
 			name:  "REDIS_REPLICA_ACKS negative",
 			env:   env("REDIS_REPLICA_ACKS", "-1"),
 			want:  []string{"REDIS_REPLICA_ACKS"},

@@ -197,8 +197,10 @@ func failoverOptions(o *redis.Options, s Settings) *redis.FailoverOptions {
 const clusterStateReloadInterval = time.Second
 
 // NewStore returns the Redis store over client, with the settings' key
-// prefix and record format (format 1 when RecordFormat is 1, else format 2;
-// Validate refuses any other value). It sends the store's commands to client
+// prefix, record format (format 1 when RecordFormat is 1, else format 2;
+// Validate refuses any other value), replica acknowledgement and coalescing
+// lanes (RedisCoalesceLanes, which applies over a *redis.Client or a
+// *redis.ClusterClient, not over the AutoPipeliner of NewStoreClient). It sends the store's commands to client
 // as it is: for RedisAutoPipeline, pass it what NewStoreClient returns.
 func NewStore(s Settings, client redisrepo.Client) *redisrepo.Store {
 	format := redisrepo.Format2
@@ -206,7 +208,8 @@ func NewStore(s Settings, client redisrepo.Client) *redisrepo.Store {
 		format = redisrepo.Format1
 	}
 	return redisrepo.New(client, redisrepo.WithKeyPrefix(s.KeyPrefix), redisrepo.WithRecordFormat(format),
-		redisrepo.WithReplicaAcks(redisrepo.ReplicaAcks{Replicas: s.RedisReplicaAcks, Fsync: s.RedisReplicaAckFsync, Operations: s.RedisReplicaAckOperations}))
+		redisrepo.WithReplicaAcks(redisrepo.ReplicaAcks{Replicas: s.RedisReplicaAcks, Fsync: s.RedisReplicaAckFsync, Operations: s.RedisReplicaAckOperations}),
+		redisrepo.WithCoalescing(s.RedisCoalesceLanes))
 }
 
 // NewStoreClient returns what the store should send its commands to: client

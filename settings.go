@@ -90,6 +90,15 @@ type Settings struct {
 	// see NewStoreClient.
 	RedisAutoPipeline bool `split_words:"true" default:"false" desc:"batch the store commands of concurrent callers into pipelines (go-redis AutoPipeline)"`
 
+	// RedisCoalesceLanes (REDIS_COALESCE_LANES, default 2; 0: off) is how
+	// many commands of concurrent callers the store has in flight at once
+	// before it sends those that come meanwhile together, in one pipeline
+	// (redisrepo.WithCoalescing): one caller's command goes at once, alone,
+	// and 64 callers take about half the time each that they take without
+	// it (docs/performance.md, "Coalescing"). It does not apply with
+	// RedisAutoPipeline, which batches in its own way.
+	RedisCoalesceLanes int `split_words:"true" default:"2" desc:"commands of concurrent callers in flight at once before the rest go together in one pipeline; 0: off"`
+
 	// RedisReplicaAcks (REDIS_REPLICA_ACKS, default 0: off) is how many
 	// replicas must acknowledge (WAIT) each reservation and each completion
 	// of the operations in RedisReplicaAckOperations (every operation when
@@ -281,25 +290,26 @@ const (
 // when no IDEMPOTENCY_* variable is set.
 func DefaultSettings() Settings {
 	return Settings{
-		Enabled:         true,
-		RedisURL:        "redis://localhost:6379/0",
-		KeyPrefix:       redisrepo.DefaultKeyPrefix,
-		RecordFormat:    int(redisrepo.Format2),
-		DefaultTTL:      coordinator.DefaultTTL,
-		MinTTL:          coordinator.DefaultMinTTL,
-		MaxTTL:          coordinator.DefaultMaxTTL,
-		InFlight:        coordinator.InFlightWait,
-		Lease:           coordinator.DefaultLease,
-		PollInterval:    coordinator.DefaultPollInterval,
-		OnStorageError:  coordinator.OnStorageErrorRun,
-		StorageTimeout:  coordinator.DefaultStorageTimeout,
-		BreakerFailures: DefaultBreakerFailures,
-		BreakerCooldown: DefaultBreakerCooldown,
-		MaxResultBytes:  coordinator.DefaultMaxResultBytes,
-		MetricsEnabled:  true,
-		TracingEnabled:  true,
-		LogKeys:         observability.LogKeysHashed,
-		RedisLogs:       RedisLogsZap,
+		Enabled:            true,
+		RedisURL:           "redis://localhost:6379/0",
+		RedisCoalesceLanes: redisrepo.DefaultLanes,
+		KeyPrefix:          redisrepo.DefaultKeyPrefix,
+		RecordFormat:       int(redisrepo.Format2),
+		DefaultTTL:         coordinator.DefaultTTL,
+		MinTTL:             coordinator.DefaultMinTTL,
+		MaxTTL:             coordinator.DefaultMaxTTL,
+		InFlight:           coordinator.InFlightWait,
+		Lease:              coordinator.DefaultLease,
+		PollInterval:       coordinator.DefaultPollInterval,
+		OnStorageError:     coordinator.OnStorageErrorRun,
+		StorageTimeout:     coordinator.DefaultStorageTimeout,
+		BreakerFailures:    DefaultBreakerFailures,
+		BreakerCooldown:    DefaultBreakerCooldown,
+		MaxResultBytes:     coordinator.DefaultMaxResultBytes,
+		MetricsEnabled:     true,
+		TracingEnabled:     true,
+		LogKeys:            observability.LogKeysHashed,
+		RedisLogs:          RedisLogsZap,
 	}
 }
 
@@ -578,6 +588,9 @@ func (s Settings) Validate() error {
 		bad("FENCED_OPERATIONS", fmt.Errorf("fences need IDEMPOTENCY_RECORD_FORMAT=2, and it is 1 (format 1 records have none): leave IDEMPOTENCY_FENCED_OPERATIONS empty until the rollout to format 2 is over"))
 	}
 	acking := s.RedisReplicaAcks > 0 || s.RedisReplicaAckFsync
+	if s.RedisCoalesceLanes < 0 {
+		bad("REDIS_COALESCE_LANES", fmt.Errorf("must be 0 (off) or more, got %d", s.RedisCoalesceLanes))
+	}
 	switch {
 	case s.RedisReplicaAcks < 0:
 		bad("REDIS_REPLICA_ACKS", fmt.Errorf("must be 0 (off) or more, got %d", s.RedisReplicaAcks))

@@ -42,6 +42,7 @@ func BenchmarkReplay(b *testing.B) {
 	adm := admin(b)
 	flush(b, adm)
 	sides := sides(b)
+	vk := valkeyClient(b)
 	keys := newKeyGen()
 
 	// The records, written once by each impl's own means.
@@ -85,6 +86,9 @@ func BenchmarkReplay(b *testing.B) {
 				})
 			})
 		}
+		b.Run(name(callers, pipeOff, implValkey), func(b *testing.B) {
+			measure(b, adm, callers, func(int) error { return valkeyReplay(ctx, vk, rawKey) })
+		})
 	}
 }
 
@@ -104,6 +108,7 @@ func BenchmarkFirstRun(b *testing.B) {
 	ctx := context.Background()
 	adm := admin(b)
 	sides := sides(b)
+	vk := valkeyClient(b)
 	for _, callers := range callerCounts {
 		for _, pipe := range pipes {
 			s := sides[pipe]
@@ -147,6 +152,15 @@ func BenchmarkFirstRun(b *testing.B) {
 				})
 			})
 		}
+		b.Run(name(callers, pipeOff, implValkey), func(b *testing.B) {
+			flush(b, adm)
+			g := newKeyGen()
+			keys := make([]string, b.N)
+			for i := range keys {
+				keys[i] = sides[pipeOff].rawKey(g.key(i))
+			}
+			measure(b, adm, callers, func(i int) error { return valkeyFirstRun(ctx, vk, keys[i]) })
+		})
 	}
 }
 
@@ -158,6 +172,7 @@ func BenchmarkRefused(b *testing.B) {
 	adm := admin(b)
 	flush(b, adm)
 	sides := sides(b, coordinator.WithInFlight(coordinator.InFlightRaise))
+	vk := valkeyClient(b)
 	keys := newKeyGen()
 
 	// The holder: another coordinator, on a client of its own, whose action
@@ -216,6 +231,9 @@ func BenchmarkRefused(b *testing.B) {
 				})
 			})
 		}
+		b.Run(name(callers, pipeOff, implValkey), func(b *testing.B) {
+			measure(b, adm, callers, func(int) error { return valkeyRefused(ctx, vk, rawKey) })
+		})
 	}
 }
 

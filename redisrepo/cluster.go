@@ -183,7 +183,7 @@ func (h clusterHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 // process sends cmd, a parsed command of a Store method, and rides through
 // a resharding (see rideThrough) when its reply is one.
 func (s *Store) process(ctx context.Context, cmd *redis.Cmd) error {
-	_ = s.client.Process(ctx, cmd)
+	_ = s.send(ctx, cmd)
 	err := cmd.Err()
 	if !clusterRetry(s.client, err) {
 		return err

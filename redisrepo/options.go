@@ -1,9 +1,13 @@
 package redisrepo
 
 import (
+	"context"
 	"fmt"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/internal/coalesce"
 )
 
 // DefaultKeyPrefix is the prefix of every Redis key the Store writes unless
@@ -64,5 +68,62 @@ func (s *Store) validate() error {
 			Err:    fmt.Errorf("must be Format1 (1) or Format2 (2), got %d", int(s.format)),
 		})
 	}
+	if s.lanes < 0 {
+		return fmt.Errorf("redisrepo: invalid options: %w", &coordinator.OptionError{
+			Option: "WithCoalescing",
+			Err:    fmt.Errorf("must be 0 (off) or more lanes, got %d", s.lanes),
+		})
+	}
 	return s.validateAcks()
 }
+
+// coalescer returns the Coalescer of s's callers' commands (see
+// WithCoalescing), or nil when coalescing is off.
+func (s *Store) coalescer() processor {
+	if s.lanes == 0 {
+		return nil
+	}
+	switch c := s.client.(type) {
+	case *redis.Client:
+		return coalesce.New(c, s.lanes)
+	case *redis.ClusterClient:
+		return coalesce.NewCluster(c, s.lanes)
+	}
+	return nil
+}
+
+// processor sends a command.
+type processor interface {
+	Process(ctx context.Context, cmd redis.Cmder) error
+}
+
+// send sends cmd, a command of a caller's call: through the Coalescer when
+// there is one and the call is on a request path, else to the client.
+func (s *Store) send(ctx context.Context, cmd redis.Cmder) error {
+	if s.hot != nil && !coordinator.OffRequestPath(ctx) {
+		return s.hot.Process(ctx, cmd)
+	}
+	return s.client.Process(ctx, cmd)
+}
+
+// WithCoalescing sets how many commands of concurrent callers the Store has
+// in flight at once before it groups them: a call that finds one of lanes
+// lanes idle sends its command at once, alone, and the calls that come
+// while every lane has a command in flight wait for one of them and go
+// together in one pipeline (docs/performance.md, "Coalescing"). One caller
+// pays no wait for it; many callers pay a few round trips where they paid
+// one each. Lanes 0 turns it off: every command is sent on its own, as the
+// client sends it. The default is DefaultLanes over a *redis.Client (a
+// server, or Sentinel's failover client) or a *redis.ClusterClient, and off
+// over any other client (a *redis.Ring, an AutoPipeliner, a wrapper), which
+// WithCoalescing cannot turn on. New panics on a negative number.
+//
+// Only the calls of the coordinator's callers coalesce: renewals and the
+// completions retried in the background (coordinator.OffRequestPath), bulk
+// operations and administration go to the client directly.
+func WithCoalescing(lanes int) Option {
+	return optionFunc(func(s *Store) { s.lanes = lanes })
+}
+
+// DefaultLanes is the number of lanes of WithCoalescing's default.
+const DefaultLanes = coalesce.DefaultLanes

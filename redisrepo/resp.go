@@ -29,7 +29,7 @@ var errWrongType = errors.New("redisrepo: WRONGTYPE")
 // (see hotScript). The string aliases the reply, which has no other user.
 func (s *Store) bulk(ctx context.Context, args ...any) (v []byte, found bool, err error) {
 	raw := redis.NewRawCmd(ctx, args...)
-	_ = s.client.Process(ctx, raw)
+	_ = s.send(ctx, raw)
 	if err := raw.Err(); err != nil {
 		if clusterRetry(s.client, err) { // a removed node's address: never sent
 			return s.parsed(ctx, args)

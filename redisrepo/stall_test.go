@@ -40,8 +40,10 @@ func TestWatchNeverWaitsForTheSubscription(t *testing.T) {
 		t.Skip("needs redis-server")
 	}
 	const pool = 8
-	// fillPool takes pool connections of c at once and gives them back:
-	// the reads then have theirs, the subscription needs a new one.
+	// fillPool takes pool connections of c at once and gives them back,
+	// and as many of its pipeline pool (where the store's coalesced calls
+	// go, redisrepo.WithCoalescing), with pipelines that block for a moment
+	// each (WAIT for more replicas than there are): the reads then have theirs, the subscription needs a new one.
 	fillPool := func(t *testing.T, c *redis.Client) {
 		conns := make([]*redis.Conn, pool)
 		for i := range conns {
@@ -53,6 +55,17 @@ func TestWatchNeverWaitsForTheSubscription(t *testing.T) {
 		for _, cn := range conns {
 			_ = cn.Close()
 		}
+		var wg sync.WaitGroup
+		for range pool {
+			wg.Go(func() {
+				pipe := c.Pipeline()
+				pipe.Do(t.Context(), "wait", 100, 50) // blocks for 50ms: there are never 100 replicas
+				if _, err := pipe.Exec(t.Context()); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+		wg.Wait()
 	}
 	t.Run("Redis", func(t *testing.T) {
 		testStalledSubscription(t, func(t *testing.T, d *stallingDialer) (redis.UniversalClient, redis.UniversalClient) {
@@ -131,8 +144,12 @@ func testStalledSubscription(t *testing.T, open func(t *testing.T, d *stallingDi
 					results <- err
 				}()
 			}
-			for range waiters {
-				<-collided
+			for i := range waiters {
+				select {
+				case <-collided:
+				case <-time.After(30 * time.Second):
+					t.Fatalf("%d of %d waiters met the holder in 30s (%d error events)", i, waiters, errorsSeen.Load())
+				}
 			}
 			close(release)
 			<-held

@@ -49,6 +49,8 @@ type Store struct {
 	waiters *waiters
 	seen    *sightings  // the pending records Reserve met: see abandon
 	acks    ReplicaAcks // the writes that replicas acknowledge: see WithReplicaAcks
+	lanes   int         // WithCoalescing's lanes
+	hot     processor   // the callers' commands, coalesced; nil when off: see send
 
 	ackMu     sync.Mutex
 	ackQueues map[string]*ackQueue // by master address: see ackQueue
@@ -60,7 +62,7 @@ var _ coordinator.Store = (*Store)(nil)
 // the keys have the prefix DefaultKeyPrefix. It panics when an option is
 // invalid (see Option).
 func New(client Client, opts ...Option) *Store {
-	s := &Store{client: client, prefix: DefaultKeyPrefix, format: Format2}
+	s := &Store{client: client, prefix: DefaultKeyPrefix, format: Format2, lanes: DefaultLanes}
 	for _, o := range opts {
 		if o != nil {
 			o.apply(s)
@@ -74,6 +76,7 @@ func New(client Client, opts ...Option) *Store {
 	s.waiters = newWaiters(s)
 	s.seen = newSightings()
 	s.ackQueues = make(map[string]*ackQueue)
+	s.hot = s.coalescer()
 	return s
 }
 

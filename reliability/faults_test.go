@@ -220,6 +220,24 @@ var (
 		},
 	}
 
+	faultStallLink = fault{
+		name: "stalled-link",
+		expect: "one connection's requests stop for 600ms while the others answer, then arrive late: the call " +
+			"on it, and the calls coalesced behind it, time out; the other lane and connections go on; the " +
+			"background save completes what timed out; no extra run but unprotected runs (run), no lost result",
+		needs:  "proxy",
+		inject: func(t *testing.T, env *faultEnv) faultResult { return stallLink(t, env, false) },
+	}
+
+	faultResetLink = fault{
+		name: "reset-link",
+		expect: "one connection's requests stop for 600ms while the others answer, then the connection is " +
+			"reset: the call on it, and the calls coalesced behind it, fail; the rest go on; no extra run but " +
+			"unprotected runs (run), no lost result",
+		needs:  "proxy",
+		inject: func(t *testing.T, env *faultEnv) faultResult { return stallLink(t, env, true) },
+	}
+
 	faultFailover = fault{
 		name: "master-killed",
 		expect: "kill -9 of one of three masters; its replica is promoted; calls on its slots fail (raise) or run " +
@@ -229,6 +247,26 @@ var (
 		inject: killMaster,
 	}
 )
+
+// stallLink stalls the next connection that sends for stall, then lets it
+// go on, or resets it.
+func stallLink(t *testing.T, env *faultEnv, reset bool) faultResult {
+	t.Helper()
+	start := env.now()
+	env.proxy.StallOne()
+	time.Sleep(stall)
+	stalled := env.proxy.Unstall(reset)
+	end := env.now()
+	what := "delivered late"
+	if reset {
+		what = "reset"
+	}
+	if !stalled {
+		what = "no connection sent meanwhile: nothing stalled"
+	}
+	return faultResult{start: start, end: end,
+		note: fmt.Sprintf("one connection stalled %v, %s", time.Duration(end-start).Round(time.Millisecond), what)}
+}
 
 // loop runs cmd every interval for loopFor and sums what it returns.
 func loop(t *testing.T, env *faultEnv, interval time.Duration, cmd func(context.Context) (int64, error), what, counted string) faultResult {

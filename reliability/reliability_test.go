@@ -172,6 +172,10 @@ func faultModes(lv level, f fault) []modes {
 		return []modes{m(wait, eRaise), m(run, eRun)}
 	case faultSlow.name:
 		return []modes{m(wait, eRaise), m(raise, eRun)}
+	case faultStallLink.name:
+		return []modes{m(wait, eRaise), m(raise, eRun), m(run, eRun)}
+	case faultResetLink.name:
+		return []modes{m(wait, eRun), m(raise, eRaise)}
 	case faultSentinelFailover.name:
 		return []modes{m(wait, eRaise), m(raise, eRaise)}
 	}
@@ -244,6 +248,33 @@ func TestAutoPipeline(t *testing.T) {
 			t.Run(sc.name(), func(t *testing.T) {
 				b, env := startStandalone(t, f.needs == "proxy")
 				b.pipelined = true
+				check(t, lv, sc, b, env)
+			})
+		}
+	}
+}
+
+// TestCoalescing: storms against the faults of one lane of the store's
+// coalescing (redisrepo.WithCoalescing, on by default, as in every storm of
+// the suite): one connection whose requests stop arriving while every
+// other connection answers, then arrive late, or then is reset. The calls
+// that queued behind the stalled lane's command wait with it and time out;
+// the others go through the other lane. (A Redis that hangs, is slow or
+// drops every connection, every lane at once, is TestFaults's SIGSTOP,
+// slow-link and client-kill.) The faults' own expectations hold: no extra
+// run but the unprotected runs of mode run, no lost result. The short level
+// runs one mode pair per fault.
+func TestCoalescing(t *testing.T) {
+	lv := suiteLevel(t)
+	for _, f := range []fault{faultStallLink, faultResetLink} {
+		ms := faultModes(lv, f)
+		if lv != levelFull {
+			ms = ms[:1]
+		}
+		for _, m := range ms {
+			sc := scenario{backend: "standalone", modes: m, fault: f}
+			t.Run(sc.name(), func(t *testing.T) {
+				b, env := startStandalone(t, true)
 				check(t, lv, sc, b, env)
 			})
 		}

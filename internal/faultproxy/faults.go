@@ -249,6 +249,9 @@ type Stats struct {
 	Dropped Traffic
 	// Held is what is held now, waiting for Release.
 	Held Traffic
+	// Stalled counts the connections that StallOne stalled, from their
+	// first chunk held on.
+	Stalled int64
 }
 
 // Traffic counts chunks (reads from one side of a connection) and their bytes.
@@ -271,4 +274,53 @@ func (p *Proxy) Stats() Stats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.stats
+}
+
+// StallOne stalls one connection: the next one to send a chunk to the
+// server after the call (another connection's traffic keeps flowing). Its
+// client→server chunks wait, in order, until Unstall; server→client bytes
+// keep flowing. This is one connection whose requests stop arriving, as a
+// stuck TCP flow or a lost route would make it, while every other
+// connection to the same server answers.
+func (p *Proxy) StallOne() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.unstall != nil {
+		close(p.unstall)
+	}
+	p.stallNext, p.stalled, p.unstall = true, nil, make(chan struct{})
+}
+
+// Unstall ends StallOne: the stalled connection's chunks go on, late, or,
+// with reset, the connection is reset (a TCP RST to both sides) and its
+// chunks are dropped. It reports whether a connection was stalled.
+func (p *Proxy) Unstall(reset bool) bool {
+	p.mu.Lock()
+	l, ch := p.stalled, p.unstall
+	p.stallNext, p.stalled, p.unstall = false, nil, nil
+	p.mu.Unlock()
+	if reset && l != nil {
+		abort(l.client)
+		abort(l.server)
+		l.close()
+	}
+	if ch != nil {
+		close(ch)
+	}
+	return l != nil
+}
+
+// stallOf returns the channel that l's client→server chunks wait on, or
+// nil when l is not the stalled connection.
+func (p *Proxy) stallOf(l *link) <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.stallNext && p.stalled == nil {
+		p.stalled, p.stallNext = l, false
+		p.stats.Stalled++
+	}
+	if p.stalled == l {
+		return p.unstall
+	}
+	return nil
 }

@@ -30,8 +30,13 @@ type Proxy struct {
 	cut     bool
 	holding bool
 	held    []heldChunk // client→server chunks held, in arrival order
-	links   map[*link]struct{}
-	stats   Stats
+	// stallNext makes the next link that sends a chunk the stalled one; its
+	// client→server chunks wait until unstall is closed. See StallOne.
+	stallNext bool
+	stalled   *link
+	unstall   chan struct{}
+	links     map[*link]struct{}
+	stats     Stats
 }
 
 // Start starts a proxy that listens on a free port of 127.0.0.1 and forwards
@@ -320,6 +325,15 @@ func (p *Proxy) forward(ctx context.Context, l *link, up bool, chunk []byte) boo
 	}
 	dst := l.client
 	if up {
+		if wait := p.stallOf(l); wait != nil {
+			select {
+			case <-wait:
+			case <-l.done:
+				return false
+			case <-ctx.Done():
+				return false
+			}
+		}
 		dst = l.server
 		// Held bytes go out before anything read after them.
 		l.serverMu.Lock()

@@ -320,3 +320,39 @@ func TestLateWrite(t *testing.T) {
 	}
 	_ = b.Del(t.Context(), key)
 }
+
+func TestStallOne(t *testing.T) {
+	p := startRedis(t)
+	stuck, other := client(t, p, nil), client(t, p, nil)
+	ping(t, stuck)
+	ping(t, other)
+	for round, reset := range []bool{false, true} {
+		p.StallOne()
+		late := make(chan error, 1)
+		go func() { late <- stuck.Ping(context.Background()).Err() }()
+		waitFor(t, "the connection to stall", func() bool { return p.Stats().Stalled == int64(round+1) })
+		for range 5 { // the other connection answers throughout
+			ping(t, other)
+		}
+		select {
+		case err := <-late:
+			t.Fatalf("PING on the stalled connection returned %v during the stall", err)
+		default:
+		}
+		if !p.Unstall(reset) {
+			t.Fatal("Unstall found no stalled connection")
+		}
+		err := <-late
+		switch {
+		case !reset && err != nil:
+			t.Fatalf("the stalled PING, delivered late: %v", err)
+		case reset && err == nil:
+			t.Fatal("the PING of a reset connection succeeded")
+		}
+		ping(t, stuck) // a new connection when reset
+		ping(t, other)
+	}
+	if p.Unstall(false) {
+		t.Error("Unstall without StallOne found a stalled connection")
+	}
+}
