@@ -73,23 +73,25 @@ func BenchmarkReplay(b *testing.B) {
 				})
 			})
 			b.Run(name(callers, pipe, "raw"), func(b *testing.B) {
-				measure(b, adm, callers, func(int) error {
-					v, err := s.cmd.Get(ctx, rawKey).Bytes()
-					if err != nil {
-						return err
-					}
-					var p Payment
-					if err := json.Unmarshal(v, &p); err != nil {
-						return err
-					}
-					return check(p)
-				})
+				measure(b, adm, callers, func(int) error { return checkEncoded(s.cmd.Get(ctx, rawKey).Bytes()) })
 			})
 		}
 		b.Run(name(callers, pipeOff, implValkey), func(b *testing.B) {
 			measure(b, adm, callers, func(int) error { return valkeyReplay(ctx, vk, rawKey) })
 		})
 	}
+}
+
+// checkEncoded decodes v, a raw impl's replay, unless err, and checks it.
+func checkEncoded(v []byte, err error) error {
+	if err != nil {
+		return err
+	}
+	var p Payment
+	if err := json.Unmarshal(v, &p); err != nil {
+		return err
+	}
+	return check(p)
 }
 
 func check(p Payment) error {
