@@ -58,7 +58,7 @@ test-reliability-short:
 
 # The Redis tests on Valkey 8.0.1 instead of redis-server (docs/operations.md,
 # "Valkey"): the store's conformance suite and every Redis test of redisrepo,
-# the root package, idemconsume, observability and the test rigs, and idemctl's
+# the root package, idemconsume, observability, the store's coalescing and the test rigs, and idemctl's
 # (sentinel and cluster included), then the short reliability suite.
 # VALKEY_BUILD (the shared tools' build-valkey.sh, found beside the checkout
 # by default) builds valkey-server and valkey-cli from the shared source into its
@@ -69,7 +69,7 @@ test-reliability-short:
 VALKEY_CANDIDATES := $(abspath $(dir $(lastword $(MAKEFILE_LIST)))../shared/tools/build-valkey.sh) $(abspath $(dir $(lastword $(MAKEFILE_LIST)))../../shared/tools/build-valkey.sh)
 VALKEY_BUILD ?= $(or $(firstword $(wildcard $(VALKEY_CANDIDATES))),$(firstword $(VALKEY_CANDIDATES)))
 VALKEY_DIR ?=
-VALKEY_PACKAGES := ./internal/redistest/ ./redisrepo/... . ./idemconsume/... ./observability/
+VALKEY_PACKAGES := ./internal/redistest/ ./internal/coalesce/ ./redisrepo/... . ./idemconsume/... ./observability/
 test-valkey:
 	@set -e; dir='$(VALKEY_DIR)'; \
 	if [ -z "$$dir" ]; then \
