@@ -18,7 +18,13 @@
 //
 // Replay, FirstRun and Refused run with callers=1 and callers=64 (64
 // goroutines at once, whatever the number of cores), each with pipe=off (a
-// plain *redis.Client) and pipe=auto (its AutoPipeline). Every benchmark
+// plain *redis.Client) and pipe=auto (its AutoPipeline). With pipe=off,
+// two more impls run beside them: impl=valkey-go, raw's commands through
+// valkey-go with its default auto-pipelining (the client of
+// faustbrian/go-idempotency: a floor under that library's time), and
+// impl=fx, Do on the coordinator of the fx module with the observer an app
+// gets by default (metrics, zap logs, OpenTelemetry), to set beside
+// impl=idemkit's bare coordinator. Every benchmark
 // reports allocs/op, redis-µs/op (the server's time in the commands the
 // clients sent, per operation, from INFO commandstats: a script's line
 // includes the commands it runs, which are not counted again) and

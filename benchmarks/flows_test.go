@@ -12,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/coordinator"
 )
 
@@ -43,6 +44,7 @@ func BenchmarkReplay(b *testing.B) {
 	flush(b, adm)
 	sides := sides(b)
 	vk := valkeyClient(b)
+	fxco := fxCoordinator(b, nil)
 	keys := newKeyGen()
 
 	// The records, written once by each impl's own means.
@@ -79,6 +81,15 @@ func BenchmarkReplay(b *testing.B) {
 		b.Run(name(callers, pipeOff, implValkey), func(b *testing.B) {
 			measure(b, adm, callers, func(int) error { return valkeyReplay(ctx, vk, rawKey) })
 		})
+		b.Run(name(callers, pipeOff, implFx), func(b *testing.B) {
+			measure(b, adm, callers, func(int) error {
+				p, err := coordinator.Do(ctx, fxco, call, neverRun)
+				if err != nil {
+					return err
+				}
+				return check(p)
+			})
+		})
 	}
 }
 
@@ -111,6 +122,7 @@ func BenchmarkFirstRun(b *testing.B) {
 	adm := admin(b)
 	sides := sides(b)
 	vk := valkeyClient(b)
+	fxco := fxCoordinator(b, nil)
 	for _, callers := range callerCounts {
 		for _, pipe := range pipes {
 			s := sides[pipe]
@@ -163,6 +175,18 @@ func BenchmarkFirstRun(b *testing.B) {
 			}
 			measure(b, adm, callers, func(i int) error { return valkeyFirstRun(ctx, vk, keys[i]) })
 		})
+		b.Run(name(callers, pipeOff, implFx), func(b *testing.B) {
+			flush(b, adm)
+			keys := newKeyGen().keys(b.N)
+			fp := fingerprint()
+			measure(b, adm, callers, func(i int) error {
+				p, err := coordinator.Do(ctx, fxco, coordinator.Call{Operation: operation, Key: keys[i], Fingerprint: fp}, runAction)
+				if err != nil {
+					return err
+				}
+				return check(p)
+			})
+		})
 	}
 }
 
@@ -175,6 +199,7 @@ func BenchmarkRefused(b *testing.B) {
 	flush(b, adm)
 	sides := sides(b, coordinator.WithInFlight(coordinator.InFlightRaise))
 	vk := valkeyClient(b)
+	fxco := fxCoordinator(b, func(s *idempotency.Settings) { s.InFlight = coordinator.InFlightRaise })
 	keys := newKeyGen()
 
 	// The holder: another coordinator, on a client of its own, whose action
@@ -235,6 +260,15 @@ func BenchmarkRefused(b *testing.B) {
 		}
 		b.Run(name(callers, pipeOff, implValkey), func(b *testing.B) {
 			measure(b, adm, callers, func(int) error { return valkeyRefused(ctx, vk, rawKey) })
+		})
+		b.Run(name(callers, pipeOff, implFx), func(b *testing.B) {
+			measure(b, adm, callers, func(int) error {
+				_, err := coordinator.Do(ctx, fxco, call, neverRun)
+				if !errors.Is(err, coordinator.ErrInProgress) {
+					return fmt.Errorf("got %v, want ErrInProgress", err)
+				}
+				return nil
+			})
 		})
 	}
 }
