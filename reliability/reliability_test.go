@@ -173,9 +173,9 @@ func faultModes(lv level, f fault) []modes {
 	case faultSlow.name:
 		return []modes{m(wait, eRaise), m(raise, eRun)}
 	case faultStallLink.name:
-		return []modes{m(wait, eRaise), m(raise, eRun), m(run, eRun)}
+		return []modes{m(wait, eRaise), m(run, eRun)}
 	case faultResetLink.name:
-		return []modes{m(wait, eRun), m(raise, eRaise)}
+		return []modes{m(raise, eRun), m(run, eRaise)}
 	case faultSentinelFailover.name:
 		return []modes{m(wait, eRaise), m(raise, eRaise)}
 	}
