@@ -15,6 +15,9 @@
 //	                    how long after the holder's Do returns the waiter's
 //	                    Do returns (p50-wake-ms, p99-wake-ms); idemkit only
 //	BenchmarkMemory     used_memory per completed record (B/record)
+//	BenchmarkObserver   the fx module's observer alone: its coordinator
+//	                    over an in-memory store without (impl=idemkit) and
+//	                    with (impl=fx) the default observer; no Redis
 //
 // Replay, FirstRun and Refused run with callers=1 and callers=64 (64
 // goroutines at once, whatever the number of cores), each with pipe=off (a

@@ -3,17 +3,22 @@ package benchmarks
 import (
 	"context"
 	"io"
+	"strconv"
+	"sync/atomic"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel"
 	"go.uber.org/fx"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
 	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/coordinator/memstore"
 	"github.com/idemkit/idempotency/fxtest"
+	"github.com/idemkit/idempotency/observability"
 )
 
 // implFx is the impl whose coordinator is the fx module's
@@ -31,8 +36,7 @@ const implFx = "fx"
 func fxCoordinator(b *testing.B, change func(*idempotency.Settings)) *coordinator.Coordinator {
 	b.Helper()
 	c := client(b)
-	logger := zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()),
-		zapcore.AddSync(io.Discard), zapcore.InfoLevel))
+	logger := discardLogger()
 	var co *coordinator.Coordinator
 	app := fx.New(
 		idempotency.Module,
@@ -48,4 +52,66 @@ func fxCoordinator(b *testing.B, change func(*idempotency.Settings)) *coordinato
 	}
 	b.Cleanup(func() { _ = app.Stop(context.Background()) })
 	return co
+}
+
+// discardLogger is the logger of impl=fx: zap.NewProduction's JSON lines at
+// Info, written to io.Discard.
+func discardLogger() *zap.Logger {
+	return zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()),
+		zapcore.AddSync(io.Discard), zapcore.InfoLevel))
+}
+
+// observerKeys numbers BenchmarkObserver's first-run keys across its runs.
+var observerKeys atomic.Int64
+
+// BenchmarkObserver is what the fx module's observer costs a call, without
+// the network that hides it in the other flows: the module's coordinator
+// (idempotency.NewCoordinator with the default settings) over an in-memory
+// store (coordinator/memstore), with no observer (impl=idemkit) and with the
+// observer Module gives it by default (impl=fx: metrics on a registry of
+// their own, zap at Info to io.Discard, OpenTelemetry's global provider).
+// The difference of the two is the observer's time per call; a replay
+// reports two events (hit and the Reserve's storage call), a first run four.
+func BenchmarkObserver(b *testing.B) {
+	ctx := context.Background()
+	s := idempotency.DefaultSettings()
+	metrics, err := idempotency.NewObserver(s, discardLogger(), prometheus.NewRegistry())
+	if err != nil {
+		b.Fatal(err)
+	}
+	withObserver := observability.Multi(metrics, idempotency.NewTracingObserver(s, otel.GetTracerProvider()))
+	for _, impl := range []struct {
+		name string
+		obs  coordinator.Observer
+	}{{"idemkit", nil}, {implFx, withObserver}} {
+		co, err := idempotency.NewCoordinator(s, memstore.New(), impl.obs)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run("flow=replay/impl="+impl.name, func(b *testing.B) {
+			call := coordinator.Call{Operation: operation, Key: "replay", Fingerprint: fingerprint()}
+			if _, err := coordinator.Do(ctx, co, call, runAction); err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				p, err := coordinator.Do(ctx, co, call, neverRun)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := check(p); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run("flow=first/impl="+impl.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				call := coordinator.Call{Operation: operation, Key: "first-" + strconv.FormatInt(observerKeys.Add(1), 36), Fingerprint: fingerprint()}
+				if _, err := coordinator.Do(ctx, co, call, runAction); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }
