@@ -425,20 +425,11 @@ func scanRecords(rows pgx.Rows, recs []coordinator.Record) error {
 		if n == len(recs) {
 			return errors.New("more rows than keys")
 		}
-		var (
-			state, token, fp *string
-			result           []byte
-			ttl              *int64
-		)
-		if err := rows.Scan(&state, &token, &fp, &result, &ttl); err != nil {
+		var rec nullRecord
+		if err := rows.Scan(&rec.state, &rec.token, &rec.fp, &rec.result, &rec.ttl); err != nil {
 			return err
 		}
-		if state != nil {
-			recs[n] = coordinator.Record{State: stateOf(*state), Token: *token, Fingerprint: *fp, TTL: time.Duration(*ttl) * time.Microsecond}
-			if recs[n].State != coordinator.StatePending {
-				recs[n].Result = result
-			}
-		}
+		recs[n] = rec.record()
 		n++
 	}
 	if err := rows.Err(); err != nil {

@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idempotency/coordinator"
 )
@@ -38,14 +40,9 @@ const (
 
 // The SQL of the transactional call, besides the Store's.
 const (
-	// restoreTimeouts puts back the session's lock_timeout and
-	// statement_timeout that holderSettings saved before a lock wait
-	// (setLockWait), so that the action runs with them.
-	restoreTimeouts = `SELECT set_config('lock_timeout', current_setting('idempg.lock_timeout'), true),
-	set_config('statement_timeout', current_setting('idempg.statement_timeout'), true)`
-
 	// holderSettings saves the session's lock_timeout and
-	// statement_timeout (restoreTimeouts puts them back), and makes the
+	// statement_timeout (readRestoring puts them back after a claim's lock
+	// wait), and makes the
 	// database end the transaction of a holder that died or froze, and so
 	// free its key: $1 is idle_in_transaction_session_timeout (the lease: a
 	// holder that sends nothing for a lease is taken for frozen), $2 to $4
@@ -61,6 +58,27 @@ const (
 	// killed while a statement of its runs is found within it, instead of
 	// when the statement ends.
 	holderSettings14 = holderSettings + `, set_config('client_connection_check_interval', $5, true)`
+	// claimSettings and claimSettings14, the first statement of a claim's
+	// transaction, are holderSettings and holderSettings14 that also set
+	// the lock wait of the claim's INSERT, in their last parameter, as
+	// setLockWait does. PostgreSQL evaluates a SELECT's output columns in
+	// order, so the saves read the session's values before the lock wait
+	// replaces them.
+	claimSettings   = holderSettings + `, set_config('lock_timeout', $5, true), set_config('statement_timeout', '0', true)`
+	claimSettings14 = holderSettings14 + `, set_config('lock_timeout', $6, true), set_config('statement_timeout', '0', true)`
+
+	// readRestoring, the last statement of a claim's batch, reads the
+	// key's live record as selectRecord does, in exactly one row (NULLs
+	// when there is none), and puts back the session's lock_timeout and
+	// statement_timeout that claimSettings saved, so that the action runs
+	// with them.
+	readRestoring = `SELECT r.state, r.token, r.fingerprint, r.result,
+	GREATEST(1, ceil(extract(epoch FROM r.expires_at - clock_timestamp()) * 1000000))::bigint,
+	set_config('lock_timeout', current_setting('idempg.lock_timeout'), true),
+	set_config('statement_timeout', current_setting('idempg.statement_timeout'), true)
+FROM (VALUES (1)) AS one
+LEFT JOIN idempotency_records r
+	ON r.operation = $1 AND r.key = $2 AND r.expires_at > clock_timestamp()`
 
 	// claimRecord writes the call's pending record if the key has no row.
 	// When another transaction holds an uncommitted row of the key, it
@@ -87,9 +105,14 @@ WHERE operation = $1 AND key = $2`
 
 	// completeClaim completes the transaction's own claim; no expiry
 	// check: the row is the transaction's, however long the action ran.
-	completeClaim = `UPDATE idempotency_records
+	// When the row is no longer the claim's (the action changed or deleted
+	// it), it fails with division_by_zero, which aborts the transaction, so
+	// that a COMMIT sent with it does not commit (see errRecordChanged).
+	completeClaim = `WITH done AS (UPDATE idempotency_records
 SET state = $4, result = $5, expires_at = clock_timestamp() + $6 * interval '1 millisecond'
-WHERE operation = $1 AND key = $2 AND token = $3 AND state = 'pending'`
+WHERE operation = $1 AND key = $2 AND token = $3 AND state = 'pending'
+RETURNING 1)
+SELECT 1 / count(*) FROM done`
 
 	// keepEnded keeps the key of an action that ended its transaction with
 	// SQL as not replayable, unless another caller holds it by now: its
@@ -158,11 +181,11 @@ func (s *Store) Claim(ctx context.Context, key coordinator.Key, w coordinator.Wr
 // returns the open claim, or the record there with its transaction rolled
 // back, or the database's error with its transaction rolled back.
 func (s *Store) claimOnce(ctx context.Context, key coordinator.Key, w coordinator.Write, until time.Time) (*claim, coordinator.Record, error) {
-	tx, err := s.db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	c, err := s.begin(ctx)
 	if err != nil {
 		return nil, coordinator.Record{}, err
 	}
-	c := &claim{s: s, tx: tx, key: key, token: w.Token, fp: w.Fingerprint, leave: func() {}}
+	c.key, c.token, c.fp = key, w.Token, w.Fingerprint
 	held := false
 	defer func() {
 		if !held {
@@ -188,7 +211,7 @@ func (s *Store) claimOnce(ctx context.Context, key coordinator.Key, w coordinato
 		case !takeable(locked, w):
 			return nil, locked, nil
 		}
-		tag, err := tx.Exec(ctx, takeOver, key.Operation, key.Key, w.Token, w.Fingerprint, w.TTL.Milliseconds())
+		tag, err := c.tx.Exec(ctx, takeOver, key.Operation, key.Key, w.Token, w.Fingerprint, w.TTL.Milliseconds())
 		if err == nil && tag.RowsAffected() != 1 {
 			err = errors.New("the locked record is gone")
 		}
@@ -203,11 +226,45 @@ func (s *Store) claimOnce(ctx context.Context, key coordinator.Key, w coordinato
 // Begin implements coordinator.Transactor: a transaction at READ COMMITTED
 // with no record, for a call made with the kill switch off.
 func (s *Store) Begin(ctx context.Context) (coordinator.Claim, error) {
-	tx, err := s.db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	c, err := s.begin(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("idempg: begin: %w", classify(err))
 	}
-	return &claim{s: s, tx: tx, leave: func() {}}, nil
+	return c, nil
+}
+
+// begin begins a claim's transaction at READ COMMITTED. Over a pool it
+// takes a connection and begins on it, so that the claim hands the
+// connection back itself and its COMMIT can travel with the completion, in
+// one round trip; so it can over a single connection. Over another DB its
+// Tx's own Commit and Rollback end it, as that DB's Tx needs.
+func (s *Store) begin(ctx context.Context) (*claim, error) {
+	opts := pgx.TxOptions{IsoLevel: pgx.ReadCommitted}
+	c := &claim{s: s, leave: func() {}}
+	switch db := s.db.(type) {
+	case *pgxpool.Pool:
+		conn, err := db.Acquire(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if c.tx, err = conn.BeginTx(ctx, opts); err != nil {
+			conn.Release() // a connection that failed to begin is closed: the pool drops it
+			return nil, err
+		}
+		c.release = conn.Release
+	case *pgx.Conn:
+		var err error
+		if c.tx, err = db.BeginTx(ctx, opts); err != nil {
+			return nil, err
+		}
+		c.release = func() {}
+	default:
+		var err error
+		if c.tx, err = s.db.BeginTx(ctx, opts); err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
 }
 
 // takeable reports whether a claim may take over rec, a record that is
@@ -220,15 +277,23 @@ func takeable(rec coordinator.Record, w coordinator.Write) bool {
 // claim is a transaction that holds a key (or, from Begin, none: key is
 // zero).
 type claim struct {
-	s     *Store
-	tx    pgx.Tx
-	key   coordinator.Key
-	token string
-	fp    string
-	leave func() // lets the next caller of this process claim the key
-	read  coordinator.Record
-	ended bool
-	steps bool // the call is a Steps call: its steps live as long as its record
+	s  *Store
+	tx pgx.Tx
+	// release hands the transaction's connection back once it is ended;
+	// nil when tx's own Commit and Rollback do (see Store.begin). When it
+	// is set, the claim commits by sending COMMIT itself, and tx, which
+	// then never hears of its end, must not be used again: closed says so
+	// to the action's handles on it (ownedTx, savepoint).
+	release  func()
+	released bool
+	closed   atomic.Bool
+	key      coordinator.Key
+	token    string
+	fp       string
+	leave    func() // lets the next caller of this process claim the key
+	read     coordinator.Record
+	ended    bool
+	steps    bool // the call is a Steps call: its steps live as long as its record
 }
 
 // claim writes the pending record w in the transaction if the key has no
@@ -237,38 +302,58 @@ type claim struct {
 // expired), with no lock taken. It is one round trip.
 func (c *claim) claim(ctx context.Context, w coordinator.Write, wait time.Duration) (written bool, rec coordinator.Record, err error) {
 	b := &pgx.Batch{}
-	queueHolderSettings(b, c.tx, w.TTL)
-	err = c.waitThenRead(ctx, b, wait, &written, claimRecord,
+	queueClaimSettings(b, c.tx, w.TTL, wait)
+	err = c.thenRead(ctx, b, &written, claimRecord,
 		c.key.Operation, c.key.Key, statePending, w.Token, w.Fingerprint, w.TTL.Milliseconds())
 	return written, c.read, err
 }
 
-// queueHolderSettings queues holderSettings, or holderSettings14 when the
+// queueClaimSettings queues claimSettings, or claimSettings14 when the
 // server of tx has client_connection_check_interval (PostgreSQL 14 and
-// later), with lease as idle_in_transaction_session_timeout.
+// later), with lease as idle_in_transaction_session_timeout and wait as the
+// lock wait.
+func queueClaimSettings(b *pgx.Batch, tx pgx.Tx, lease, wait time.Duration) {
+	if hasCheckInterval(tx) {
+		b.Queue(claimSettings14, millis(lease), keepalives[0], keepalives[1], keepalives[2], checkEvery, lockTimeout(wait))
+		return
+	}
+	b.Queue(claimSettings, millis(lease), keepalives[0], keepalives[1], keepalives[2], lockTimeout(wait))
+}
+
+// queueHolderSettings queues holderSettings, or holderSettings14 when the
+// server of tx has client_connection_check_interval, with lease as
+// idle_in_transaction_session_timeout.
 func queueHolderSettings(b *pgx.Batch, tx pgx.Tx, lease time.Duration) {
-	v := tx.Conn().PgConn().ParameterStatus("server_version")
-	if major, _ := strconv.Atoi(strings.SplitN(v, ".", 2)[0]); major >= 14 {
+	if hasCheckInterval(tx) {
 		b.Queue(holderSettings14, millis(lease), keepalives[0], keepalives[1], keepalives[2], checkEvery)
 		return
 	}
 	b.Queue(holderSettings, millis(lease), keepalives[0], keepalives[1], keepalives[2])
 }
 
+// hasCheckInterval reports whether the server of tx has
+// client_connection_check_interval: PostgreSQL 14 and later.
+func hasCheckInterval(tx pgx.Tx) bool {
+	v := tx.Conn().PgConn().ParameterStatus("server_version")
+	major, _ := strconv.Atoi(strings.SplitN(v, ".", 2)[0])
+	return major >= 14
+}
+
 // lock locks the key's row, waiting for another transaction that holds it
 // up to wait, and returns the record there once locked; found is false
 // when there is no row. It is one round trip.
 func (c *claim) lock(ctx context.Context, wait time.Duration) (found bool, rec coordinator.Record, err error) {
-	err = c.waitThenRead(ctx, &pgx.Batch{}, wait, &found, lockRow, c.key.Operation, c.key.Key)
+	b := &pgx.Batch{}
+	b.Queue(setLockWait, lockTimeout(wait))
+	err = c.thenRead(ctx, b, &found, lockRow, c.key.Operation, c.key.Key)
 	return found, c.read, err
 }
 
-// waitThenRead sends b with, after what it holds: the lock wait set to
-// wait, sql (which returns true or no row, into *flag), a read of the
-// key's record into c.read, and the session's timeouts put back.
-func (c *claim) waitThenRead(ctx context.Context, b *pgx.Batch, wait time.Duration, flag *bool, sql string, args ...any) error {
+// thenRead sends b, which sets the lock wait, with after it: sql (which
+// returns true or no row, into *flag), and readRestoring, which reads the
+// key's record into c.read and puts the session's timeouts back.
+func (c *claim) thenRead(ctx context.Context, b *pgx.Batch, flag *bool, sql string, args ...any) error {
 	*flag, c.read = false, coordinator.Record{}
-	b.Queue(setLockWait, lockTimeout(wait))
 	b.Queue(sql, args...).QueryRow(func(row pgx.Row) error {
 		err := row.Scan(flag)
 		if errors.Is(err, pgx.ErrNoRows) {
@@ -276,19 +361,24 @@ func (c *claim) waitThenRead(ctx context.Context, b *pgx.Batch, wait time.Durati
 		}
 		return err
 	})
-	b.Queue(selectRecord, c.key.Operation, c.key.Key).QueryRow(func(row pgx.Row) error {
-		var err error
-		c.read, err = scanRecord(row)
-		return err
+	b.Queue(readRestoring, c.key.Operation, c.key.Key).QueryRow(func(row pgx.Row) error {
+		var (
+			rec              nullRecord
+			restored, before string
+		)
+		if err := row.Scan(&rec.state, &rec.token, &rec.fp, &rec.result, &rec.ttl, &restored, &before); err != nil {
+			return err
+		}
+		c.read = rec.record()
+		return nil
 	})
-	b.Queue(restoreTimeouts)
 	return c.tx.SendBatch(ctx, b).Close()
 }
 
 // Context implements coordinator.Claim: ctx with the transaction, which Tx
 // returns.
 func (c *claim) Context(ctx context.Context) context.Context {
-	return context.WithValue(ctx, txKey{}, &ownedTx{Tx: c.tx, claim: c})
+	return context.WithValue(ctx, txKey{}, &ownedTx{Tx: c.tx, claim: c, closed: &c.closed})
 }
 
 // Commit implements coordinator.Claim: it writes the completed record in
@@ -301,33 +391,72 @@ func (c *claim) Commit(ctx context.Context, comp coordinator.Completion) error {
 	if err := c.endedBySQL(ctx); err != nil {
 		return err
 	}
+	b := &pgx.Batch{}
 	if c.key != (coordinator.Key{}) {
 		st := stateName(comp.State)
 		if st == "" || st == statePending {
-			_ = c.tx.Rollback(ctx)
+			c.rollback(ctx)
 			return fmt.Errorf("idempg: commit %s: state is %s, want completed or not_replayable", c.key, comp.State)
 		}
-		var tag pgconn.CommandTag
-		b := &pgx.Batch{}
-		b.Queue(completeClaim, c.key.Operation, c.key.Key, c.token, st, nonNil(comp.Result), comp.TTL.Milliseconds()).
-			Exec(func(t pgconn.CommandTag) error { tag = t; return nil })
+		b.Queue(completeClaim, c.key.Operation, c.key.Key, c.token, st, nonNil(comp.Result), comp.TTL.Milliseconds())
 		if c.steps {
 			b.Queue(keepSteps, c.key.Operation, c.key.Key)
 		}
-		err := c.tx.SendBatch(ctx, b).Close()
-		if err == nil && tag.RowsAffected() != 1 {
-			err = errors.New("the action's transaction changed or deleted the key's record")
-		}
-		if err != nil {
-			c.rollback(ctx)
-			return fmt.Errorf("idempg: complete %s in the transaction: %w", c.key, classify(err))
-		}
 	}
-	if err := c.tx.Commit(ctx); err != nil {
-		return fmt.Errorf("idempg: commit %s (rolled back, or its outcome is unknown: a retry replays or runs once): %w", c.key, classify(err))
+	if c.release == nil {
+		// The DB's Tx ends itself: the completion, then its Commit.
+		if b.Len() > 0 {
+			if err := c.tx.SendBatch(ctx, b).Close(); err != nil {
+				c.rollback(ctx)
+				return c.completeFailed(err)
+			}
+		}
+		if err := c.tx.Commit(ctx); err != nil {
+			return c.commitFailed(err)
+		}
+		return nil
 	}
-	return nil
+	// The completion and the COMMIT in one round trip. A statement that
+	// fails aborts the transaction, and the COMMIT after it in the batch
+	// is not run: the server ignores the rest of a batch that failed.
+	b.Queue("COMMIT")
+	err := c.tx.SendBatch(ctx, b).Close()
+	var pe *pgconn.PgError
+	switch status := c.tx.Conn().PgConn().TxStatus(); {
+	case err == nil:
+		c.handBack()
+		return nil
+	case errors.As(err, &pe) && status == 'E':
+		// A completing statement failed: nothing committed.
+		c.rollback(ctx)
+		return c.completeFailed(err)
+	default:
+		// The COMMIT failed (rolled back), or the answers were lost (the
+		// outcome is unknown).
+		c.rollback(ctx)
+		return c.commitFailed(err)
+	}
 }
+
+// completeFailed is the error of a completing statement that failed, its
+// transaction rolled back.
+func (c *claim) completeFailed(err error) error {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == "22012" { // completeClaim's division_by_zero
+		err = errRecordChanged
+	}
+	return fmt.Errorf("idempg: complete %s in the transaction: %w", c.key, classify(err))
+}
+
+// commitFailed is the error of a COMMIT that failed or whose answer was
+// lost.
+func (c *claim) commitFailed(err error) error {
+	return fmt.Errorf("idempg: commit %s (rolled back, or its outcome is unknown: a retry replays or runs once): %w", c.key, classify(err))
+}
+
+// errRecordChanged is why a claim whose record the action changed or
+// deleted does not commit.
+var errRecordChanged = errors.New("the action's transaction changed or deleted the key's record")
 
 // Rollback implements coordinator.Claim: it rolls the transaction back,
 // also when ctx has ended (the caller hung up).
@@ -343,16 +472,30 @@ func (c *claim) Rollback(ctx context.Context) error {
 	return nil
 }
 
+// rollback rolls the transaction back and hands its connection back; after
+// a batch that ended it (a failed COMMIT) the server has none to end, and
+// the ROLLBACK only ends tx.
 func (c *claim) rollback(ctx context.Context) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
 	_ = c.tx.Rollback(rctx)
+	c.handBack()
+}
+
+// handBack hands the connection of a claim with release back, once.
+func (c *claim) handBack() {
+	c.closed.Store(true)
+	if c.release != nil && !c.released {
+		c.released = true
+		c.release()
+	}
 }
 
 // end marks the claim ended and lets the next caller of this process claim
 // the key.
 func (c *claim) end() {
 	c.ended = true
+	c.closed.Store(true)
 	c.leave()
 }
 
@@ -365,7 +508,7 @@ func (c *claim) endedBySQL(ctx context.Context) error {
 	if c.tx.Conn().PgConn().TxStatus() != 'I' {
 		return nil
 	}
-	_ = c.tx.Rollback(ctx) // hands the connection back; the server has no transaction to end
+	c.rollback(ctx) // hands the connection back; the server has no transaction to end
 	if c.key == (coordinator.Key{}) {
 		return ErrTxEnded
 	}
@@ -394,190 +537,3 @@ var (
 // millis and seconds format d as a setting's value.
 func millis(d time.Duration) string  { return strconv.FormatInt(max(d.Milliseconds(), 1), 10) + "ms" }
 func seconds(d time.Duration) string { return strconv.FormatInt(max(int64(d/time.Second), 1), 10) }
-
-// txKey is the context key of the transaction of a claim.
-type txKey struct{}
-
-// Tx returns the transaction of the protected call that ctx belongs to:
-// the one in which the call's record commits, when the coordinator's store
-// is a Store (the handler of idemhttp, idemgin, idemecho, idemgrpc or
-// idemconnect, a consumer's handler, and the action of Do or of
-// coordinator.Do get such a context). Writes through it commit with the
-// call's record, or roll back with it. ok is false when ctx belongs to no
-// such call. The action must not end the transaction: its Commit and
-// Rollback return an error and do nothing, and a COMMIT, ROLLBACK, END or
-// ABORT statement is refused (ErrTxEnded); tx.Begin makes a savepoint, as
-// usual.
-func Tx(ctx context.Context) (tx pgx.Tx, ok bool) {
-	t, ok := ctx.Value(txKey{}).(*ownedTx)
-	if !ok {
-		return nil, false
-	}
-	return t, true
-}
-
-// ownedTx is the transaction as the action gets it: the coordinator commits
-// or rolls it back, so its own Commit and Rollback refuse, and so does a
-// statement that would end it.
-type ownedTx struct {
-	pgx.Tx
-	claim *claim // the claim whose transaction it is; nil for a phase's (Steps)
-}
-
-// errOwned is what Commit and Rollback of the action's transaction return.
-var errOwned = errors.New("idempg: the transaction belongs to the protected call: return from the action to commit, or return an error to roll back")
-
-// Commit refuses: the protected call commits.
-func (*ownedTx) Commit(context.Context) error { return errOwned }
-
-// Rollback refuses: the protected call rolls back when the action returns an
-// error.
-func (*ownedTx) Rollback(context.Context) error { return errOwned }
-
-// Begin begins a savepoint, whose statements are checked too.
-func (t *ownedTx) Begin(ctx context.Context) (pgx.Tx, error) {
-	sp, err := t.Tx.Begin(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return savepoint{sp}, nil
-}
-
-// Exec refuses a statement that would end the transaction.
-func (t *ownedTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	if endsTx(sql) {
-		return pgconn.CommandTag{}, ErrTxEnded
-	}
-	return t.Tx.Exec(ctx, sql, args...)
-}
-
-// Query refuses a statement that would end the transaction.
-func (t *ownedTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	if endsTx(sql) {
-		return nil, ErrTxEnded
-	}
-	return t.Tx.Query(ctx, sql, args...)
-}
-
-// QueryRow refuses a statement that would end the transaction.
-func (t *ownedTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	if endsTx(sql) {
-		return errRow{}
-	}
-	return t.Tx.QueryRow(ctx, sql, args...)
-}
-
-// SendBatch refuses a batch with a statement that would end the
-// transaction.
-func (t *ownedTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	for _, q := range b.QueuedQueries {
-		if endsTx(q.SQL) {
-			return refusedBatch{}
-		}
-	}
-	return t.Tx.SendBatch(ctx, b)
-}
-
-// savepoint is a savepoint of the action's transaction: its Commit and
-// Rollback release and roll back the savepoint, and its statements are
-// checked as the transaction's are.
-type savepoint struct{ pgx.Tx }
-
-func (s savepoint) Begin(ctx context.Context) (pgx.Tx, error) {
-	sp, err := s.Tx.Begin(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return savepoint{sp}, nil
-}
-
-func (s savepoint) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	if endsTx(sql) {
-		return pgconn.CommandTag{}, ErrTxEnded
-	}
-	return s.Tx.Exec(ctx, sql, args...)
-}
-
-func (s savepoint) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	if endsTx(sql) {
-		return nil, ErrTxEnded
-	}
-	return s.Tx.Query(ctx, sql, args...)
-}
-
-func (s savepoint) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	if endsTx(sql) {
-		return errRow{}
-	}
-	return s.Tx.QueryRow(ctx, sql, args...)
-}
-
-// errRow is the Row of a refused statement.
-type errRow struct{}
-
-func (errRow) Scan(...any) error { return ErrTxEnded }
-
-// refusedBatch is the BatchResults of a refused batch.
-type refusedBatch struct{}
-
-func (refusedBatch) Exec() (pgconn.CommandTag, error) { return pgconn.CommandTag{}, ErrTxEnded }
-func (refusedBatch) Query() (pgx.Rows, error)         { return nil, ErrTxEnded }
-func (refusedBatch) QueryRow() pgx.Row                { return errRow{} }
-func (refusedBatch) Close() error                     { return ErrTxEnded }
-func (refusedBatch) Tx() pgx.Tx                       { return nil }
-
-// endsTx reports whether sql begins with a statement that ends a
-// transaction block: COMMIT, END, ABORT, ROLLBACK (but not ROLLBACK TO a
-// savepoint) or PREPARE TRANSACTION. Only the first statement is looked
-// at: the extended protocol, which pgx uses unless told to use the simple
-// one, runs one statement per query, and what gets past this check is
-// found when the action returns.
-func endsTx(sql string) bool {
-	words := firstWords(sql, 2)
-	if len(words) == 0 {
-		return false
-	}
-	switch words[0] {
-	case "commit", "end", "abort":
-		return true
-	case "rollback":
-		return len(words) < 2 || words[1] != "to"
-	case "prepare":
-		return len(words) == 2 && words[1] == "transaction"
-	}
-	return false
-}
-
-// firstWords returns up to n words of sql, lower-cased, after leading
-// spaces and comments.
-func firstWords(sql string, n int) []string {
-	var words []string
-	s := sql
-	for len(words) < n {
-		s = strings.TrimLeft(s, " \t\r\n;")
-		switch {
-		case strings.HasPrefix(s, "--"):
-			if i := strings.IndexByte(s, '\n'); i >= 0 {
-				s = s[i+1:]
-				continue
-			}
-			return words
-		case strings.HasPrefix(s, "/*"):
-			if i := strings.Index(s, "*/"); i >= 0 {
-				s = s[i+2:]
-				continue
-			}
-			return words
-		}
-		i := 0
-		for i < len(s) && (s[i] >= 'a' && s[i] <= 'z' || s[i] >= 'A' && s[i] <= 'Z' || s[i] == '_') {
-			i++
-		}
-		if i == 0 {
-			return words
-		}
-		words = append(words, strings.ToLower(s[:i]))
-		s = s[i:]
-	}
-	return words
-}

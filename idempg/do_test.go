@@ -910,3 +910,125 @@ func TestSessionStatementTimeoutDoesNotCutTheWait(t *testing.T) {
 		t.Errorf("statement_timeout in the action = %q, %v; want the session's 200ms", got, err)
 	}
 }
+
+// A first run is five round trips: the read first, BEGIN, the claim (one
+// batch of three statements: the settings with the lock wait, the INSERT,
+// the read that puts the session's timeouts back), the action's own
+// statement, and the completion with the COMMIT (one batch of two); a
+// replay is the read alone.
+func TestDoRoundTrips(t *testing.T) {
+	db := newDB(t, 4)
+	tr := &tracer{}
+	c, err := coordinator.New(tracedStore(t, db, tr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	ctx := t.Context()
+	key := uniqueKey("trips")
+	run := func(ctx context.Context, tx pgx.Tx) (string, error) {
+		return "charged", insertLedger(ctx, tx, key, "trips")
+	}
+	for _, want := range []struct {
+		name                     string
+		batches, queries, maxLen int
+		replayed                 bool
+	}{
+		{"first run", 2, 3, 3, false},
+		{"replay", 0, 1, 0, true},
+	} {
+		tr.reset()
+		res, err := idempg.DoResult(ctx, c, call(key), run)
+		if err != nil || res.Value != "charged" || res.Replayed != want.replayed {
+			t.Fatalf("%s = %+v, %s", want.name, res, fmtErr(err))
+		}
+		b, q := tr.counts()
+		if b != want.batches || q != want.queries {
+			t.Errorf("%s: %d batches and %d queries, want %d and %d", want.name, b, q, want.batches, want.queries)
+		}
+		if m := int(tr.maxStatements.Load()); m != want.maxLen {
+			t.Errorf("%s: %d statements in its largest batch, want %d", want.name, m, want.maxLen)
+		}
+	}
+	if n := db.ledger(t, key); n != 1 {
+		t.Errorf("ledger rows: %d, want 1", n)
+	}
+}
+
+// An action that deletes or changes its own key's record does not commit:
+// the completion finds no claim to complete, and the COMMIT sent with it
+// is not run.
+func TestDoActionChangesItsRecord(t *testing.T) {
+	db := newDB(t, 4)
+	c := db.coord(t)
+	ctx := t.Context()
+	for name, sql := range map[string]string{
+		"delete": `DELETE FROM idempotency_records WHERE key = $1`,
+		"update": `UPDATE idempotency_records SET token = 'another' WHERE key = $1`,
+	} {
+		key := uniqueKey("changes-" + name)
+		_, err := idempg.Do(ctx, c, call(key), func(ctx context.Context, tx pgx.Tx) (string, error) {
+			if err := insertLedger(ctx, tx, key, name); err != nil {
+				return "", err
+			}
+			_, err := tx.Exec(ctx, sql, key)
+			return "charged", err
+		})
+		if !errors.Is(err, coordinator.ErrStorage) || !strings.Contains(err.Error(), "changed or deleted the key's record") {
+			t.Errorf("%s: Do = %s, want ErrStorage saying the record changed", name, fmtErr(err))
+		}
+		if n := db.ledger(t, key); n != 0 {
+			t.Errorf("%s: ledger rows: %d, want 0 (rolled back)", name, n)
+		}
+		v, err := idempg.Do(ctx, c, call(key), func(context.Context, pgx.Tx) (string, error) { return "retried", nil })
+		if err != nil || v != "retried" {
+			t.Errorf("%s: retry = %q, %s; want the action to run", name, v, fmtErr(err))
+		}
+	}
+}
+
+// The transaction an action kept is closed once Do returns, committed or
+// rolled back: its connection serves other callers by then, so every use
+// of it, or of a savepoint of it, is refused with pgx.ErrTxClosed and sends
+// nothing.
+func TestDoTxClosedAfterReturn(t *testing.T) {
+	db := newDB(t, 1) // one connection: a statement that got through would run on the next caller's
+	c := db.coord(t)
+	ctx := t.Context()
+	for _, fail := range []bool{false, true} {
+		key := uniqueKey(fmt.Sprintf("kept-%t", fail))
+		var kept, keptSP pgx.Tx
+		_, err := idempg.Do(ctx, c, call(key), func(ctx context.Context, tx pgx.Tx) (string, error) {
+			sp, err := tx.Begin(ctx)
+			if err != nil {
+				return "", err
+			}
+			kept, keptSP = tx, sp
+			if fail {
+				return "", errors.New("declined")
+			}
+			return "charged", nil
+		})
+		if (err != nil) != fail {
+			t.Fatalf("fail=%t: Do = %s", fail, fmtErr(err))
+		}
+		for name, tx := range map[string]pgx.Tx{"tx": kept, "savepoint": keptSP} {
+			if _, err := tx.Exec(ctx, `INSERT INTO ledger (key, value) VALUES ($1, 'late')`, key); !errors.Is(err, pgx.ErrTxClosed) {
+				t.Errorf("fail=%t: %s.Exec after Do returned = %v, want pgx.ErrTxClosed", fail, name, err)
+			}
+			var one int
+			if err := tx.QueryRow(ctx, `SELECT 1`).Scan(&one); !errors.Is(err, pgx.ErrTxClosed) {
+				t.Errorf("fail=%t: %s.QueryRow after Do returned = %v, want pgx.ErrTxClosed", fail, name, err)
+			}
+			if err := tx.SendBatch(ctx, &pgx.Batch{}).Close(); !errors.Is(err, pgx.ErrTxClosed) {
+				t.Errorf("fail=%t: %s.SendBatch after Do returned = %v, want pgx.ErrTxClosed", fail, name, err)
+			}
+			if _, err := tx.Begin(ctx); !errors.Is(err, pgx.ErrTxClosed) {
+				t.Errorf("fail=%t: %s.Begin after Do returned = %v, want pgx.ErrTxClosed", fail, name, err)
+			}
+		}
+		if n := db.ledger(t, key); n != 0 {
+			t.Errorf("fail=%t: ledger rows: %d, want 0", fail, n)
+		}
+	}
+}

@@ -67,7 +67,10 @@
 // before it is sent ([ErrTxEnded]), and a transaction that the action ended
 // anyway (through tx.Conn()) is found when it returns: its key is kept as
 // completed and not replayable, since some of its writes may have
-// committed, so that it never runs twice.
+// committed, so that it never runs twice. Once the call returns, the
+// transaction and its savepoints refuse every use with pgx.ErrTxClosed:
+// the call commits with the COMMIT in the same round trip as the record's
+// completion, and the connection goes back to the pool.
 //
 // # Dead and frozen holders
 //

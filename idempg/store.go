@@ -376,6 +376,26 @@ func scanRecord(row pgx.Row) (coordinator.Record, error) {
 	return rec, nil
 }
 
+// nullRecord is a record's columns as a LEFT JOIN returns them: all NULL
+// when there is no live record.
+type nullRecord struct {
+	state, token, fp *string
+	result           []byte
+	ttl              *int64
+}
+
+// record returns the record of n's columns, absent when they are NULL.
+func (n nullRecord) record() coordinator.Record {
+	if n.state == nil || n.token == nil || n.fp == nil || n.ttl == nil {
+		return coordinator.Record{}
+	}
+	rec := coordinator.Record{State: stateOf(*n.state), Token: *n.token, Fingerprint: *n.fp, TTL: time.Duration(*n.ttl) * time.Microsecond}
+	if rec.State != coordinator.StatePending {
+		rec.Result = n.result
+	}
+	return rec
+}
+
 // nonNil returns b, or an empty slice for nil: a completed record's result
 // is never NULL, so that an empty result and a missing one are one thing.
 func nonNil(b []byte) []byte {
