@@ -2,9 +2,7 @@ package benchmarks
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"fmt"
 	"testing"
 
 	"github.com/valkey-io/valkey-go"
@@ -52,24 +50,15 @@ func valkeyTake(ctx context.Context, c valkey.Client, key string) (bool, error) 
 	return err == nil, err
 }
 
-// valkeyFirstRun takes key, runs the action and stores its result over it.
-func valkeyFirstRun(ctx context.Context, c valkey.Client, key string) error {
-	ok, err := valkeyTake(ctx, c, key)
-	if err != nil {
-		return err
-	}
-	if !ok {
-		return fmt.Errorf("valkey-go: %s is taken", key)
-	}
-	p, err := runAction(ctx)
-	if err != nil {
-		return err
-	}
-	data, err := json.Marshal(p)
-	if err != nil {
-		return err
-	}
-	return c.Do(ctx, c.B().Set().Key(key).Value(valkey.BinaryString(data)).Px(ttl).Build()).Error()
+// valkeyRaw is raw's first run through valkey-go (rawFirstRun).
+type valkeyRaw struct{ c valkey.Client }
+
+func (v valkeyRaw) take(ctx context.Context, key string) (bool, error) {
+	return valkeyTake(ctx, v.c, key)
+}
+
+func (v valkeyRaw) store(ctx context.Context, key string, data []byte) error {
+	return v.c.Do(ctx, v.c.B().Set().Key(key).Value(valkey.BinaryString(data)).Px(ttl).Build()).Error()
 }
 
 // valkeyRefused is a SET NX PX on key, which another caller holds.

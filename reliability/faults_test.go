@@ -220,23 +220,12 @@ var (
 		},
 	}
 
-	faultStallLink = fault{
-		name: "stalled-link",
-		expect: "one connection's requests stop for 600ms while the others answer, then arrive late: the call " +
-			"on it, and the calls coalesced behind it, time out; the other lane and connections go on; the " +
-			"background save completes what timed out; no extra run but unprotected runs (run), no lost result",
-		needs:  "proxy",
-		inject: func(t *testing.T, env *faultEnv) faultResult { return stallLink(t, env, false) },
-	}
+	faultStallLink = stallFault("stalled-link", false, "then arrive late: the call on it, and the calls "+
+		"coalesced behind it, time out; the other lane and connections go on; the background save completes "+
+		"what timed out")
 
-	faultResetLink = fault{
-		name: "reset-link",
-		expect: "one connection's requests stop for 600ms while the others answer, then the connection is " +
-			"reset: the call on it, and the calls coalesced behind it, fail; the rest go on; no extra run but " +
-			"unprotected runs (run), no lost result",
-		needs:  "proxy",
-		inject: func(t *testing.T, env *faultEnv) faultResult { return stallLink(t, env, true) },
-	}
+	faultResetLink = stallFault("reset-link", true, "then the connection is reset: the call on it, and the "+
+		"calls coalesced behind it, fail; the rest go on")
 
 	faultFailover = fault{
 		name: "master-killed",
@@ -358,4 +347,17 @@ func keySlot(key string) int {
 		}
 	}
 	return int(crc) % 16384
+}
+
+// stallFault is a fault that stalls one connection's requests for 600ms
+// while the others answer (stallLink), and then delivers them late or, with
+// reset, resets the connection; then says what follows.
+func stallFault(name string, reset bool, then string) fault {
+	return fault{
+		name: name,
+		expect: "one connection's requests stop for 600ms while the others answer, " + then +
+			"; no extra run but unprotected runs (run), no lost result",
+		needs:  "proxy",
+		inject: func(t *testing.T, env *faultEnv) faultResult { return stallLink(t, env, reset) },
+	}
 }
