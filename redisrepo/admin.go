@@ -187,7 +187,8 @@ type pipeliner interface {
 
 // runBatches runs sc once per batch and returns the replies, in the order of
 // bs. With more than one batch and a Client that pipelines, it sends them all
-// in one pipeline (a ClusterClient sends one pipeline per node, at once),
+// in one pipeline (a ClusterClient sends one pipeline per node, at once; more
+// than maxPipeline batches go in pipelines of maxPipeline, one after the other),
 // then sends again with EVAL those that met a server without the script
 // cached. The replies of the batches that went through are returned with the
 // first error.
@@ -206,11 +207,13 @@ func (s *Store) runBatches(ctx context.Context, sc *redis.Script, bs []batch) ([
 	}
 
 	cmds := make([]*redis.Cmd, len(bs))
-	pipe := p.Pipeline()
-	for i, b := range bs {
-		cmds[i] = sc.EvalSha(ctx, pipe, b.keys)
+	for start := 0; start < len(bs); start += maxPipeline {
+		pipe := p.Pipeline()
+		for i := start; i < min(start+maxPipeline, len(bs)); i++ {
+			cmds[i] = sc.EvalSha(ctx, pipe, bs[i].keys)
+		}
+		_, _ = pipe.Exec(ctx) // each command carries its own error
 	}
-	_, _ = pipe.Exec(ctx) // each command carries its own error
 	var again redis.Pipeliner
 	for i, c := range cmds {
 		if isNoScript(c.Err()) {

@@ -16,7 +16,8 @@ import (
 // at once. A bulk call sends its entries' commands (the ones the single-key
 // methods send: GET, SET NX GET, the same scripts with EVALSHA) in one
 // pipeline, which a *redis.ClusterClient splits into one per node, sent at
-// once: one round trip per node, not per key. An entry whose reply needs
+// once: one round trip per node, not per key (per maxPipeline keys for a
+// larger call). An entry whose reply needs
 // more than the reply (a key that is not a STRING, a refused write, a
 // pending record due a check for a wedge, a resharding, a script the server
 // lost twice), and every entry of an operation whose writes are
@@ -488,17 +489,27 @@ func (s *Store) pipeline(ctx context.Context, p pipeliner, cmds []*redis.Cmd) {
 	send(ctx, p, again)
 }
 
-// send sends cmds, if any, in one pipeline of p; each command carries its
-// own reply or error.
+// maxPipeline bounds the commands of one pipeline of a bulk call: a call
+// with more sends them in pipelines of maxPipeline, one after the other, so
+// that neither the client's write buffer nor Redis's reply buffer for the
+// connection holds more than maxPipeline replies at once (a 100-byte
+// result is about 150 KB of replies), and other clients' commands are
+// not held up behind one giant pipeline.
+const maxPipeline = 1000
+
+// send sends cmds, if any, in pipelines of p of at most maxPipeline
+// commands, one after the other; each command carries its own reply or
+// error.
 func send(ctx context.Context, p pipeliner, cmds []*redis.Cmd) {
-	if len(cmds) == 0 {
-		return
+	for len(cmds) > 0 {
+		n := min(len(cmds), maxPipeline)
+		pipe := p.Pipeline()
+		for _, cmd := range cmds[:n] {
+			_ = pipe.Process(ctx, cmd)
+		}
+		_, _ = pipe.Exec(ctx)
+		cmds = cmds[n:]
 	}
-	pipe := p.Pipeline()
-	for _, cmd := range cmds {
-		_ = pipe.Process(ctx, cmd)
-	}
-	_, _ = pipe.Exec(ctx)
 }
 
 // loadScript loads the script of this package whose SHA-1 is sha into the

@@ -81,6 +81,102 @@ func testBulkRoundTrips(t *testing.T, c redisrepo.Client, rt *roundTrips, most i
 	}
 }
 
+// A bulk call of more than MaxPipeline keys sends them in pipelines of at
+// most MaxPipeline commands, one after the other, and decides every key as
+// a smaller call does.
+func TestBulkBoundsPipelines(t *testing.T) {
+	var rt roundTrips
+	var largest atomic.Int64
+	c := redis.NewClient(redistest.ServerOptions(t))
+	defer c.Close()
+	c.AddHook(&rt)
+	c.AddHook(pipelineSizes{&largest})
+	ctx := t.Context()
+	s := newStore(t, c)
+	if err := s.LoadScripts(ctx); err != nil {
+		t.Fatalf("LoadScripts: %v", err)
+	}
+	n := 2*redisrepo.MaxPipeline + redisrepo.MaxPipeline/2
+	keys := manyKeys("bulk-bound", n)
+	ws := make([]coordinator.Write, n)
+	tokens := make([]string, n)
+	cs := make([]coordinator.Completion, n)
+	for i := range keys {
+		ws[i] = pendingWrite(token(), "fp", time.Minute)
+		tokens[i] = ws[i].Token
+		cs[i] = coordinator.Completion{State: coordinator.StateCompleted, Result: []byte(fmt.Sprint(i)), TTL: time.Minute}
+	}
+	for _, step := range []struct {
+		name string
+		want int64 // round trips
+		call func() error
+	}{
+		{"ReserveMany", 3, func() error {
+			_, written, err := s.ReserveMany(ctx, keys, ws, false)
+			for i, w := range written {
+				if !w && err == nil {
+					err = fmt.Errorf("entry %d not written", i)
+				}
+			}
+			return err
+		}},
+		{"CompleteMany", 3, func() error {
+			ok, err := s.CompleteMany(ctx, keys, tokens, cs)
+			for i, o := range ok {
+				if !o && err == nil {
+					err = fmt.Errorf("entry %d not completed", i)
+				}
+			}
+			return err
+		}},
+		{"GetMany", 3, func() error {
+			recs, err := s.GetMany(ctx, keys)
+			for i, r := range recs {
+				if err == nil && (r.State != coordinator.StateCompleted || string(r.Result) != fmt.Sprint(i)) {
+					err = fmt.Errorf("entry %d: %+v", i, r)
+				}
+			}
+			return err
+		}},
+		// Multi-key script calls of up to 512 keys each: 5 calls, one pipeline.
+		{"DeleteMany", 1, func() error {
+			d, err := s.DeleteMany(ctx, keys)
+			if err == nil && d != n {
+				err = fmt.Errorf("%d deleted, want %d", d, n)
+			}
+			return err
+		}},
+	} {
+		largest.Store(0)
+		var err error
+		got := rt.count(func() { err = step.call() })
+		if err != nil || got != step.want {
+			t.Errorf("%s of %d keys: %v, %d round trips; want %d", step.name, n, err, got, step.want)
+		}
+		if l := largest.Load(); l > redisrepo.MaxPipeline {
+			t.Errorf("%s of %d keys: a pipeline of %d commands, want at most %d", step.name, n, l, redisrepo.MaxPipeline)
+		}
+	}
+}
+
+// pipelineSizes records the largest pipeline a client sends.
+type pipelineSizes struct{ largest *atomic.Int64 }
+
+func (pipelineSizes) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (pipelineSizes) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func (p pipelineSizes) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for n := int64(len(cmds)); ; {
+			l := p.largest.Load()
+			if n <= l || p.largest.CompareAndSwap(l, n) {
+				break
+			}
+		}
+		return next(ctx, cmds)
+	}
+}
+
 // scenario plants one kind of record under a key, for TestBulkLikeSingle,
 // and returns the token that owns it ("" for none).
 type scenario struct {

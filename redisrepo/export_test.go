@@ -14,3 +14,6 @@ func SetSightingsClock(s *Store, now func() time.Time) { s.seen.now = now }
 
 // Format returns the record format s writes.
 func (s *Store) Format() RecordFormat { return s.format }
+
+// MaxPipeline is maxPipeline, for the tests of the bound.
+const MaxPipeline = maxPipeline
