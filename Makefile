@@ -9,7 +9,7 @@ GO ?= go
 STATICCHECK_VERSION ?= v0.8.2
 STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
-.PHONY: all build test test-reliability test-reliability-short test-valkey lint fmt-check vet staticcheck bench bench-table bench-pg tidy-check readme-commands rules-check prometheus-e2e user-build require-core release release-dry-run ci ci-targets demo
+.PHONY: all build test test-reliability test-reliability-short test-valkey lint fmt-check vet staticcheck bench bench-table bench-pg tidy-check readme-commands install-commands rules-check prometheus-e2e user-build require-core release release-dry-run ci ci-targets demo
 
 all: build
 
@@ -141,6 +141,11 @@ tidy-check:
 readme-commands:
 	GO=$(GO) bash tools/readme-commands.sh
 
+# The install lines of each adapter's page (and idempg's), as written, in a
+# new module beside this checkout; then a program importing the module builds.
+install-commands:
+	GO=$(GO) bash tools/install-commands.sh
+
 # The Prometheus rules of observability/mixin (docs/observability.md#alerts):
 # they parse, and promtool's unit tests show every alert firing on the
 # condition it names and silent on a healthy series. Needs promtool (Debian
@@ -187,7 +192,7 @@ release-dry-run:
 
 # The CI checks, in the order .ci/run runs them. `make ci` stops at the first
 # failure (`make -k ci` runs them all); .ci/run always runs them all.
-CI_TARGETS := fmt-check vet tidy-check user-build release-dry-run staticcheck rules-check test test-reliability-short test-valkey prometheus-e2e readme-commands
+CI_TARGETS := fmt-check vet tidy-check user-build release-dry-run staticcheck rules-check test test-reliability-short test-valkey prometheus-e2e readme-commands install-commands
 
 ci: $(CI_TARGETS)
 
