@@ -50,14 +50,8 @@ func testBulkRoundTrips(t *testing.T, c redisrepo.Client, rt *roundTrips, most i
 		t.Fatalf("LoadScripts: %v", err)
 	}
 	const n = 500
-	keys := manyKeys("bulk-trips", n)
-	ws := make([]coordinator.Write, n)
-	tokens := make([]string, n)
-	cs := make([]coordinator.Completion, n)
+	keys, ws, tokens, cs := bulkInputs("bulk-trips", n)
 	for i := range keys {
-		ws[i] = pendingWrite(token(), "fp", time.Minute)
-		tokens[i] = ws[i].Token
-		cs[i] = coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("r"), TTL: time.Minute}
 		if i%50 == 0 { // a collision, met for the first time: no check for a wedge
 			mustReserve(t, s, keys[i], pendingWrite(token(), "", time.Minute))
 		}
@@ -97,15 +91,7 @@ func TestBulkBoundsPipelines(t *testing.T) {
 		t.Fatalf("LoadScripts: %v", err)
 	}
 	n := 2*redisrepo.MaxPipeline + redisrepo.MaxPipeline/2
-	keys := manyKeys("bulk-bound", n)
-	ws := make([]coordinator.Write, n)
-	tokens := make([]string, n)
-	cs := make([]coordinator.Completion, n)
-	for i := range keys {
-		ws[i] = pendingWrite(token(), "fp", time.Minute)
-		tokens[i] = ws[i].Token
-		cs[i] = coordinator.Completion{State: coordinator.StateCompleted, Result: []byte(fmt.Sprint(i)), TTL: time.Minute}
-	}
+	keys, ws, tokens, cs := bulkInputs("bulk-bound", n)
 	for _, step := range []struct {
 		name string
 		want int64 // round trips
@@ -157,6 +143,21 @@ func TestBulkBoundsPipelines(t *testing.T) {
 			t.Errorf("%s of %d keys: a pipeline of %d commands, want at most %d", step.name, n, l, redisrepo.MaxPipeline)
 		}
 	}
+}
+
+// bulkInputs returns n keys named after prefix, a pending write of each
+// with its token, and a completion of each whose result is its index.
+func bulkInputs(prefix string, n int) ([]coordinator.Key, []coordinator.Write, []string, []coordinator.Completion) {
+	keys := manyKeys(prefix, n)
+	ws := make([]coordinator.Write, n)
+	tokens := make([]string, n)
+	cs := make([]coordinator.Completion, n)
+	for i := range keys {
+		ws[i] = pendingWrite(token(), "fp", time.Minute)
+		tokens[i] = ws[i].Token
+		cs[i] = coordinator.Completion{State: coordinator.StateCompleted, Result: []byte(fmt.Sprint(i)), TTL: time.Minute}
+	}
+	return keys, ws, tokens, cs
 }
 
 // pipelineSizes records the largest pipeline a client sends.
