@@ -1,0 +1,211 @@
+package idempotency
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"reflect"
+	"slices"
+	"strings"
+
+	"github.com/kelseyhightower/envconfig"
+
+	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/observability"
+	"github.com/idemkit/idempotency/redisrepo"
+)
+
+// Validate reports every problem in s at once, one per line, each naming its
+// environment variable: "IDEMPOTENCY_LEASE: must be at least 1ms, got 0s".
+// It returns nil when s is usable. Every check applies whether or not
+// Enabled is set, so that turning the kill switch off and on again cannot
+// fail.
+//
+// The rules are those of the packages that use the values:
+// coordinator.New for the coordinator's options, observability.New for the
+// metrics and logs, and the Redis client for the URL and the cluster seeds;
+// Validate only names the variable behind each refused value.
+func (s Settings) Validate() error {
+	var errs []error
+	bad := func(name string, err error) {
+		errs = append(errs, fmt.Errorf("%s_%s: %w", EnvPrefix, name, err))
+	}
+	if err := validateRedisURL(s.RedisURL, s.topology()); err != nil {
+		bad("REDIS_URL", err)
+	}
+	for _, addr := range s.RedisClusterAddrs {
+		if err := validateHostPort(addr); err != nil {
+			bad("REDIS_CLUSTER_ADDRS", fmt.Errorf("entry %q: %w", addr, err))
+		}
+	}
+	errs = append(errs, s.sentinelErrors()...)
+	errs = append(errs, s.postgresErrors()...)
+	if s.BreakerFailures < 0 {
+		bad("BREAKER_FAILURES", fmt.Errorf("must be 0 (no breaker) or more, got %d", s.BreakerFailures))
+	}
+	if s.BreakerFailures > 0 && s.BreakerCooldown <= 0 {
+		bad("BREAKER_COOLDOWN", fmt.Errorf("must be positive (a duration such as 1s or 250ms) while IDEMPOTENCY_BREAKER_FAILURES is not 0, got %v", s.BreakerCooldown))
+	}
+	if s.RecordFormat != int(redisrepo.Format1) && s.RecordFormat != int(redisrepo.Format2) {
+		bad("RECORD_FORMAT", fmt.Errorf("must be 1 or 2, got %d", s.RecordFormat))
+	}
+	if len(s.FencedOperations) > 0 && s.RecordFormat == int(redisrepo.Format1) {
+		bad("FENCED_OPERATIONS", fmt.Errorf("fences need IDEMPOTENCY_RECORD_FORMAT=2, and it is 1 (format 1 records have none): leave IDEMPOTENCY_FENCED_OPERATIONS empty until the rollout to format 2 is over"))
+	}
+	acking := s.RedisReplicaAcks > 0 || s.RedisReplicaAckFsync
+	if s.RedisCoalesceLanes < 0 {
+		bad("REDIS_COALESCE_LANES", fmt.Errorf("must be 0 (off) or more, got %d", s.RedisCoalesceLanes))
+	}
+	switch {
+	case s.RedisReplicaAcks < 0:
+		bad("REDIS_REPLICA_ACKS", fmt.Errorf("must be 0 (off) or more, got %d", s.RedisReplicaAcks))
+	case acking && s.RedisAutoPipeline:
+		bad("REDIS_REPLICA_ACKS", errors.New("cannot be combined with IDEMPOTENCY_REDIS_AUTO_PIPELINE=true: the touch of an acknowledged write and its WAIT must share one connection, which the AutoPipeliner does not keep"))
+	case acking && s.RecordFormat == int(redisrepo.Format1):
+		bad("REDIS_REPLICA_ACKS", errors.New("needs IDEMPOTENCY_RECORD_FORMAT=2, and it is 1: a format 1 completion cannot be sent again safely"))
+	case !acking && len(s.RedisReplicaAckOperations) > 0:
+		bad("REDIS_REPLICA_ACK_OPERATIONS", errors.New("acknowledges nothing without IDEMPOTENCY_REDIS_REPLICA_ACKS (or IDEMPOTENCY_REDIS_REPLICA_ACK_FSYNC)"))
+	}
+	for _, op := range s.RedisReplicaAckOperations {
+		if err := coordinator.ValidateOperation(op); err != nil {
+			bad("REDIS_REPLICA_ACK_OPERATIONS", errors.New(strings.TrimPrefix(err.Error(), coordinator.ErrInvalidRequest.Error()+": ")))
+		}
+	}
+	for _, e := range optionErrors(coordinator.ValidateOptions(s.CoordinatorOptions()...)) {
+		bad(optionVariable(e), optionReason(e))
+	}
+	for _, e := range optionErrors(observability.ValidateOptions(s.observerOptions()...)) {
+		if oe := (*coordinator.OptionError)(nil); errors.As(e, &oe) && oe.Option == "WithOperations" {
+			// Its operations are the keys of OperationTTLS, which the
+			// coordinator has just checked by the same rule
+			// (coordinator.ValidateOperation) under the same variable. Its
+			// message does not always name the operation ("operation is
+			// empty"): report the problem once.
+			continue
+		}
+		bad(optionVariable(e), optionReason(e))
+	}
+	if len(errs) > 0 {
+		return invalidSettings(errs)
+	}
+	return nil
+}
+
+// sentinelErrors returns what is wrong with the REDIS_SENTINEL_* variables,
+// each error naming its variable.
+func (s Settings) sentinelErrors() []error {
+	var errs []error
+	bad := func(name string, err error) {
+		errs = append(errs, fmt.Errorf("%s_%s: %w", EnvPrefix, name, err))
+	}
+	for _, addr := range s.RedisSentinelAddrs {
+		if err := validateHostPort(addr); err != nil {
+			bad("REDIS_SENTINEL_ADDRS", fmt.Errorf("entry %q: %w", addr, err))
+		}
+	}
+	switch sentinel := s.RedisSentinelMaster != ""; {
+	case sentinel && len(s.RedisClusterAddrs) > 0:
+		bad("REDIS_SENTINEL_MASTER", fmt.Errorf("cannot be combined with %s_REDIS_CLUSTER_ADDRS: set one of them (a cluster fails over by itself)", EnvPrefix))
+	case sentinel && len(s.RedisSentinelAddrs) == 0:
+		bad("REDIS_SENTINEL_ADDRS", fmt.Errorf("is empty but %s_REDIS_SENTINEL_MASTER is set: list the sentinels, host:port,host:port", EnvPrefix))
+	case !sentinel && len(s.RedisSentinelAddrs) > 0:
+		bad("REDIS_SENTINEL_MASTER", fmt.Errorf("is empty but %s_REDIS_SENTINEL_ADDRS is set: name the master the sentinels monitor", EnvPrefix))
+	case !sentinel && s.RedisSentinelPassword != "":
+		bad("REDIS_SENTINEL_PASSWORD", fmt.Errorf("is set but %s_REDIS_SENTINEL_MASTER is not: it is the sentinels' password", EnvPrefix))
+	}
+	return errs
+}
+
+// optionTag is the struct tag of a Settings field that names the options
+// (comma-separated) of coordinator or observability that carry its value:
+// Validate reports their errors under the field's variable. A new option
+// with a variable needs only its field, with this tag, and its line in
+// CoordinatorOptions or observerOptions.
+const optionTag = "option"
+
+// optionVariables names the variable (without the prefix) behind each option
+// that Settings sets, by the option's name as a *coordinator.OptionError from
+// coordinator.New or observability.New reports it; it is read from the fields'
+// option tags.
+var optionVariables = func() map[string]string {
+	m := map[string]string{}
+	t := reflect.TypeFor[Settings]()
+	for i := range t.NumField() {
+		f := t.Field(i)
+		tag, ok := f.Tag.Lookup(optionTag)
+		if !ok {
+			continue
+		}
+		v := strings.TrimPrefix(fieldVariable(f), EnvPrefix+"_")
+		for opt := range strings.SplitSeq(tag, ",") {
+			m[opt] = v
+		}
+	}
+	return m
+}()
+
+// fieldVariable returns the variable of a Settings field, as envconfig
+// derives it (IDEMPOTENCY_LEASE for Lease).
+func fieldVariable(f reflect.StructField) string {
+	one := reflect.New(reflect.StructOf([]reflect.StructField{{Name: f.Name, Type: f.Type, Tag: f.Tag}}))
+	var b strings.Builder
+	_ = envconfig.Usagef(EnvPrefix, one.Interface(), &b, "{{range .}}{{usage_key .}}{{end}}")
+	return b.String()
+}
+
+// optionNames replaces the option names in an option's error message with
+// the names of their variables.
+var optionNames = func() *strings.Replacer {
+	var pairs []string
+	for _, opt := range slices.Sorted(maps.Keys(optionVariables)) {
+		pairs = append(pairs, opt, EnvPrefix+"_"+optionVariables[opt])
+	}
+	return strings.NewReplacer(pairs...)
+}()
+
+// optionVariable returns the variable name (without the prefix) behind the
+// option that e, a *coordinator.OptionError, names.
+func optionVariable(e error) string {
+	var oe *coordinator.OptionError
+	var name string
+	if errors.As(e, &oe) {
+		name = oe.Option
+	}
+	if v, ok := optionVariables[name]; ok {
+		return v
+	}
+	return "(option " + name + ")" // a new option without a variable: a bug the tests catch
+}
+
+// optionReason returns what e says is wrong, with the options it names
+// replaced by their variables.
+func optionReason(e error) error {
+	msg := e.Error()
+	if oe := (*coordinator.OptionError)(nil); errors.As(e, &oe) {
+		msg = oe.Err.Error()
+	}
+	return errors.New(optionNames.Replace(msg))
+}
+
+// optionErrors returns the *OptionErrors in the tree of err, in order.
+func optionErrors(err error) []error {
+	var out []error
+	var walk func(error)
+	walk = func(err error) {
+		switch e := err.(type) {
+		case nil:
+		case *coordinator.OptionError:
+			out = append(out, e)
+		case interface{ Unwrap() []error }:
+			for _, e := range e.Unwrap() {
+				walk(e)
+			}
+		case interface{ Unwrap() error }:
+			walk(e.Unwrap())
+		default:
+			out = append(out, err) // not an option's: passed on as it is
+		}
+	}
+	walk(err)
+	return out
+}
