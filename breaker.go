@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/internal/breaker"
+	"github.com/idemkit/idempotency/internal/redisurl"
 )
 
 // ErrBreakerOpen is the error (wrapped, with how long Redis has been failing
@@ -88,7 +89,7 @@ func AddBreaker(client redis.UniversalClient, s Settings, logger *zap.Logger) er
 		return nil
 	case *redis.Client:
 		addr := c.Options().Addr
-		if s.topology() == topologySentinel {
+		if s.topology() == redisurl.Sentinel {
 			addr = s.RedisAddr()
 		}
 		h, err := newHook(addr)

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/idemkit/idempotency/internal/redisurl"
 )
 
 // A misconfiguration is not an outage: a Redis that answers but refuses us
@@ -36,16 +38,16 @@ func misconfiguration(ctx context.Context, err error, s Settings) error {
 	urlVar := EnvPrefix + "_REDIS_URL"
 	addrVar := urlVar
 	switch top {
-	case topologyCluster:
+	case redisurl.Cluster:
 		addrVar = EnvPrefix + "_REDIS_CLUSTER_ADDRS"
-	case topologySentinel:
+	case redisurl.Sentinel:
 		addrVar = EnvPrefix + "_REDIS_SENTINEL_ADDRS"
 	}
 	credVar := urlVar
-	if top == topologySentinel && s.RedisSentinelPassword != "" {
+	if top == redisurl.Sentinel && s.RedisSentinelPassword != "" {
 		credVar = urlVar + " or " + EnvPrefix + "_REDIS_SENTINEL_PASSWORD"
 	}
-	opts, perr := parseRedisURL(s.RedisURL, top)
+	opts, perr := redisurl.Parse(s.RedisURL, top)
 	if perr != nil {
 		return nil // Validate refuses it first
 	}
@@ -65,7 +67,7 @@ func misconfiguration(ctx context.Context, err error, s Settings) error {
 		// sent, the credentials included.
 		variable, problem = addrVar, "the server at %s does not speak the Redis protocol (is this the Redis port?)"
 	default:
-		if top != topologyServer {
+		if top != redisurl.Server {
 			return nil
 		}
 		problem = tlsMismatch(ctx, err, opts)
@@ -75,8 +77,8 @@ func misconfiguration(ctx context.Context, err error, s Settings) error {
 		variable = urlVar
 	}
 	if detail != "" {
-		if info, _ := userinfo(s.RedisURL); info != "" && mentions(detail, info) ||
-			s.RedisSentinelPassword != "" && mentions(detail, s.RedisSentinelPassword) {
+		if info, _ := redisurl.Userinfo(s.RedisURL); info != "" && redisurl.Mentions(detail, info) ||
+			s.RedisSentinelPassword != "" && redisurl.Mentions(detail, s.RedisSentinelPassword) {
 			detail = ""
 		}
 	}

@@ -3,21 +3,32 @@ package idempotency_test
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
+	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/fx"
 	"go.uber.org/fx/fxtest"
 	"go.uber.org/goleak"
@@ -30,7 +41,10 @@ import (
 	"github.com/idemkit/idempotency/coordinator/memstore"
 	idemfxtest "github.com/idemkit/idempotency/fxtest"
 	"github.com/idemkit/idempotency/idemconsume"
+	"github.com/idemkit/idempotency/idemconsume/redisstream"
 	"github.com/idemkit/idempotency/internal/redistest"
+	"github.com/idemkit/idempotency/internal/telemetry"
+	"github.com/idemkit/idempotency/observability"
 	"github.com/idemkit/idempotency/redisrepo"
 )
 
@@ -669,3 +683,870 @@ func TestPythonMetricsMapping(t *testing.T) {
 		}
 	}
 }
+
+func TestNewRedisClientTLS(t *testing.T) {
+	s := idempotency.DefaultSettings()
+	s.RedisURL = "rediss://app:secret@redis.example:6380/0"
+	c, err := idempotency.NewRedisClient(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if got := c.(*redis.Client).Options().TLSConfig.ServerName; got != "redis.example" {
+		t.Fatalf("standalone TLS server name = %q, want the URL's host", got)
+	}
+
+	s.RedisClusterAddrs = []string{"node-a:6379", "node-b:6379"}
+	cc, err := idempotency.NewRedisClient(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	opts := cc.(*redis.ClusterClient).Options()
+	if opts.TLSConfig == nil || opts.TLSConfig.ServerName != "" || opts.Password != "secret" {
+		t.Fatalf("cluster: TLS %+v, password %q; want TLS verifying each node by its own name and the URL's password", opts.TLSConfig, opts.Password)
+	}
+}
+
+func TestNewRedisClientKeepsThePasswordOutOfErrors(t *testing.T) {
+	s := idempotency.DefaultSettings()
+	s.RedisURL = "redis://app:s3cret@cache:6379/zero"
+	_, err := idempotency.NewRedisClient(s)
+	if err == nil || !strings.Contains(err.Error(), "IDEMPOTENCY_REDIS_URL") || strings.Contains(err.Error(), "s3cret") {
+		t.Fatalf("err = %v; want one naming the variable, without the password", err)
+	}
+}
+
+// goRedisQueryOptions returns the query options that redis.ParseURL reads, as
+// setupConnParams in the go-redis source this module builds with reads them,
+// each with the kind of value it takes (int, string, duration or bool).
+func goRedisQueryOptions(t *testing.T) map[string]string {
+	t.Helper()
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/redis/go-redis/v9").Output()
+	if err != nil {
+		t.Fatalf("locating go-redis: %v", err)
+	}
+	src, err := os.ReadFile(filepath.Join(strings.TrimSpace(string(out)), "options.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, ok := strings.CutPrefix(string(src[bytes.Index(src, []byte("\nfunc setupConnParams(")):]), "\n")
+	if !ok {
+		t.Fatal("no setupConnParams in go-redis's options.go")
+	}
+	body = body[:strings.Index(body, "\n}\n")]
+	kinds := map[string]string{}
+	for _, m := range regexp.MustCompile(`q\.(int|string|duration|bool|has|strings)\("([a-z_]+)"\)`).FindAllStringSubmatch(body, -1) {
+		if m[1] != "has" || kinds[m[2]] == "" {
+			kinds[m[2]] = m[1]
+		}
+	}
+	if len(kinds) < 20 {
+		t.Fatalf("found only %d query options in setupConnParams: %v", len(kinds), kinds)
+	}
+	return kinds
+}
+
+// Every query option that redis.ParseURL accepts either reaches the cluster
+// client (its ClusterOptions carry every field the option sets on a
+// single-server client) or is refused in cluster mode, naming it. The options
+// are read from the go-redis source, so an option a later go-redis adds is
+// covered without a change here.
+func TestNewRedisClientClusterCarriesEveryQueryOption(t *testing.T) {
+	checkQueryOptionsCarried(t, "cluster",
+		func(raw string) idempotency.Settings {
+			s := idempotency.DefaultSettings()
+			s.RedisURL = raw
+			s.RedisClusterAddrs = []string{"127.0.0.1:2"}
+			return s
+		},
+		func(c redis.UniversalClient) reflect.Value {
+			return reflect.ValueOf(*c.(*redis.ClusterClient).Options())
+		},
+		"IDEMPOTENCY_REDIS_URL: query option %s has no effect on a cluster client (IDEMPOTENCY_REDIS_CLUSTER_ADDRS is set)")
+}
+
+// checkQueryOptionsCarried checks, for every query option that redis.ParseURL
+// reads, that the client NewRedisClient builds for settings(url with the
+// option) carries every field the option sets on a single-server client
+// (options returns the client's options struct), or that NewRedisClient and
+// Validate both refuse it with refusal (a format naming the option).
+func checkQueryOptionsCarried(t *testing.T, kind string, settings func(raw string) idempotency.Settings,
+	options func(redis.UniversalClient) reflect.Value, refusal string) {
+	t.Helper()
+	const base = "redis://app:secret@127.0.0.1:1/0"
+	baseOpts, err := redis.ParseURL(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, valueKind := range goRedisQueryOptions(t) {
+		t.Run(name, func(t *testing.T) {
+			value := map[string]string{"int": "7", "string": "name7", "duration": "700ms", "bool": "true"}[valueKind]
+			if value == "" {
+				t.Fatalf("no test value for a %s option", valueKind)
+			}
+			raw, ref := base+"?"+name+"="+value, baseOpts
+			switch name {
+			case "db":
+				if kind == "cluster" {
+					t.Skip("a cluster has database 0 only: TestNewRedisClientClusterRefusesADatabase")
+				}
+				raw = base + "?db=7"
+			case "skip_verify": // TLS only
+				raw = strings.Replace(raw, "redis://", "rediss://", 1)
+				if ref, err = redis.ParseURL(strings.Replace(base, "redis://", "rediss://", 1)); err != nil {
+					t.Fatal(err)
+				}
+			case "conn_max_lifetime_jitter": // at most the lifetime
+				raw += "&conn_max_lifetime=1h"
+			}
+			single, err := redis.ParseURL(raw)
+			if err != nil {
+				t.Fatalf("redis.ParseURL(%s): %v", raw, err)
+			}
+			s := settings(raw)
+			client, err := idempotency.NewRedisClient(s)
+			if err != nil {
+				want := fmt.Sprintf(refusal, name)
+				if err.Error() != want {
+					t.Fatalf("NewRedisClient() error = %q; want it applied, or refused with %q", err, want)
+				}
+				if verr := s.Validate(); verr == nil || !strings.Contains(verr.Error(), want) {
+					t.Fatalf("Validate() = %v; want it to refuse the option as NewRedisClient does", verr)
+				}
+				return
+			}
+			defer client.Close()
+			got := options(client)
+			refV, singleV := reflect.ValueOf(*ref), reflect.ValueOf(*single)
+			set := 0
+			for i := range singleV.NumField() {
+				field := singleV.Type().Field(i)
+				if !field.IsExported() || reflect.DeepEqual(refV.Field(i).Interface(), singleV.Field(i).Interface()) {
+					continue
+				}
+				set++
+				want := singleV.Field(i).Interface()
+				if field.Name == "TLSConfig" {
+					if g := got.FieldByName("TLSConfig").Interface().(*tls.Config); g == nil || g.InsecureSkipVerify != single.TLSConfig.InsecureSkipVerify {
+						t.Errorf("%s TLSConfig = %+v; want InsecureSkipVerify %v", kind, g, single.TLSConfig.InsecureSkipVerify)
+					}
+					continue
+				}
+				g := got.FieldByName(field.Name)
+				if !g.IsValid() {
+					t.Errorf("%s sets Options.%s, which the %s client's options lack, yet NewRedisClient accepted it", name, field.Name, kind)
+					continue
+				}
+				if !reflect.DeepEqual(g.Interface(), want) {
+					t.Errorf("%s=%s: %s client's %s = %v, want %v", name, value, kind, field.Name, g.Interface(), want)
+				}
+			}
+			if set == 0 {
+				t.Fatalf("%s=%s sets no field of redis.Options; pick another test value", name, value)
+			}
+		})
+	}
+}
+
+// The fields NewRedisClient sets itself reach the cluster client too.
+func TestNewRedisClientClusterFailsFast(t *testing.T) {
+	s := idempotency.DefaultSettings()
+	s.StorageTimeout = 250 * time.Millisecond
+	s.RedisClusterAddrs = []string{"127.0.0.1:2"}
+	client, err := idempotency.NewRedisClient(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	o := client.(*redis.ClusterClient).Options()
+	if !o.ContextTimeoutEnabled || o.DialerRetries != 1 || o.DialTimeout != 5*time.Second {
+		t.Fatalf("cluster options: ContextTimeoutEnabled %v, DialerRetries %d, DialTimeout %v; want true, 1, 5s (the lease, at most 5s)",
+			o.ContextTimeoutEnabled, o.DialerRetries, o.DialTimeout)
+	}
+}
+
+// A cluster has database 0 only: a URL that selects another is refused in
+// cluster mode, by Validate (so at start-up) and NewRedisClient, rather than
+// ignored.
+func TestNewRedisClientClusterRefusesADatabase(t *testing.T) {
+	for _, tt := range []struct {
+		url     string
+		wantErr string // "" accepted
+	}{
+		{url: "redis://cache:6379/0"},
+		{url: "redis://cache:6379"},
+		{url: "redis://cache:6379/?db=0"},
+		{url: "redis://cache:6379/3", wantErr: "IDEMPOTENCY_REDIS_URL: database 3 has no effect on a cluster client, which has database 0 only (IDEMPOTENCY_REDIS_CLUSTER_ADDRS is set)"},
+		{url: "redis://cache:6379/0?db=2", wantErr: "IDEMPOTENCY_REDIS_URL: database 2 has no effect on a cluster client, which has database 0 only (IDEMPOTENCY_REDIS_CLUSTER_ADDRS is set)"},
+	} {
+		s := idempotency.DefaultSettings()
+		s.RedisURL = tt.url
+		s.RedisClusterAddrs = []string{"node-a:7000"}
+		client, err := idempotency.NewRedisClient(s)
+		verr := s.Validate()
+		if tt.wantErr == "" {
+			if err != nil || verr != nil {
+				t.Errorf("%s: NewRedisClient() error = %v, Validate() = %v; want neither", tt.url, err, verr)
+			}
+			if client != nil {
+				client.Close()
+			}
+			continue
+		}
+		if err == nil || err.Error() != tt.wantErr {
+			t.Errorf("%s: NewRedisClient() error = %v; want %q", tt.url, err, tt.wantErr)
+		}
+		if verr == nil || !strings.Contains(verr.Error(), "\n"+tt.wantErr) {
+			t.Errorf("%s: Validate() = %v; want a line %q", tt.url, verr, tt.wantErr)
+		}
+		// A single server has databases: the same URL is fine there.
+		s.RedisClusterAddrs = nil
+		if err := s.Validate(); err != nil {
+			t.Errorf("%s without a cluster: Validate() = %v", tt.url, err)
+		}
+	}
+}
+
+// No error and no printed Settings show any part of the user name or
+// password, even of a URL so malformed that the parser cannot tell where they
+// end; the errors still say what to fix. FuzzRedisURLErrorsHideThePassword
+// tries many more.
+func TestRedisURLErrorsHideTheUserInformation(t *testing.T) {
+	for _, tt := range []struct {
+		url, secret string
+		wantErr     string // a part of the message
+	}{
+		// url.Parse: invalid URL escape "%zz"
+		{url: "redis://user:p%zzss@host:6379/0", secret: "%zz", wantErr: "a '%' in the user name or password is not followed by two hex digits"},
+		{url: "redis://u%zzq:pw@host:6379/0", secret: "%zz", wantErr: "a '%' in the user name or password is not followed by two hex digits"},
+		{url: "redis://user:zqwvx%4@host:6379/0", secret: "%4", wantErr: "not followed by two hex digits"},
+		// a '/' ends the host early: invalid port ":zq" after host
+		{url: "redis://user:zq/wvx@host:6379/0", secret: "zq", wantErr: "cannot be told apart"},
+		// ... or makes the rest a path: invalid database number "wvx@host:6379"
+		{url: "redis://user:1234/wvx@host:6379", secret: "wvx", wantErr: "cannot be told apart"},
+		// '?' and '#' likewise
+		{url: "redis://user:1234?wvx@host:6379/0", secret: "wvx", wantErr: "percent-encoded (%2F, %3F, %23)"},
+		{url: "redis://user:zq#wvx@host:6379/0", secret: "zq", wantErr: "cannot be told apart"},
+		// no "//": all of it is opaque
+		{url: "redis:user:zqwvx@host:6379/0", secret: "zqwvx", wantErr: "cannot be told apart"},
+		// a message of go-redis that happens to share bytes with the password
+		{url: "redis://user:database@host:6379/x", secret: "database", wantErr: "the reason is not shown"},
+		// an invalid host is still named: it is not the user information
+		{url: "redis://user:zqwvx@ho%zzst:6379/0", secret: "zqwvx", wantErr: `invalid URL escape "%zz"`},
+	} {
+		s := idempotency.DefaultSettings()
+		s.RedisURL = tt.url
+		verr := s.Validate()
+		_, err := idempotency.NewRedisClient(s)
+		if verr == nil || err == nil {
+			t.Errorf("%s: Validate() = %v, NewRedisClient() error = %v; want errors", tt.url, verr, err)
+			continue
+		}
+		for _, e := range []error{verr, err} {
+			if strings.Contains(e.Error(), tt.secret) || !strings.Contains(e.Error(), "IDEMPOTENCY_REDIS_URL: ") || !strings.Contains(e.Error(), tt.wantErr) {
+				t.Errorf("%s: error = %q; want one naming the variable and saying %q, without %q", tt.url, e, tt.wantErr, tt.secret)
+			}
+		}
+		if got := s.String(); strings.Contains(got, tt.secret) {
+			t.Errorf("%s: String() = %s", tt.url, got)
+		}
+	}
+}
+
+// A nil logger to NewObserver means what no logger in the graph means to
+// Module: warnings and errors go to standard error (see stderrScenarios).
+func TestNewObserverWithoutALoggerWritesToStderr(t *testing.T) {
+	lines := runStderrScenario(t, "observer-nil-logger")
+	if len(lines) != 1 || lines[0]["msg"] != "storage call failed" || lines[0]["level"] != "error" ||
+		lines[0]["logger"] != "idempotency" || lines[0]["error_type"] != "storage_reserve_error" {
+		t.Fatalf("stderr lines %v; want the storage error, and not the Debug line", lines)
+	}
+	if lines := runStderrScenario(t, "observer-nop-logger"); len(lines) != 0 {
+		t.Fatalf("with zap.NewNop(), stderr lines %v; want none", lines)
+	}
+}
+
+// redis:host:port has no "//": url.Parse reads it as opaque, and go-redis
+// would connect to localhost:6379 instead.
+func TestRedisURLWithoutSlashesIsRefused(t *testing.T) {
+	s := idempotency.DefaultSettings()
+	s.RedisURL = "redis:cache:6380"
+	const want = "IDEMPOTENCY_REDIS_URL: want redis://host:port/db, got no // after the scheme"
+	if err := s.Validate(); err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("Validate() = %v; want %q", err, want)
+	}
+	if _, err := idempotency.NewRedisClient(s); err == nil || err.Error() != want {
+		t.Errorf("NewRedisClient() error = %v; want %q", err, want)
+	}
+}
+
+func TestOldRedis(t *testing.T) {
+	for _, tt := range []struct {
+		info, version string
+		old           bool
+	}{
+		{"# Server\r\nredis_version:7.0.15\r\nredis_git_sha1:0\r\n", "7.0.15", false},
+		{"# Server\r\nredis_version:6.2.14\r\n", "6.2.14", true},
+		{"redis_version:8.4.0", "8.4.0", false},
+		{"redis_version:255.255.255", "255.255.255", false}, // miniredis
+		{"# Server\r\nno version here\r\n", "", false},
+		{"redis_version:x.y", "x.y", false},
+	} {
+		if v, old := idempotency.OldRedis(tt.info); v != tt.version || old != tt.old {
+			t.Errorf("oldRedis(%q) = %q, %v; want %q, %v", tt.info, v, old, tt.version, tt.old)
+		}
+	}
+}
+
+// The dial timeout of the client NewRedisClient builds is the lease within
+// [IDEMPOTENCY_STORAGE_TIMEOUT, 5s]; a dial_timeout in the URL is kept when it
+// is shorter.
+func TestNewRedisClientDialTimeout(t *testing.T) {
+	for _, tt := range []struct {
+		name           string
+		url            string
+		lease, storage time.Duration
+		want           time.Duration
+	}{
+		{"defaults", "redis://127.0.0.1:2/0", 30 * time.Second, 250 * time.Millisecond, 5 * time.Second},
+		{"a short lease", "redis://127.0.0.1:2/0", time.Second, 100 * time.Millisecond, time.Second},
+		{"a lease shorter than the storage timeout", "redis://127.0.0.1:2/0", 50 * time.Millisecond, 100 * time.Millisecond, 100 * time.Millisecond},
+		{"a shorter dial_timeout in the URL", "redis://127.0.0.1:2/0?dial_timeout=200ms", 30 * time.Second, 250 * time.Millisecond, 200 * time.Millisecond},
+		{"a longer dial_timeout in the URL", "redis://127.0.0.1:2/0?dial_timeout=1m", 30 * time.Second, 250 * time.Millisecond, 5 * time.Second},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s := idempotency.DefaultSettings()
+			s.RedisURL, s.Lease, s.StorageTimeout = tt.url, tt.lease, tt.storage
+			client, err := idempotency.NewRedisClient(s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer client.Close()
+			if got := client.(*redis.Client).Options().DialTimeout; got != tt.want {
+				t.Errorf("DialTimeout = %v; want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+// The frameworks of the adapters that are modules of their own stay out of
+// the core's module graph: an app that uses the core alone never downloads,
+// audits or upgrades them.
+func TestCoreModuleGraphHasNoAdapterFramework(t *testing.T) {
+	out, err := exec.Command("go", "mod", "graph").Output()
+	if err != nil {
+		t.Fatalf("go mod graph: %v", err)
+	}
+	graph := string(out)
+	for _, m := range []string{
+		"github.com/gin-gonic/gin", "github.com/labstack/echo/", "connectrpc.com/connect",
+		"google.golang.org/grpc", "github.com/ThreeDotsLabs/watermill",
+	} {
+		for line := range strings.SplitSeq(graph, "\n") {
+			if strings.Contains(line, " "+m) {
+				t.Errorf("the core's module graph has %s: %s", m, line)
+				break
+			}
+		}
+	}
+}
+
+// counterValue returns the value of the counter series name{labels}, or -1
+// when there is none.
+func counterValue(mfs []*dto.MetricFamily, name string, labels map[string]string) float64 {
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	series:
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if want, ok := labels[lp.GetName()]; ok && want != lp.GetValue() {
+					continue series
+				}
+			}
+			return m.GetCounter().GetValue()
+		}
+	}
+	return -1
+}
+
+// pythonSection starts the section of docs/observability.md that maps the
+// Python library's metrics to ours.
+const pythonSection = "\n## Coming from the Python idempotency-kit\n"
+
+// documentedMetrics returns every metric name docs/observability.md names,
+// but in the section on the Python library's metrics.
+func documentedMetrics(t *testing.T) []string {
+	t.Helper()
+	doc, err := os.ReadFile("docs/observability.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The section on the Python library's metrics names its series too,
+	// which we do not export.
+	text, _, _ := strings.Cut(string(doc), pythonSection)
+	seen := map[string]bool{}
+	for _, m := range regexp.MustCompile("`(idempotency_[a-z_]+)`").FindAllStringSubmatch(text, -1) {
+		seen[m[1]] = true
+	}
+	names := make([]string, 0, len(seen))
+	for n := range seen {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	if len(names) < 5 {
+		t.Fatalf("docs/observability.md names only %v", names)
+	}
+	return names
+}
+
+// streamEnv points the module at the test's Redis, under the test's own
+// prefix, and returns a client of it and the prefix.
+func streamEnv(t *testing.T) (*redis.Client, string) {
+	t.Helper()
+	clearEnv(t)
+	opts := redistest.ServerOptions(t)
+	prefix := redistest.Prefix(t)
+	t.Setenv("IDEMPOTENCY_REDIS_URL", "redis://"+opts.Addr+"/0")
+	t.Setenv("IDEMPOTENCY_KEY_PREFIX", prefix+"idem:")
+	return redistest.Server(t), prefix
+}
+
+// waitFor polls cond until it holds, failing the test after 10s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	eventually(t, func() error {
+		if cond() {
+			return nil
+		}
+		return errors.New("timed out waiting for " + what)
+	})
+}
+
+// eventually polls check until it returns nil, failing the test after 10s
+// with check's last error, so that the message says what was seen at the end.
+func eventually(t *testing.T, check func() error) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := check()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after 10s: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// pending returns how many entries of stream the group has not acknowledged.
+func pending(t *testing.T, rdb *redis.Client, stream, group string) int64 {
+	t.Helper()
+	p, err := rdb.XPending(t.Context(), stream, group).Result()
+	if err != nil {
+		return -1
+	}
+	return p.Count
+}
+
+// An fx app runs a consumer with one option: it processes the stream on a
+// real Redis, once per key, and stops cleanly, waiting for the message in
+// hand.
+func TestConsumeStreamRunsWithTheAppsLifecycle(t *testing.T) {
+	rdb, prefix := streamEnv(t)
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent(), goredisProbe) // the shared server runs on
+	stream := prefix + "orders"
+	reg, regOpt := registry()
+
+	var mu sync.Mutex
+	var credited []string
+	hold := make(chan struct{}) // the last message's handler waits for it
+	handling := make(chan struct{})
+	credit := func(ctx context.Context, m idemconsume.Message) error {
+		if m.Fields["hold"] == "yes" {
+			close(handling)
+			<-hold
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		credited = append(credited, m.Fields["order"])
+		return nil
+	}
+	app := fxtest.New(t, idempotency.Module, regOpt, fx.Supply(zap.NewNop()),
+		idempotency.ConsumeStream(idempotency.StreamConsumer{
+			Stream: stream, Group: "billing", Operation: "billing.credit", Handler: credit,
+			Consumer: []redisstream.Option{redisstream.WithBlock(50 * time.Millisecond)},
+		}))
+	app.RequireStart()
+
+	for _, v := range []map[string]any{
+		{"idempotency-key": "o-1", "order": "1"},
+		{"idempotency-key": "o-1", "order": "1"}, // the producer's copy
+		{"idempotency-key": "o-2", "order": "2"},
+	} {
+		if err := rdb.XAdd(t.Context(), &redis.XAddArgs{Stream: stream, Values: v}).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "three acknowledged deliveries", func() bool {
+		mfs, _ := reg.Gather()
+		n := 0.0
+		for _, r := range []string{"processed", "duplicate"} {
+			n += max(counterValue(mfs, "idempotency_consumer_deliveries_total", map[string]string{"operation": "billing.credit", "reason": r}), 0)
+		}
+		return n == 3 && pending(t, rdb, stream, "billing") == 0
+	})
+
+	// Stop waits for the message being handled, and acknowledges it.
+	if err := rdb.XAdd(t.Context(), &redis.XAddArgs{Stream: stream, Values: map[string]any{"idempotency-key": "o-3", "order": "3", "hold": "yes"}}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	<-handling
+	stopped := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		stopped <- app.Stop(ctx)
+	}()
+	select {
+	case err := <-stopped:
+		t.Fatalf("the app stopped with a message in hand: %v", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	close(hold)
+	if err := <-stopped; err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(credited) != 3 || credited[2] != "3" {
+		t.Errorf("credited %v, want orders 1, 2 and 3 once each", credited)
+	}
+	if n := pending(t, rdb, stream, "billing"); n != 0 {
+		t.Errorf("%d entries left pending after a clean stop", n)
+	}
+}
+
+// A group Redis refuses to create fails start-up, naming it.
+func TestConsumeStreamFailsStartOnAStreamRedisRefuses(t *testing.T) {
+	rdb, prefix := streamEnv(t)
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent(), goredisProbe) // the shared server runs on
+	stream := prefix + "not-a-stream"
+	if err := rdb.Set(t.Context(), stream, "x", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	_, regOpt := registry()
+	app := fx.New(fx.NopLogger, idempotency.Module, regOpt, fx.Supply(zap.NewNop()),
+		idempotency.ConsumeStream(idempotency.StreamConsumer{
+			Stream: stream, Group: "billing", Operation: "billing.credit",
+			Handler: func(context.Context, idemconsume.Message) error { return nil },
+		}))
+	err := app.Start(t.Context())
+	if err == nil || !strings.Contains(err.Error(), "WRONGTYPE") {
+		t.Fatalf("Start() = %v, want WRONGTYPE", err)
+	}
+	_ = app.Stop(context.Background())
+}
+
+// failingAck is the app's Redis client, whose XACK fails.
+type failingAck struct{ *redis.Client }
+
+func (f failingAck) XAck(ctx context.Context, _, _ string, _ ...string) *redis.IntCmd {
+	cmd := redis.NewIntCmd(ctx)
+	cmd.SetErr(errors.New("XACK refused by the test"))
+	return cmd
+}
+
+// By default, a failed XACK and a dead letter each give a log line through
+// the module's logger and a metric.
+func TestConsumeStreamLogsAndCountsFailuresByDefault(t *testing.T) {
+	rdb, prefix := streamEnv(t)
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent(), goredisProbe) // the shared server runs on
+	stream := prefix + "orders"
+	reg, regOpt := registry()
+	core, logs := observer.New(zap.WarnLevel)
+	handle := func(_ context.Context, m idemconsume.Message) error {
+		if m.Fields["bad"] == "yes" {
+			return idemconsume.Permanent(errors.New("amount does not parse"))
+		}
+		return nil
+	}
+	app := fxtest.New(t, idempotency.Module, regOpt, fx.Supply(zap.New(core)),
+		fx.Supply(failingAck{rdb}), idempotency.UseRedisClient[failingAck](),
+		idempotency.ConsumeStream(idempotency.StreamConsumer{
+			Stream: stream, Group: "billing", Operation: "billing.credit", Handler: handle,
+			Consumer: []redisstream.Option{redisstream.WithBlock(50 * time.Millisecond)},
+		}))
+	app.RequireStart()
+	defer app.RequireStop()
+
+	for _, v := range []map[string]any{{"order": "1"}, {"order": "2", "bad": "yes"}} {
+		if err := rdb.XAdd(t.Context(), &redis.XAddArgs{Stream: stream, Values: v}).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "an XACK error and a dead letter counted", func() bool {
+		mfs, _ := reg.Gather()
+		return counterValue(mfs, "idempotency_consumer_errors_total", map[string]string{"operation": "billing.credit", "command": "xack"}) >= 2 &&
+			counterValue(mfs, "idempotency_consumer_dead_letters_total", map[string]string{"operation": "billing.credit", "reason": "permanent_error"}) == 1
+	})
+	if n := logs.FilterMessage("consumer command failed").FilterField(zap.String("command", "xack")).Len(); n < 2 {
+		t.Errorf("%d log lines of a failed XACK, want one per failure (2); logs: %v", n, logs.All())
+	}
+	dead := logs.FilterMessage("message dead-lettered").All()
+	if len(dead) != 1 {
+		t.Fatalf("%d dead-letter log lines, want 1; logs: %v", len(dead), logs.All())
+	}
+	if f := dead[0].ContextMap(); f["reason"] != "permanent_error" || f["operation"] != "billing.credit" || f["error"] == nil || dead[0].LoggerName != "idempotency" {
+		t.Errorf("dead-letter line %s %v, want its reason, operation and error", dead[0].LoggerName, f)
+	}
+	// The dead letter went to the dead-letter stream.
+	if n, err := rdb.XLen(t.Context(), stream+redisstream.DeadLetterSuffix).Result(); err != nil || n != 1 {
+		t.Errorf("dead-letter stream has %d entries (%v), want 1", n, err)
+	}
+}
+
+// tracerProvider returns a TracerProvider of the SDK that records ended
+// spans in the returned recorder.
+func tracerProvider(t *testing.T) (*sdktrace.TracerProvider, *tracetest.SpanRecorder) {
+	t.Helper()
+	sr := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	return tp, sr
+}
+
+// tracedApp starts an app of Module on an in-memory store with opts, and
+// returns its coordinator.
+func tracedApp(t *testing.T, opts ...fx.Option) *coordinator.Coordinator {
+	t.Helper()
+	_, regOpt := registry()
+	var c *coordinator.Coordinator
+	app := fxtest.New(t, append([]fx.Option{
+		idempotency.Module,
+		idemfxtest.IgnoreEnvironment(),
+		idemfxtest.MemoryStore(),
+		regOpt,
+		fx.Supply(zap.NewNop()),
+		fx.Populate(&c),
+	}, opts...)...)
+	app.RequireStart()
+	t.Cleanup(app.RequireStop)
+	return c
+}
+
+// callTwice makes two calls of one key, each under a span of tp named
+// "first" and "second".
+func callTwice(t *testing.T, tp trace.TracerProvider, c *coordinator.Coordinator) {
+	t.Helper()
+	for _, name := range []string{"first", "second"} {
+		ctx, span := tp.Tracer("test").Start(t.Context(), name)
+		_, err := coordinator.Do(ctx, c, coordinator.Call{Operation: "payment.charge", Key: "order-42"},
+			func(context.Context) (string, error) { return "ch_1", nil })
+		span.End()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// spanAttrs returns the attributes of the ended span named name, and the
+// names of its events.
+func spanAttrs(t *testing.T, sr *tracetest.SpanRecorder, name string) (map[string]string, []string) {
+	t.Helper()
+	for _, s := range sr.Ended() {
+		if s.Name() != name {
+			continue
+		}
+		a := map[string]string{}
+		for _, kv := range s.Attributes() {
+			a[string(kv.Key)] = kv.Value.String()
+		}
+		var events []string
+		for _, e := range s.Events() {
+			events = append(events, e.Name)
+		}
+		return a, events
+	}
+	t.Fatalf("no span %q", name)
+	return nil, nil
+}
+
+// provided supplies tp to the graph as trace.TracerProvider, and as itself.
+func provided(tp *sdktrace.TracerProvider) fx.Option {
+	return fx.Supply(fx.Annotate(tp, fx.As(fx.Self()), fx.As(new(trace.TracerProvider))))
+}
+
+func TestModuleTracesWithAProvider(t *testing.T) {
+	t.Run("supplied", func(t *testing.T) {
+		clearEnv(t)
+		tp, sr := tracerProvider(t)
+		testTraces(t, tp, sr, tracedApp(t, provided(tp)))
+	})
+	t.Run("provided as docs/tracing.md shows", func(t *testing.T) {
+		clearEnv(t)
+		tp, sr := tracerProvider(t)
+		newTracerProvider := func() *sdktrace.TracerProvider { return tp }
+		testTraces(t, tp, sr, tracedApp(t, fx.Provide(fx.Annotate(newTracerProvider, fx.As(fx.Self()), fx.As(new(trace.TracerProvider))))))
+	})
+}
+
+// testTraces checks that c records two calls on their spans.
+func testTraces(t *testing.T, tp trace.TracerProvider, sr *tracetest.SpanRecorder, c *coordinator.Coordinator) {
+	t.Helper()
+	callTwice(t, tp, c)
+
+	for _, tt := range []struct {
+		span, outcome, replayed, event string
+	}{
+		{"first", "miss", "false", "idempotency.miss"},
+		{"second", "hit", "true", "idempotency.hit"},
+	} {
+		a, events := spanAttrs(t, sr, tt.span)
+		if a["idempotency.outcome"] != tt.outcome || a["idempotency.replayed"] != tt.replayed ||
+			a["idempotency.operation"] != "payment.charge" || a["idempotency.key_hash"] != telemetry.KeyHash("order-42") {
+			t.Errorf("%s: attributes %v, want outcome %s, replayed %s and the key's hash", tt.span, a, tt.outcome, tt.replayed)
+		}
+		if !slices.Contains(events, tt.event) || !slices.Contains(events, "idempotency.storage_call") {
+			t.Errorf("%s: events %v, want %s and storage calls", tt.span, events, tt.event)
+		}
+	}
+	if n := len(sr.Ended()); n != 2 {
+		t.Errorf("%d spans; the module makes no store spans", n)
+	}
+}
+
+// An app that only sets the global provider (otel.SetTracerProvider), as
+// OpenTelemetry's getting-started guides do, gets the events.
+func TestModuleTracesWithTheGlobalProvider(t *testing.T) {
+	clearEnv(t)
+	tp, sr := tracerProvider(t)
+	prev := otel.GetTracerProvider()
+	otel.SetTracerProvider(tp)
+	t.Cleanup(func() { otel.SetTracerProvider(prev) })
+	testTraces(t, otel.GetTracerProvider(), sr, tracedApp(t))
+}
+
+// The events land on the span of the call's context whatever provider
+// started it, so a provider that fx does not see as trace.TracerProvider
+// (docs/testing.md) loses nothing.
+func TestModuleTracesSpansOfAnyProvider(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		opts func(*sdktrace.TracerProvider) []fx.Option
+	}{
+		{"no provider in the graph", func(*sdktrace.TracerProvider) []fx.Option { return nil }},
+		{"provider as *sdktrace.TracerProvider only (fx matches types exactly)", func(tp *sdktrace.TracerProvider) []fx.Option {
+			return []fx.Option{fx.Supply(tp)}
+		}},
+		{"both types in one fx.As, which provides the first only (docs/testing.md)", func(tp *sdktrace.TracerProvider) []fx.Option {
+			return []fx.Option{fx.Supply(fx.Annotate(tp, fx.As(fx.Self(), new(trace.TracerProvider))))}
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			clearEnv(t)
+			tp, sr := tracerProvider(t)
+			testTraces(t, tp, sr, tracedApp(t, tt.opts(tp)...))
+		})
+	}
+}
+
+// IDEMPOTENCY_TRACING_ENABLED=false leaves spans alone, with a provider in
+// the graph or a global one.
+func TestModuleDoesNotTraceWhenTracingIsOff(t *testing.T) {
+	off := idempotency.OverrideSettings(func(s *idempotency.Settings) { s.TracingEnabled = false })
+	for _, tt := range []struct {
+		name   string
+		global bool
+		opts   func(*sdktrace.TracerProvider) []fx.Option
+	}{
+		{"provider in the graph", false, func(tp *sdktrace.TracerProvider) []fx.Option { return []fx.Option{provided(tp), off} }},
+		{"global provider", true, func(*sdktrace.TracerProvider) []fx.Option { return []fx.Option{off} }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			clearEnv(t)
+			tp, sr := tracerProvider(t)
+			if tt.global {
+				prev := otel.GetTracerProvider()
+				otel.SetTracerProvider(tp)
+				t.Cleanup(func() { otel.SetTracerProvider(prev) })
+			}
+			c := tracedApp(t, tt.opts(tp)...)
+			callTwice(t, tp, c)
+			for _, name := range []string{"first", "second"} {
+				if a, events := spanAttrs(t, sr, name); len(a) != 0 || len(events) != 0 {
+					t.Errorf("%s: attributes %v, events %v; want none", name, a, events)
+				}
+			}
+		})
+	}
+}
+
+// IDEMPOTENCY_LOG_KEYS=omitted keeps the key's hash off spans too.
+func TestModuleTracingFollowsLogKeysOmitted(t *testing.T) {
+	for _, mode := range []observability.LogKeysMode{observability.LogKeysHashed, observability.LogKeysPlain, observability.LogKeysOmitted} {
+		t.Run(mode.String(), func(t *testing.T) {
+			clearEnv(t)
+			tp, sr := tracerProvider(t)
+			c := tracedApp(t, provided(tp), idempotency.OverrideSettings(func(s *idempotency.Settings) { s.LogKeys = mode }))
+			callTwice(t, tp, c)
+			a, _ := spanAttrs(t, sr, "first")
+			h, ok := a["idempotency.key_hash"]
+			if mode == observability.LogKeysOmitted && ok || mode != observability.LogKeysOmitted && h != telemetry.KeyHash("order-42") {
+				t.Errorf("LOG_KEYS %s: idempotency.key_hash = %q (set: %v)", mode, h, ok)
+			}
+			for _, v := range a {
+				if strings.Contains(v, "order-42") {
+					t.Errorf("LOG_KEYS %s: the key is on the span: %v", mode, a)
+				}
+			}
+		})
+	}
+}
+
+func TestTracingEnabledSetting(t *testing.T) {
+	for _, tt := range []struct {
+		value   *string
+		want    bool
+		wantErr string
+	}{
+		{nil, true, ""},
+		{ptr("true"), true, ""},
+		{ptr("false"), false, ""},
+		{ptr("0"), false, ""},
+		{ptr("maybe"), false, `IDEMPOTENCY_TRACING_ENABLED: "maybe" is not a boolean; use true or false`},
+		{ptr(""), false, `IDEMPOTENCY_TRACING_ENABLED: "" is not a boolean`},
+	} {
+		name := "unset"
+		if tt.value != nil {
+			name = *tt.value
+		}
+		t.Run(name, func(t *testing.T) {
+			clearEnv(t)
+			if tt.value != nil {
+				t.Setenv("IDEMPOTENCY_TRACING_ENABLED", *tt.value)
+			}
+			s, err := idempotency.LoadSettings()
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("LoadSettings() error = %v, want one containing %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s.TracingEnabled != tt.want {
+				t.Errorf("TracingEnabled = %v, want %v", s.TracingEnabled, tt.want)
+			}
+		})
+	}
+	if !idempotency.DefaultSettings().TracingEnabled {
+		t.Error("DefaultSettings().TracingEnabled is false, want true")
+	}
+}
+
+func ptr(s string) *string { return &s }

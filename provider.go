@@ -13,6 +13,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/internal/autopipe"
+	"github.com/idemkit/idempotency/internal/redisurl"
 	"github.com/idemkit/idempotency/internal/sentinelcheck"
 	"github.com/idemkit/idempotency/observability"
 	"github.com/idemkit/idempotency/redisrepo"
@@ -61,7 +63,7 @@ import (
 func NewRedisClient(s Settings) (redis.UniversalClient, error) {
 	top := s.topology()
 	// The same check as Settings.Validate.
-	opts, err := parseRedisURL(s.RedisURL, top)
+	opts, err := redisurl.Parse(s.RedisURL, top)
 	if err != nil {
 		return nil, fmt.Errorf("%s_REDIS_URL: %w", EnvPrefix, err)
 	}
@@ -94,7 +96,7 @@ func NewRedisClient(s Settings) (redis.UniversalClient, error) {
 		}
 	}
 	switch top {
-	case topologyCluster:
+	case redisurl.Cluster:
 		c := redis.NewClusterClient(clusterOptions(opts, s.RedisClusterAddrs))
 		// A resharding is not an outage: go-redis follows MOVED and ASK a
 		// few times only, which a slot in flight outlasts (issue 34).
@@ -102,7 +104,7 @@ func NewRedisClient(s Settings) (redis.UniversalClient, error) {
 		// per call.
 		redisrepo.AddClusterRetry(c)
 		return c, nil
-	case topologySentinel:
+	case redisurl.Sentinel:
 		if errs := s.sentinelErrors(); len(errs) > 0 {
 			// The sentinel variables' own checks (Validate's): go-redis
 			// would take an empty list of sentinels, and fail every call.
@@ -115,8 +117,8 @@ func NewRedisClient(s Settings) (redis.UniversalClient, error) {
 
 // universalOptions returns go-redis's options for a cluster or a failover
 // client that carry every field of o that redis.ParseURL sets, but the
-// server's address (parseRedisURL refuses a query option these clients
-// would drop, and a database other than 0 for a cluster). appliesToCluster
+// server's address (redisurl.Parse refuses a query option these clients
+// would drop, and a database other than 0 for a cluster). redisurl's appliesToCluster
 // lists the query options whose fields these are.
 func universalOptions(o *redis.Options) *redis.UniversalOptions {
 	tlsConfig := o.TLSConfig
@@ -209,6 +211,42 @@ func NewStore(s Settings, client redisrepo.Client) *redisrepo.Store {
 	return redisrepo.New(client, redisrepo.WithKeyPrefix(s.KeyPrefix), redisrepo.WithRecordFormat(format),
 		redisrepo.WithReplicaAcks(redisrepo.ReplicaAcks{Replicas: s.RedisReplicaAcks, Fsync: s.RedisReplicaAckFsync, Operations: s.RedisReplicaAckOperations}),
 		redisrepo.WithCoalescing(s.RedisCoalesceLanes))
+}
+
+// NewStoreClient returns what the store should send its commands to: client
+// itself, or, when s.RedisAutoPipeline is set, client's deferred
+// AutoPipeliner (client.AsyncAutoPipeline(), which go-redis caches and
+// shares, built with client's AutoPipelineOptions or go-redis's defaults for
+// it), which batches the commands of concurrent callers into pipelines.
+// Module calls it, for the client it builds and for the app's own
+// (UseRedisClient).
+//
+// go-redis runs an auto-pipelined command on a context of its own, so the
+// returned client waits for each command only until the caller's context is
+// done and then returns the context's error: IDEMPOTENCY_STORAGE_TIMEOUT
+// bounds every store call, as it does without auto-pipelining. A command
+// left behind still runs in its batch. (The deferred face is the one whose
+// waits can end with a context, AutoFuture.WaitContext, without a goroutine
+// per call; the store waits for every command it submits before it sends
+// the next.) Pub/Sub and pipelines (the store's
+// wake-ups, Inspect and Forget) go to client directly; a command the store
+// gives to Process that is neither a *redis.Cmd nor a *redis.RawCmd does
+// too, unbatched.
+//
+// The AutoPipeliner belongs to client: closing client closes it. Do not
+// close it while the store is in use: that stops it for every user of
+// client. It returns an error naming IDEMPOTENCY_REDIS_AUTO_PIPELINE when
+// client cannot auto-pipeline (a *redis.Ring, a closed client, invalid
+// AutoPipelineOptions).
+func NewStoreClient(s Settings, client redis.UniversalClient) (redisrepo.Client, error) {
+	if !s.RedisAutoPipeline {
+		return client, nil
+	}
+	ap, err := client.AsyncAutoPipeline()
+	if err != nil {
+		return nil, fmt.Errorf("%s_REDIS_AUTO_PIPELINE: the Redis client (%T) cannot auto-pipeline: %w", EnvPrefix, client, err)
+	}
+	return autopipe.Wrap(ap, client), nil
 }
 
 // NewObserver returns the observer the settings describe: zap log lines on

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/internal/redisurl"
 	"github.com/idemkit/idempotency/observability"
 	"github.com/idemkit/idempotency/redisrepo"
 )
@@ -334,12 +335,12 @@ func (s Settings) Redacted() Settings {
 // "(invalid URL)".
 func (s Settings) RedisAddr() string {
 	switch s.topology() {
-	case topologyCluster:
+	case redisurl.Cluster:
 		return "cluster " + strings.Join(s.RedisClusterAddrs, ",")
-	case topologySentinel:
+	case redisurl.Sentinel:
 		return fmt.Sprintf("sentinel master %s via %s", s.RedisSentinelMaster, strings.Join(s.RedisSentinelAddrs, ","))
 	}
-	opts, err := parseRedisURL(s.RedisURL, topologyServer)
+	opts, err := redisurl.Parse(s.RedisURL, redisurl.Server)
 	if err != nil {
 		return "(invalid URL)"
 	}
@@ -350,7 +351,7 @@ func (s Settings) RedisAddr() string {
 // user information cannot be told apart from the rest (see userinfo), is not
 // shown at all, since there is no telling where its password is.
 func redactURL(raw string) string {
-	info, clear := userinfo(raw)
+	info, clear := redisurl.Userinfo(raw)
 	u, err := url.Parse(raw)
 	if err != nil || info != "" && !clear {
 		return "(invalid URL)"
@@ -445,4 +446,15 @@ func (s Settings) observerOptions() []observability.Option {
 		observability.WithNamespace(s.MetricsNamespace),
 		observability.WithOperations(slices.Sorted(maps.Keys(s.OperationTTLS))...),
 	}
+}
+
+// topology says what kind of client s describes.
+func (s Settings) topology() redisurl.Topology {
+	switch {
+	case len(s.RedisClusterAddrs) > 0:
+		return redisurl.Cluster
+	case s.RedisSentinelMaster != "":
+		return redisurl.Sentinel
+	}
+	return redisurl.Server
 }

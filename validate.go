@@ -11,6 +11,7 @@ import (
 	"github.com/kelseyhightower/envconfig"
 
 	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/internal/redisurl"
 	"github.com/idemkit/idempotency/observability"
 	"github.com/idemkit/idempotency/redisrepo"
 )
@@ -30,11 +31,11 @@ func (s Settings) Validate() error {
 	bad := func(name string, err error) {
 		errs = append(errs, fmt.Errorf("%s_%s: %w", EnvPrefix, name, err))
 	}
-	if err := validateRedisURL(s.RedisURL, s.topology()); err != nil {
+	if err := redisurl.Validate(s.RedisURL, s.topology()); err != nil {
 		bad("REDIS_URL", err)
 	}
 	for _, addr := range s.RedisClusterAddrs {
-		if err := validateHostPort(addr); err != nil {
+		if err := redisurl.ValidateHostPort(addr); err != nil {
 			bad("REDIS_CLUSTER_ADDRS", fmt.Errorf("entry %q: %w", addr, err))
 		}
 	}
@@ -99,7 +100,7 @@ func (s Settings) sentinelErrors() []error {
 		errs = append(errs, fmt.Errorf("%s_%s: %w", EnvPrefix, name, err))
 	}
 	for _, addr := range s.RedisSentinelAddrs {
-		if err := validateHostPort(addr); err != nil {
+		if err := redisurl.ValidateHostPort(addr); err != nil {
 			bad("REDIS_SENTINEL_ADDRS", fmt.Errorf("entry %q: %w", addr, err))
 		}
 	}

@@ -1,9 +1,11 @@
-package idempotency
+// Package autopipe sends a Redis store's commands through go-redis's
+// AutoPipeliner, which batches the commands of concurrent callers into
+// pipelines (idempotency.NewStoreClient, IDEMPOTENCY_REDIS_AUTO_PIPELINE).
+package autopipe
 
 import (
 	"context"
 	"errors"
-	"fmt"
 
 	"github.com/redis/go-redis/v9"
 
@@ -11,44 +13,15 @@ import (
 	"github.com/idemkit/idempotency/redisrepo"
 )
 
-// NewStoreClient returns what the store should send its commands to: client
-// itself, or, when s.RedisAutoPipeline is set, client's deferred
-// AutoPipeliner (client.AsyncAutoPipeline(), which go-redis caches and
-// shares, built with client's AutoPipelineOptions or go-redis's defaults for
-// it), which batches the commands of concurrent callers into pipelines.
-// Module calls it, for the client it builds and for the app's own
-// (UseRedisClient).
-//
-// go-redis runs an auto-pipelined command on a context of its own, so the
-// returned client waits for each command only until the caller's context is
-// done and then returns the context's error: IDEMPOTENCY_STORAGE_TIMEOUT
-// bounds every store call, as it does without auto-pipelining. A command
-// left behind still runs in its batch. (The deferred face is the one whose
-// waits can end with a context, AutoFuture.WaitContext, without a goroutine
-// per call; the store waits for every command it submits before it sends
-// the next.) Pub/Sub and pipelines (the store's
-// wake-ups, Inspect and Forget) go to client directly; a command the store
-// gives to Process that is neither a *redis.Cmd nor a *redis.RawCmd does
-// too, unbatched.
-//
-// The AutoPipeliner belongs to client: closing client closes it. Do not
-// close it while the store is in use: that stops it for every user of
-// client. It returns an error naming IDEMPOTENCY_REDIS_AUTO_PIPELINE when
-// client cannot auto-pipeline (a *redis.Ring, a closed client, invalid
-// AutoPipelineOptions).
-func NewStoreClient(s Settings, client redis.UniversalClient) (redisrepo.Client, error) {
-	if !s.RedisAutoPipeline {
-		return client, nil
-	}
-	ap, err := client.AsyncAutoPipeline()
-	if err != nil {
-		return nil, fmt.Errorf("%s_REDIS_AUTO_PIPELINE: the Redis client (%T) cannot auto-pipeline: %w", EnvPrefix, client, err)
-	}
+// Wrap returns a redisrepo.Client that sends the store's scripts through ap
+// and everything else (Pub/Sub, pipelines) to client, whose AutoPipeliner ap
+// is; over a *redis.ClusterClient it also has ReloadState.
+func Wrap(ap *redis.AutoPipeliner, client redis.UniversalClient) redisrepo.Client {
 	pc := &pipelinedClient{ap: ap, client: client}
 	if cc, ok := client.(*redis.ClusterClient); ok {
-		return &pipelinedClusterClient{pipelinedClient: pc, cluster: cc}, nil
+		return &pipelinedClusterClient{pipelinedClient: pc, cluster: cc}
 	}
-	return pc, nil
+	return pc
 }
 
 // pipelinedClusterClient is a pipelinedClient over a *redis.ClusterClient.

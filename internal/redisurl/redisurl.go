@@ -1,4 +1,6 @@
-package idempotency
+// Package redisurl parses the Redis URL of the IDEMPOTENCY_* settings
+// without ever quoting its user name or password.
+package redisurl
 
 import (
 	"errors"
@@ -13,35 +15,29 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// topology says what kind of client the settings describe.
-type topology int
+// envPrefix is idempotency.EnvPrefix, which names the variables in the
+// messages.
+const envPrefix = "IDEMPOTENCY"
+
+// Topology says what kind of client the settings describe.
+type Topology int
 
 const (
-	topologyServer   topology = iota // one server: RedisURL
-	topologyCluster                  // RedisClusterAddrs is set
-	topologySentinel                 // RedisSentinelMaster is set
+	Server   Topology = iota // one server: RedisURL
+	Cluster                  // RedisClusterAddrs is set
+	Sentinel                 // RedisSentinelMaster is set
 )
 
-func (s Settings) topology() topology {
-	switch {
-	case len(s.RedisClusterAddrs) > 0:
-		return topologyCluster
-	case s.RedisSentinelMaster != "":
-		return topologySentinel
-	}
-	return topologyServer
-}
-
-// validateRedisURL returns the error parseRedisURL returns for raw, if any.
-func validateRedisURL(raw string, top topology) error {
-	_, err := parseRedisURL(raw, top)
+// Validate returns the error Parse returns for raw, if any.
+func Validate(raw string, top Topology) error {
+	_, err := Parse(raw, top)
 	return err
 }
 
-// parseRedisURL returns the go-redis options of raw: a redis:// or rediss://
+// Parse returns the go-redis options of raw: a redis:// or rediss://
 // URL that redis.ParseURL accepts. For a cluster (IDEMPOTENCY_REDIS_CLUSTER_ADDRS
 // is set), it also refuses what a cluster client would ignore: a database
-// other than 0, and a query option that clusterOptions does not carry over
+// other than 0, and a query option that the module's clusterOptions does not carry over
 // (none in go-redis v9.23; the check keeps a later go-redis's new option from
 // being dropped without a word). For a failover client
 // (IDEMPOTENCY_REDIS_SENTINEL_MASTER is set), it refuses a query option that
@@ -52,8 +48,8 @@ func validateRedisURL(raw string, top topology) error {
 // located is refused with a fixed message, and a message that would quote
 // three bytes in a row of it (from url.Parse or go-redis, or a value taken
 // from the URL) is replaced by a fixed one.
-func parseRedisURL(raw string, top topology) (*redis.Options, error) {
-	info, clear := userinfo(raw)
+func Parse(raw string, top Topology) (*redis.Options, error) {
+	info, clear := Userinfo(raw)
 	if info != "" && !clear {
 		return nil, errors.New("the user name and password cannot be told apart from the rest of the URL, so it is not shown: " +
 			"write redis://user:password@host:port/db, with any '/', '?' or '#' in the user name or password " +
@@ -63,7 +59,7 @@ func parseRedisURL(raw string, top topology) (*redis.Options, error) {
 	// message that come from the URL, would show a part of info.
 	hide := func(err error, quoted ...string) error {
 		for _, q := range quoted {
-			if info != "" && mentions(q, info) {
+			if info != "" && Mentions(q, info) {
 				return errors.New("not a valid Redis URL (the reason is not shown: it would quote part of the user name or password)")
 			}
 		}
@@ -102,23 +98,23 @@ func parseRedisURL(raw string, top topology) (*redis.Options, error) {
 		return nil, hide(fmt.Errorf("database number must not be negative, got %d", opts.DB), strconv.Itoa(opts.DB))
 	}
 	switch top {
-	case topologyServer:
+	case Server:
 		return opts, nil
-	case topologySentinel:
+	case Sentinel:
 		for _, name := range slices.Sorted(maps.Keys(u.Query())) {
 			if name != "db" && !appliesToCluster(name) {
-				return nil, hide(fmt.Errorf("query option %s has no effect on a failover client (%s_REDIS_SENTINEL_MASTER is set)", name, EnvPrefix), name)
+				return nil, hide(fmt.Errorf("query option %s has no effect on a failover client (%s_REDIS_SENTINEL_MASTER is set)", name, envPrefix), name)
 			}
 		}
 		return opts, nil
 	}
 	if opts.DB != 0 {
 		return nil, hide(fmt.Errorf("database %d has no effect on a cluster client, which has database 0 only (%s_REDIS_CLUSTER_ADDRS is set)",
-			opts.DB, EnvPrefix), strconv.Itoa(opts.DB))
+			opts.DB, envPrefix), strconv.Itoa(opts.DB))
 	}
 	for _, name := range slices.Sorted(maps.Keys(u.Query())) {
 		if !appliesToCluster(name) {
-			return nil, hide(fmt.Errorf("query option %s has no effect on a cluster client (%s_REDIS_CLUSTER_ADDRS is set)", name, EnvPrefix), name)
+			return nil, hide(fmt.Errorf("query option %s has no effect on a cluster client (%s_REDIS_CLUSTER_ADDRS is set)", name, envPrefix), name)
 		}
 	}
 	return opts, nil
@@ -145,7 +141,7 @@ func appliesToCluster(name string) bool {
 	return false
 }
 
-// userinfo returns the bytes of raw between "scheme://" and its last '@':
+// Userinfo returns the bytes of raw between "scheme://" and its last '@':
 // the user name and password, percent-encoded, or "" when raw has no '@'.
 // clear reports whether url.Parse reads exactly those bytes as the user
 // information. It does not when a '/', '?' or '#' comes before the last '@'
@@ -153,7 +149,7 @@ func appliesToCluster(name string) bool {
 // would be read as a port or a path and be quoted in messages), or when raw
 // does not start with a scheme and "//": then info is everything before the
 // last '@', as any of it may be a password.
-func userinfo(raw string) (info string, clear bool) {
+func Userinfo(raw string) (info string, clear bool) {
 	at := strings.LastIndexByte(raw, '@')
 	if at < 0 {
 		return "", true
@@ -182,9 +178,9 @@ func authorityStart(raw string) int {
 	return 0
 }
 
-// mentions reports whether msg contains three bytes in a row of info, as it
+// Mentions reports whether msg contains three bytes in a row of info, as it
 // is or percent-decoded.
-func mentions(msg, info string) bool {
+func Mentions(msg, info string) bool {
 	forms := []string{info}
 	if dec, err := url.PathUnescape(info); err == nil && dec != info {
 		forms = append(forms, dec)
@@ -199,7 +195,9 @@ func mentions(msg, info string) bool {
 	return false
 }
 
-func validateHostPort(addr string) error {
+// ValidateHostPort checks that addr is host:port with a host and a port
+// from 1 to 65535.
+func ValidateHostPort(addr string) error {
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
 		var ae *net.AddrError
