@@ -9,6 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -416,11 +419,11 @@ func TestConsumersSnippetIsTheDocumented(t *testing.T) {
 // stay true.
 
 // A plain fx.Replace of a concrete value replaces that concrete type, which
-// nobody asked for: the module's coordinator.Store stays the Redis store.
+// nobody asked for: the module's idemstore.Store stays the Redis store.
 func TestTrap_ReplaceWithoutAsDoesNothing(t *testing.T) {
 	clearEnv(t)
 	_, regOpt := registry()
-	var store coordinator.Store
+	var store idemstore.Store
 	app := uberfxtest.New(t, idempotency.Module, regOpt,
 		fx.Replace(memstore.New()), // the trap
 		fx.Populate(&store))
@@ -435,12 +438,12 @@ func TestTrap_ReplaceWithAsWorks(t *testing.T) {
 	clearEnv(t)
 	_, regOpt := registry()
 	mem := memstore.New()
-	var store coordinator.Store
+	var store idemstore.Store
 	app := uberfxtest.New(t, idempotency.Module, regOpt,
-		fx.Replace(fx.Annotate(mem, fx.As(new(coordinator.Store)))),
+		fx.Replace(fx.Annotate(mem, fx.As(new(idemstore.Store)))),
 		fx.Populate(&store))
 	defer app.RequireStart().RequireStop()
-	if store != coordinator.Store(mem) {
+	if store != idemstore.Store(mem) {
 		t.Fatalf("store is %T", store)
 	}
 }
@@ -452,7 +455,7 @@ func TestTrap_DecorateOfAPrivateTypeFails(t *testing.T) {
 	clearEnv(t)
 	_, regOpt := registry()
 	app := fx.New(idempotency.Module, fxtest.MemoryStore(), regOpt, fx.NopLogger,
-		fx.Decorate(func(o coordinator.Observer) coordinator.Observer { return o }),
+		fx.Decorate(func(o idemevent.Observer) idemevent.Observer { return o }),
 		fx.Invoke(func(*coordinator.Coordinator) {}))
 	if app.Err() == nil {
 		t.Fatal("decorating the module's private observer worked; update docs/testing.md")
@@ -462,17 +465,17 @@ func TestTrap_DecorateOfAPrivateTypeFails(t *testing.T) {
 func TestExtraObserversFromTheGroup(t *testing.T) {
 	clearEnv(t)
 	_, regOpt := registry()
-	var seen []coordinator.EventKind
-	obs := coordinator.ObserverFunc(func(_ context.Context, e coordinator.Event) { seen = append(seen, e.Kind) })
+	var seen []idemevent.Kind
+	obs := idemevent.ObserverFunc(func(_ context.Context, e idemevent.Event) { seen = append(seen, e.Kind) })
 	var c *coordinator.Coordinator
 	app := uberfxtest.New(t, idempotency.Module, fxtest.MemoryStore(), regOpt,
-		fx.Supply(fx.Annotate(obs, fx.As(new(coordinator.Observer)), fx.ResultTags(`group:"`+idempotency.ObserversGroup+`"`))),
+		fx.Supply(fx.Annotate(obs, fx.As(new(idemevent.Observer)), fx.ResultTags(`group:"`+idempotency.ObserversGroup+`"`))),
 		fx.Populate(&c))
 	defer app.RequireStart().RequireStop()
 	if _, err := coordinator.Do(t.Context(), c, coordinator.Call{Operation: "op", Key: "k"}, func(context.Context) (int, error) { return 1, nil }); err != nil {
 		t.Fatal(err)
 	}
-	if len(seen) == 0 || seen[0] != coordinator.EventStorageCall {
+	if len(seen) == 0 || seen[0] != idemevent.StorageCall {
 		t.Fatalf("the app's observer saw %v", seen)
 	}
 }

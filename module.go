@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel"
@@ -26,7 +29,7 @@ const RedisClientName = "idempotency.redis"
 // the app's own to the coordinator, beside its metrics and logs:
 //
 //	fx.Provide(fx.Annotate(newAuditObserver,
-//		fx.As(new(coordinator.Observer)),
+//		fx.As(new(idemevent.Observer)),
 //		fx.ResultTags(`group:"idempotency.observers"`)))
 const ObserversGroup = "idempotency.observers"
 
@@ -39,7 +42,7 @@ const ObserversGroup = "idempotency.observers"
 //
 //   - Settings, loaded from the IDEMPOTENCY_* environment (LoadSettings).
 //     Invalid settings stop the app with an error that names the variable.
-//   - coordinator.Store: the Redis store, which is also provided as
+//   - idemstore.Store: the Redis store, which is also provided as
 //     *redisrepo.Store for its operator tools (Inspect, Forget), e.g. for an
 //     admin endpoint. Unless the app supplies its own
 //     client (UseRedisClient), Module builds one from the settings, pings it
@@ -246,12 +249,12 @@ type storeParams struct {
 const BackendName = "idempotency.backend"
 
 // A Backend is a store other than Redis for Module: with one in the graph
-// under BackendName, Module's coordinator.Store is Backend.Store, Module
+// under BackendName, Module's idemstore.Store is Backend.Store, Module
 // builds no Redis client, and the Redis variables do not apply. Module runs
 // Start and Stop with the app's lifecycle, Start with the module's logger.
 type Backend struct {
 	// Store is the store; not nil.
-	Store coordinator.Store
+	Store idemstore.Store
 	// Start, if not nil, runs on start, after the settings and before the
 	// coordinator's hooks; an error stops start-up. It is where a store
 	// checks that it is configured right (and logs an outage as a warning:
@@ -271,9 +274,9 @@ type storeChoice struct {
 	Redis     *redisBuilder
 }
 
-// provideStore is the module's coordinator.Store: the app's Backend, else
+// provideStore is the module's idemstore.Store: the app's Backend, else
 // the Redis store.
-func provideStore(p storeChoice) (coordinator.Store, error) {
+func provideStore(p storeChoice) (idemstore.Store, error) {
 	if p.Backend == nil {
 		if p.Settings.PostgresURL != "" {
 			return nil, fmt.Errorf("%s_POSTGRES_URL is set, but the app has no PostgreSQL store: add idempg.Module (github.com/idemkit/idempotency/idempg) to the app, or unset the variable", EnvPrefix)
@@ -376,17 +379,17 @@ type observerParams struct {
 
 	Settings   Settings
 	Logger     moduleLogger
-	Registerer prometheus.Registerer  `optional:"true"`
-	Tracing    trace.TracerProvider   `optional:"true"`
-	Extra      []coordinator.Observer `group:"idempotency.observers"`
+	Registerer prometheus.Registerer `optional:"true"`
+	Tracing    trace.TracerProvider  `optional:"true"`
+	Extra      []idemevent.Observer  `group:"idempotency.observers"`
 }
 
-func provideObserver(p observerParams) (coordinator.Observer, error) {
+func provideObserver(p observerParams) (idemevent.Observer, error) {
 	obs, err := NewObserver(p.Settings, p.Logger.Logger, p.Registerer)
 	if err != nil {
 		return nil, err
 	}
-	list := []coordinator.Observer{obs}
+	list := []idemevent.Observer{obs}
 	if p.Settings.TracingEnabled {
 		tp := p.Tracing
 		if tp == nil {
@@ -419,8 +422,8 @@ type coordinatorParams struct {
 
 	Lifecycle fx.Lifecycle
 	Settings  Settings
-	Store     coordinator.Store
-	Observer  coordinator.Observer
+	Store     idemstore.Store
+	Observer  idemevent.Observer
 	Logger    moduleLogger
 }
 

@@ -21,6 +21,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
@@ -224,11 +227,11 @@ func TestModuleClosesTheClientItBuilt(t *testing.T) {
 	t.Setenv("IDEMPOTENCY_REDIS_URL", "redis://"+redistest.ServerOptions(t).Addr+"/0")
 	t.Setenv("IDEMPOTENCY_KEY_PREFIX", redistest.Prefix(t))
 	_, regOpt := registry()
-	var store coordinator.Store
+	var store idemstore.Store
 	app := fxtest.New(t, idempotency.Module, regOpt, fx.Populate(&store))
 	app.RequireStart()
 	app.RequireStop()
-	_, err := store.Get(t.Context(), coordinator.Key{Operation: "op", Key: "k"})
+	_, err := store.Get(t.Context(), idemstore.Key{Operation: "op", Key: "k"})
 	if !errors.Is(err, redis.ErrClosed) {
 		t.Fatalf("after stop: %v, want redis: client is closed", err)
 	}
@@ -251,7 +254,7 @@ func TestFxtestHelpers(t *testing.T) {
 	if s.OnStorageError != coordinator.OnStorageErrorRaise || s.InFlight != coordinator.InFlightWait {
 		t.Fatalf("modes: %v, %v", s.OnStorageError, s.InFlight)
 	}
-	fs.Fail(coordinator.MethodReserve, nil)
+	fs.Fail(idemevent.MethodReserve, nil)
 	var runs atomic.Int64
 	_, err := coordinator.Do(t.Context(), c, coordinator.Call{Operation: "op", Key: "k"}, charge(&runs))
 	if !errors.Is(err, coordinator.ErrStorage) || runs.Load() != 0 {
@@ -344,17 +347,17 @@ func TestModuleProvidesTheRedisStoreForOperatorTools(t *testing.T) {
 	_, regOpt := registry()
 	var c *coordinator.Coordinator
 	var admin *redisrepo.Store
-	var store coordinator.Store
+	var store idemstore.Store
 	app := fxtest.New(t, idempotency.Module, regOpt, fx.Populate(&c, &admin, &store))
 	app.RequireStart()
 	defer app.RequireStop()
-	if store != coordinator.Store(admin) {
-		t.Fatalf("coordinator.Store is %T %p, *redisrepo.Store is %p; want one store", store, store, admin)
+	if store != idemstore.Store(admin) {
+		t.Fatalf("idemstore.Store is %T %p, *redisrepo.Store is %p; want one store", store, store, admin)
 	}
 
 	var runs atomic.Int64
 	call := coordinator.Call{Operation: "payment.charge", Key: "admin-1"}
-	key := coordinator.Key{Operation: call.Operation, Key: call.Key}
+	key := idemstore.Key{Operation: call.Operation, Key: call.Key}
 	if _, err := coordinator.Do(t.Context(), c, call, charge(&runs)); err != nil {
 		t.Fatal(err)
 	}
@@ -362,7 +365,7 @@ func TestModuleProvidesTheRedisStoreForOperatorTools(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(infos) != 1 || infos[0].State != coordinator.StateCompleted || infos[0].RedisKey != prefix+"payment.charge:admin-1" {
+	if len(infos) != 1 || infos[0].State != idemstore.StateCompleted || infos[0].RedisKey != prefix+"payment.charge:admin-1" {
 		t.Fatalf("Inspect() = %+v; want the completed record under the settings' prefix", infos)
 	}
 	if n, err := admin.Forget(t.Context(), key); err != nil || n != 1 {
@@ -387,11 +390,11 @@ func TestModuleProvidesTheRedisStoreOverTheAppsClient(t *testing.T) {
 	if err := client.Set(t.Context(), prefix+"op:junk", "not a record", time.Minute).Err(); err != nil {
 		t.Fatal(err)
 	}
-	infos, err := admin.Inspect(t.Context(), coordinator.Key{Operation: "op", Key: "junk"}, coordinator.Key{Operation: "op", Key: "none"})
+	infos, err := admin.Inspect(t.Context(), idemstore.Key{Operation: "op", Key: "junk"}, idemstore.Key{Operation: "op", Key: "none"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(infos) != 2 || infos[0].State != coordinator.StateUnreadable || infos[1].State != coordinator.StateAbsent {
+	if len(infos) != 2 || infos[0].State != idemstore.StateUnreadable || infos[1].State != idemstore.StateAbsent {
 		t.Fatalf("Inspect() = %+v; want the junk key unreadable and the other absent", infos)
 	}
 }
@@ -591,10 +594,10 @@ func TestStderrScenarioChild(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		key := coordinator.Key{Operation: "payment.charge", Key: "k"}
-		obs.Observe(t.Context(), coordinator.Event{Kind: coordinator.EventHit, Key: key}) // Debug
-		obs.Observe(t.Context(), coordinator.Event{Kind: coordinator.EventError, Key: key, ErrorType: coordinator.ErrorStorageReserve,
-			Method: coordinator.MethodReserve, Err: errors.New("connection refused")})
+		key := idemstore.Key{Operation: "payment.charge", Key: "k"}
+		obs.Observe(t.Context(), idemevent.Event{Kind: idemevent.Hit, Key: key}) // Debug
+		obs.Observe(t.Context(), idemevent.Event{Kind: idemevent.Error, Key: key, ErrorType: idemevent.ErrorStorageReserve,
+			Method: idemevent.MethodReserve, Err: errors.New("connection refused")})
 	default:
 		t.Fatalf("unknown scenario %q", scenario)
 	}

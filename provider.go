@@ -8,6 +8,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
@@ -297,7 +300,7 @@ func newStderrLogger() (*zap.Logger, error) {
 // NewCoordinator returns the coordinator the settings describe, over store,
 // reporting to obs (nil: nothing). It returns an error when the settings are
 // invalid.
-func NewCoordinator(s Settings, store coordinator.Store, obs coordinator.Observer) (*coordinator.Coordinator, error) {
+func NewCoordinator(s Settings, store idemstore.Store, obs idemevent.Observer) (*coordinator.Coordinator, error) {
 	if err := s.Validate(); err != nil {
 		return nil, err
 	}

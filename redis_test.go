@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/fx"
@@ -385,8 +387,8 @@ func TestModuleOnSentinel(t *testing.T) {
 	// may lose the completion, and the key run again, as documented.
 	onMaster := redisrepo.New(direct, redisrepo.WithKeyPrefix(prefix))
 	eventually(t, func() error {
-		rec, err := onMaster.Get(t.Context(), coordinator.Key{Operation: first.Operation, Key: first.Key})
-		if err == nil && rec.State == coordinator.StateCompleted {
+		rec, err := onMaster.Get(t.Context(), idemstore.Key{Operation: first.Operation, Key: first.Key})
+		if err == nil && rec.State == idemstore.StateCompleted {
 			return nil
 		}
 		return fmt.Errorf("the first call's record is not completed on the master: state %v, %v; logged: %v", rec.State, err, logs.FilterLoggerName("idempotency").All())
@@ -1067,7 +1069,7 @@ func TestModuleWithAutoPipeline(t *testing.T) {
 
 			_, regOpt := registry()
 			var c *coordinator.Coordinator
-			var store coordinator.Store
+			var store idemstore.Store
 			var admin *redisrepo.Store
 			var s idempotency.Settings
 			app := fxtest.New(t, idempotency.Module, regOpt, fx.Supply(zap.NewNop()), fx.Populate(&c, &store, &admin, &s))
@@ -1080,23 +1082,23 @@ func TestModuleWithAutoPipeline(t *testing.T) {
 			storm(t, c, "payment.charge", 64, keys)
 
 			// The operator tools, several keys at once (one pipeline).
-			var ks []coordinator.Key
+			var ks []idemstore.Key
 			for _, k := range keys {
-				ks = append(ks, coordinator.Key{Operation: "payment.charge", Key: k})
+				ks = append(ks, idemstore.Key{Operation: "payment.charge", Key: k})
 			}
 			infos, err := admin.Inspect(t.Context(), ks...)
 			if err != nil || len(infos) != len(keys) {
 				t.Fatalf("Inspect() = %+v, %v; want %d records", infos, err, len(keys))
 			}
 			for _, info := range infos {
-				if info.State != coordinator.StateCompleted {
+				if info.State != idemstore.StateCompleted {
 					t.Errorf("Inspect(): %+v; want completed", info)
 				}
 			}
 			app.RequireStop()
 
 			// The store went through the client that stop closed.
-			_, err = store.Get(t.Context(), coordinator.Key{Operation: "payment.charge", Key: "first"})
+			_, err = store.Get(t.Context(), idemstore.Key{Operation: "payment.charge", Key: "first"})
 			if !errors.Is(err, redis.ErrClosed) {
 				t.Fatalf("after stop: %v, want redis: client is closed", err)
 			}

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"go.uber.org/fx"
 	"go.uber.org/fx/fxtest"
 	"go.uber.org/goleak"
@@ -756,7 +758,7 @@ func TestCoordinatorOptions(t *testing.T) {
 	}
 }
 
-// recordingStore is a coordinator.Store where every reservation succeeds; it
+// recordingStore is a idemstore.Store where every reservation succeeds; it
 // records the TTLs it is given, per operation.
 type recordingStore struct {
 	mu       sync.Mutex
@@ -765,9 +767,9 @@ type recordingStore struct {
 	complete map[string]time.Duration
 }
 
-var _ coordinator.Store = (*recordingStore)(nil)
+var _ idemstore.Store = (*recordingStore)(nil)
 
-func (r *recordingStore) Reserve(_ context.Context, key coordinator.Key, w coordinator.Write) (coordinator.Record, bool, error) {
+func (r *recordingStore) Reserve(_ context.Context, key idemstore.Key, w idemstore.Write) (idemstore.Record, bool, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.n++
@@ -775,17 +777,17 @@ func (r *recordingStore) Reserve(_ context.Context, key coordinator.Key, w coord
 		r.reserve = map[string]time.Duration{}
 	}
 	r.reserve[key.Operation] = w.TTL
-	return coordinator.Record{}, true, nil
+	return idemstore.Record{}, true, nil
 }
 
-func (r *recordingStore) Get(context.Context, coordinator.Key) (coordinator.Record, error) {
+func (r *recordingStore) Get(context.Context, idemstore.Key) (idemstore.Record, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.n++
-	return coordinator.Record{}, nil
+	return idemstore.Record{}, nil
 }
 
-func (r *recordingStore) Complete(_ context.Context, key coordinator.Key, _ string, c coordinator.Completion) (bool, error) {
+func (r *recordingStore) Complete(_ context.Context, key idemstore.Key, _ string, c idemstore.Completion) (bool, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.n++
@@ -796,14 +798,14 @@ func (r *recordingStore) Complete(_ context.Context, key coordinator.Key, _ stri
 	return true, nil
 }
 
-func (r *recordingStore) Release(context.Context, coordinator.Key, string) (bool, error) {
+func (r *recordingStore) Release(context.Context, idemstore.Key, string) (bool, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.n++
 	return true, nil
 }
 
-func (r *recordingStore) Renew(context.Context, coordinator.Key, string, time.Duration) (bool, error) {
+func (r *recordingStore) Renew(context.Context, idemstore.Key, string, time.Duration) (bool, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.n++
@@ -831,7 +833,7 @@ func (r *recordingStore) calls() int {
 // TestModesReachTheCoordinator checks IDEMPOTENCY_IN_FLIGHT and
 // IDEMPOTENCY_ON_STORAGE_ERROR by what the coordinator does with them.
 func TestModesReachTheCoordinator(t *testing.T) {
-	held := coordinator.Key{Operation: "payment.charge", Key: "held"}
+	held := idemstore.Key{Operation: "payment.charge", Key: "held"}
 	run := func(context.Context) (string, error) { return "ran", nil }
 	for _, tc := range []struct {
 		inFlight coordinator.InFlightMode
@@ -881,20 +883,20 @@ func TestModesReachTheCoordinator(t *testing.T) {
 // once failing is set.
 type modeStore struct {
 	recordingStore
-	held    coordinator.Key
+	held    idemstore.Key
 	failing bool
 }
 
 var errStoreDown = errors.New("store down")
 
-func (m *modeStore) Reserve(ctx context.Context, key coordinator.Key, w coordinator.Write) (coordinator.Record, bool, error) {
+func (m *modeStore) Reserve(ctx context.Context, key idemstore.Key, w idemstore.Write) (idemstore.Record, bool, error) {
 	if rec, handled, err := m.answer(key); handled {
 		return rec, false, err
 	}
 	return m.recordingStore.Reserve(ctx, key, w)
 }
 
-func (m *modeStore) Get(ctx context.Context, key coordinator.Key) (coordinator.Record, error) {
+func (m *modeStore) Get(ctx context.Context, key idemstore.Key) (idemstore.Record, error) {
 	if rec, handled, err := m.answer(key); handled {
 		return rec, err
 	}
@@ -903,14 +905,14 @@ func (m *modeStore) Get(ctx context.Context, key coordinator.Key) (coordinator.R
 
 // answer is what the store says without the recordingStore: an error when
 // failing, the other caller's reservation for the held key.
-func (m *modeStore) answer(key coordinator.Key) (rec coordinator.Record, handled bool, err error) {
+func (m *modeStore) answer(key idemstore.Key) (rec idemstore.Record, handled bool, err error) {
 	switch {
 	case m.failing:
-		return coordinator.Record{}, true, errStoreDown
+		return idemstore.Record{}, true, errStoreDown
 	case key == m.held:
-		return coordinator.Record{State: coordinator.StatePending, Token: "other", TTL: time.Second}, true, nil
+		return idemstore.Record{State: idemstore.StatePending, Token: "other", TTL: time.Second}, true, nil
 	}
-	return coordinator.Record{}, false, nil
+	return idemstore.Record{}, false, nil
 }
 
 // Every refusal comes back in one *SettingsError, each naming its variable.

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idempotency"
@@ -340,8 +342,8 @@ func BenchmarkWake(b *testing.B) {
 
 	var mu sync.Mutex
 	waiting := map[string]chan struct{}{} // key → told when B sees A's reservation
-	observer := coordinator.ObserverFunc(func(_ context.Context, e coordinator.Event) {
-		if e.Kind != coordinator.EventInFlight {
+	observer := idemevent.ObserverFunc(func(_ context.Context, e idemevent.Event) {
+		if e.Kind != idemevent.InFlight {
 			return
 		}
 		mu.Lock()

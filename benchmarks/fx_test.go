@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel"
@@ -82,7 +84,7 @@ func BenchmarkObserver(b *testing.B) {
 	withObserver := observability.Multi(metrics, idempotency.NewTracingObserver(s, otel.GetTracerProvider()))
 	for _, impl := range []struct {
 		name string
-		obs  coordinator.Observer
+		obs  idemevent.Observer
 	}{{"idemkit", nil}, {implFx, withObserver}} {
 		co, err := idempotency.NewCoordinator(s, memstore.New(), impl.obs)
 		if err != nil {

@@ -18,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idempotency"
@@ -186,7 +188,7 @@ func (s *side) coordinator(b *testing.B) *coordinator.Coordinator {
 // rawKey returns the Redis key that the store would use for key, so that both
 // impls write keys of the same shape.
 func (s *side) rawKey(key string) string {
-	return s.names.Key(coordinator.Key{Operation: operation, Key: key})
+	return s.names.Key(idemstore.Key{Operation: operation, Key: key})
 }
 
 // keyGen makes idempotency keys of 36 characters (the length of a UUID),

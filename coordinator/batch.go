@@ -4,15 +4,18 @@ import (
 	"context"
 	"sync"
 	"time"
+
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
 )
 
 // DoBatch runs a batch of calls as Do runs each of them, with the store
 // round trips of the batch shared: it reserves or reads every key at once
-// (one BulkStore.ReserveMany), runs the actions of the keys it reserved one
+// (one idemstore.BulkStore.ReserveMany), runs the actions of the keys it reserved one
 // after another in the order of calls, and completes them together: a
 // result is sent as soon as its action returns when no completion of the
 // batch is in flight, and the results that become ready meanwhile go
-// together in the next BulkStore.CompleteMany. A result thus waits for no
+// together in the next idemstore.BulkStore.CompleteMany. A result thus waits for no
 // more than one other round trip, whatever the actions after it take, and
 // a process that dies in the middle of a batch leaves no more actions run
 // and not recorded than single calls would. action(ctx, i) is the action of calls[i]; it runs
@@ -27,15 +30,15 @@ import (
 // leases renewed meanwhile, from the batch's reservation until their
 // completion. A ReserveMany that fails fails the keys whose outcome it
 // does not know (every key, unless the store says which it knows; see
-// BulkStore), each as its own call's Reserve would (the on-storage-error
+// idemstore.BulkStore), each as its own call's Reserve would (the on-storage-error
 // mode decides), and a CompleteMany that fails is retried per key in the
 // background, as a single completion is.
 //
 // DoBatch falls back to one call after another, each as DoResult, when the
-// store has no bulk operations, for a Transactor (each call then has its
+// store has no bulk operations, for an idemstore.Transactor (each call then has its
 // own transaction), in in-flight mode "run", for a fenced operation, and
-// when the coordinator is disabled. It reports EventBulkHit and
-// EventBulkMiss per operation when it used the bulk path.
+// when the coordinator is disabled. It reports idemevent.BulkHit and
+// idemevent.BulkMiss per operation when it used the bulk path.
 func DoBatch[T any](ctx context.Context, c *Coordinator, calls []Call, action func(ctx context.Context, i int) (T, error)) ([]Result[T], []error) {
 	res, errs := make([]Result[T], len(calls)), make([]error, len(calls))
 	if action == nil {
@@ -47,7 +50,7 @@ func DoBatch[T any](ctx context.Context, c *Coordinator, calls []Call, action fu
 	one := func(i int) {
 		res[i], errs[i] = do(ctx, c, calls[i], JSONCodec[T]{}, func(ctx context.Context) (T, error) { return action(ctx, i) })
 	}
-	bulk, ok := c.store.(BulkStore)
+	bulk, ok := c.store.(idemstore.BulkStore)
 	if !ok || !c.cfg.enabled || c.tx != nil || c.cfg.inFlight == InFlightRun {
 		for i := range calls {
 			one(i)
@@ -64,7 +67,7 @@ func DoBatch[T any](ctx context.Context, c *Coordinator, calls []Call, action fu
 // batch is one DoBatch on the bulk path.
 type batch[T any] struct {
 	c     *Coordinator
-	bulk  BulkStore
+	bulk  idemstore.BulkStore
 	res   []Result[T]
 	errs  []error
 	flows []*flow[T] // nil for a call that takes another path (see prepare)
@@ -96,11 +99,11 @@ type holding struct {
 // bulk path: valid, of an operation that is not fenced, and of a key not
 // met before in the batch.
 func (b *batch[T]) prepare(calls []Call, action func(context.Context, int) (T, error)) {
-	seen := make(map[Key]bool, len(calls))
+	seen := make(map[idemstore.Key]bool, len(calls))
 	b.again = make([]bool, len(calls))
 	for i, call := range calls {
 		ttl, err := b.c.check(call)
-		key := Key{Operation: call.Operation, Key: call.Key}
+		key := idemstore.Key{Operation: call.Operation, Key: call.Key}
 		switch {
 		case err != nil:
 			b.errs[i] = err
@@ -131,39 +134,39 @@ func (b *batch[T]) reserve(ctx context.Context) {
 	if n == 0 {
 		return
 	}
-	keys, ws := make([]Key, n), make([]Write, n)
+	keys, ws := make([]idemstore.Key, n), make([]idemstore.Write, n)
 	for j, i := range b.at {
 		f := b.flows[i]
 		keys[j] = f.key
-		ws[j] = Write{State: StatePending, Token: f.token, Fingerprint: f.fp, TTL: b.c.cfg.lease}
+		ws[j] = idemstore.Write{State: idemstore.StatePending, Token: f.token, Fingerprint: f.fp, TTL: b.c.cfg.lease}
 	}
 	first := b.flows[b.at[0]]
 	sctx, cancel, sent := first.begin(ctx)
 	existing, written, err := b.bulk.ReserveMany(sctx, keys, ws, false)
-	b.bulkCall(ctx, cancel, sent, MethodReserveMany, err)
+	b.bulkCall(ctx, cancel, sent, idemevent.MethodReserveMany, err)
 	b.answers, b.held, b.missed = make([]answer, n), make([]*holding, n), make([]bool, n)
 	partial := err != nil && len(existing) == n && len(written) == n
 	for j, i := range b.at {
 		a := &b.answers[j]
 		a.sent, a.err = sent, err
-		if err != nil && !(partial && (written[j] || existing[j].State != StateAbsent)) {
+		if err != nil && !(partial && (written[j] || existing[j].State != idemstore.StateAbsent)) {
 			continue // unknown: the entry takes the error, as its own Reserve would
 		}
 		a.err = nil
 		a.rec, a.written = existing[j], written[j]
-		if f := b.flows[i]; a.written || f.ours(a.rec, StatePending) {
+		if f := b.flows[i]; a.written || f.ours(a.rec, idemstore.StatePending) {
 			b.held[j] = b.hold(ctx, f, sent)
 		}
 	}
 }
 
 // bulkCall reports a bulk store call that ended with err.
-func (b *batch[T]) bulkCall(ctx context.Context, cancel context.CancelFunc, start time.Time, m Method, err error) {
+func (b *batch[T]) bulkCall(ctx context.Context, cancel context.CancelFunc, start time.Time, m idemevent.Method, err error) {
 	if cancel != nil {
 		cancel()
 	}
 	first := b.flows[b.at[0]]
-	b.c.obs.Observe(ctx, Event{Kind: EventStorageCall, Key: Key{Operation: first.key.Operation}, Method: m, Duration: time.Since(start), Err: err})
+	b.c.obs.Observe(ctx, idemevent.Event{Kind: idemevent.StorageCall, Key: idemstore.Key{Operation: first.key.Operation}, Method: m, Duration: time.Since(start), Err: err})
 }
 
 // hold starts the lease of f's reservation, sent at sent.
@@ -224,7 +227,7 @@ func (b *batch[T]) settle(ctx context.Context, j int) {
 		b.errs[i] = err
 		return
 	}
-	f.observe(ctx, Event{Kind: EventMiss})
+	f.observe(ctx, idemevent.Event{Kind: idemevent.Miss})
 	b.missed[j] = true
 	err := f.run(h.actx)
 	b.res[i] = f.mine()
@@ -300,21 +303,21 @@ func (b *batch[T]) complete(ctx context.Context, js []int) {
 	if len(keep) == 0 {
 		return
 	}
-	keys, tokens, cs := make([]Key, len(keep)), make([]string, len(keep)), make([]Completion, len(keep))
+	keys, tokens, cs := make([]idemstore.Key, len(keep)), make([]string, len(keep)), make([]idemstore.Completion, len(keep))
 	for n, j := range keep {
 		f := b.flows[b.at[j]]
 		keys[n], tokens[n] = f.key, f.token
-		cs[n] = Completion{State: f.state, Result: f.payload, TTL: f.ttl}
+		cs[n] = idemstore.Completion{State: f.state, Result: f.payload, TTL: f.ttl}
 	}
 	dctx := context.WithoutCancel(ctx)
 	sctx, cancel, start := b.flows[b.at[keep[0]]].begin(dctx)
 	ok, err := b.bulk.CompleteMany(sctx, keys, tokens, cs)
-	b.bulkCall(ctx, cancel, start, MethodCompleteMany, err)
+	b.bulkCall(ctx, cancel, start, idemevent.MethodCompleteMany, err)
 	for n, j := range keep {
 		f, h := b.flows[b.at[j]], b.held[j]
 		h.cancel(nil)
 		if err != nil {
-			f.storageFailed(ctx, ErrorStorageSave, MethodComplete, err)
+			f.storageFailed(ctx, idemevent.ErrorStorageSave, idemevent.MethodComplete, err)
 			f.saveLater(ctx, h.renewer.deadline.Add(watchdogMargin(b.c.cfg.lease)))
 			continue
 		}
@@ -344,10 +347,10 @@ func (b *batch[T]) count(ctx context.Context) {
 	}
 	for _, op := range order {
 		if n := per[op]; n.hits > 0 {
-			b.c.obs.Observe(ctx, Event{Kind: EventBulkHit, Key: Key{Operation: op}, Count: n.hits})
+			b.c.obs.Observe(ctx, idemevent.Event{Kind: idemevent.BulkHit, Key: idemstore.Key{Operation: op}, Count: n.hits})
 		}
 		if n := per[op]; n.misses > 0 {
-			b.c.obs.Observe(ctx, Event{Kind: EventBulkMiss, Key: Key{Operation: op}, Count: n.misses})
+			b.c.obs.Observe(ctx, idemevent.Event{Kind: idemevent.BulkMiss, Key: idemstore.Key{Operation: op}, Count: n.misses})
 		}
 	}
 }

@@ -10,6 +10,9 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/coordinator/faultstore"
 	"github.com/idemkit/idempotency/coordinator/memstore"
@@ -57,18 +60,18 @@ func TestDoBatchOneRoundTripEach(t *testing.T) {
 	}
 	// The completions: the first result is sent at once, and those that
 	// are ready while it is in flight go in the next CompleteMany.
-	completions := fs.Calls(coordinator.MethodCompleteMany)
-	if r := fs.Calls(coordinator.MethodReserveMany); r != 1 || completions < 1 || completions > 5 || fs.Calls(coordinator.MethodReserve)+fs.Calls(coordinator.MethodComplete) != 0 {
+	completions := fs.Calls(idemevent.MethodCompleteMany)
+	if r := fs.Calls(idemevent.MethodReserveMany); r != 1 || completions < 1 || completions > 5 || fs.Calls(idemevent.MethodReserve)+fs.Calls(idemevent.MethodComplete) != 0 {
 		t.Errorf("store calls: %d reserve_many, %d complete_many, %d reserve, %d complete; want one ReserveMany and 1 to 5 CompleteMany",
-			r, completions, fs.Calls(coordinator.MethodReserve), fs.Calls(coordinator.MethodComplete))
+			r, completions, fs.Calls(idemevent.MethodReserve), fs.Calls(idemevent.MethodComplete))
 	}
-	if n := fx.rec.calls(coordinator.MethodReserveMany); n != 1 {
+	if n := fx.rec.calls(idemevent.MethodReserveMany); n != 1 {
 		t.Errorf("%d reserve_many storage call events, want 1", n)
 	}
-	if n := fx.rec.count(coordinator.EventMiss, ""); n != 5 {
+	if n := fx.rec.count(idemevent.Miss, ""); n != 5 {
 		t.Errorf("%d miss events, want 5", n)
 	}
-	if n := fx.rec.count(coordinator.EventStored, ""); n != 5 {
+	if n := fx.rec.count(idemevent.Stored, ""); n != 5 {
 		t.Errorf("%d stored events, want 5", n)
 	}
 	wantBulk(t, fx.rec, 0, 5)
@@ -80,7 +83,7 @@ func TestDoBatchOneRoundTripEach(t *testing.T) {
 			t.Errorf("replayed call %d: %+v, %v, %d runs; want the stored result", i, res[i], errs[i], act.runs[c.Key])
 		}
 	}
-	if r, c := fs.Calls(coordinator.MethodReserveMany), fs.Calls(coordinator.MethodCompleteMany); r != 2 || c != completions {
+	if r, c := fs.Calls(idemevent.MethodReserveMany), fs.Calls(idemevent.MethodCompleteMany); r != 2 || c != completions {
 		t.Errorf("store calls after the replay: %d reserve, %d complete; want 2 and 1", r, c)
 	}
 	wantBulk(t, fx.rec, 5, 5)
@@ -92,9 +95,9 @@ func wantBulk(t *testing.T, rec *recorder, hits, misses int) {
 	var h, m int
 	for _, e := range rec.all() {
 		switch e.Kind {
-		case coordinator.EventBulkHit:
+		case idemevent.BulkHit:
 			h += e.Count
-		case coordinator.EventBulkMiss:
+		case idemevent.BulkMiss:
 			m += e.Count
 		}
 	}
@@ -111,11 +114,11 @@ func TestDoBatchGroupsCompletions(t *testing.T) {
 	release, sentA := make(chan struct{}), make(chan struct{})
 	var sizes []int
 	var mu sync.Mutex
-	fs.Before(coordinator.MethodCompleteMany, func(ctx context.Context, k coordinator.Key) error {
+	fs.Before(idemevent.MethodCompleteMany, func(ctx context.Context, k idemstore.Key) error {
 		mu.Lock()
 		defer mu.Unlock()
 		// The call is counted before its hook runs for each of its keys.
-		for len(sizes) < fs.Calls(coordinator.MethodCompleteMany) {
+		for len(sizes) < fs.Calls(idemevent.MethodCompleteMany) {
 			sizes = append(sizes, 0)
 		}
 		sizes[len(sizes)-1]++
@@ -147,12 +150,12 @@ func TestDoBatchGroupsCompletions(t *testing.T) {
 
 func TestDoBatchMixed(t *testing.T) {
 	fx, s := newMem(t, coordinator.WithInFlight(coordinator.InFlightRaise))
-	done := coordinator.Key{Operation: "payment.charge", Key: "done"}
-	s.Put(done, coordinator.Record{State: coordinator.StateCompleted, Token: "t", Result: []byte(`"stored"`), TTL: time.Hour})
-	s.Put(coordinator.Key{Operation: "payment.charge", Key: "held"}, coordinator.Record{State: coordinator.StatePending, Token: "other", TTL: time.Hour})
-	s.Put(coordinator.Key{Operation: "payment.charge", Key: "reused"}, coordinator.Record{State: coordinator.StateCompleted, Token: "t", Fingerprint: "fp-old", Result: []byte(`"x"`), TTL: time.Hour})
-	s.Put(coordinator.Key{Operation: "payment.charge", Key: "gone"}, coordinator.Record{State: coordinator.StateNotReplayable, Token: "t", Result: []byte("too big"), TTL: time.Hour})
-	s.Put(coordinator.Key{Operation: "payment.charge", Key: "bad"}, coordinator.Record{State: coordinator.StateUnreadable, TTL: time.Hour})
+	done := idemstore.Key{Operation: "payment.charge", Key: "done"}
+	s.Put(done, idemstore.Record{State: idemstore.StateCompleted, Token: "t", Result: []byte(`"stored"`), TTL: time.Hour})
+	s.Put(idemstore.Key{Operation: "payment.charge", Key: "held"}, idemstore.Record{State: idemstore.StatePending, Token: "other", TTL: time.Hour})
+	s.Put(idemstore.Key{Operation: "payment.charge", Key: "reused"}, idemstore.Record{State: idemstore.StateCompleted, Token: "t", Fingerprint: "fp-old", Result: []byte(`"x"`), TTL: time.Hour})
+	s.Put(idemstore.Key{Operation: "payment.charge", Key: "gone"}, idemstore.Record{State: idemstore.StateNotReplayable, Token: "t", Result: []byte("too big"), TTL: time.Hour})
+	s.Put(idemstore.Key{Operation: "payment.charge", Key: "bad"}, idemstore.Record{State: idemstore.StateUnreadable, TTL: time.Hour})
 	cs := calls("new", "done", "held", "reused", "gone", "bad", "", "new", "fails")
 	cs[3].Fingerprint = "fp-new"
 	act := newBatchAction(cs)
@@ -185,10 +188,10 @@ func TestDoBatchMixed(t *testing.T) {
 			t.Errorf("%q ran %d times, want %d", k, act.runs[k], n)
 		}
 	}
-	if rec := s.Snapshot(coordinator.Key{Operation: "payment.charge", Key: "fails"}); rec.State != coordinator.StateAbsent {
+	if rec := s.Snapshot(idemstore.Key{Operation: "payment.charge", Key: "fails"}); rec.State != idemstore.StateAbsent {
 		t.Errorf("the key whose action failed holds %v, want it released", rec.State)
 	}
-	if rec := s.Snapshot(coordinator.Key{Operation: "payment.charge", Key: "new"}); rec.State != coordinator.StateCompleted {
+	if rec := s.Snapshot(idemstore.Key{Operation: "payment.charge", Key: "new"}); rec.State != idemstore.StateCompleted {
 		t.Errorf("the new key holds %v, want completed", rec.State)
 	}
 	// Replays: "done", and "new" a second time; misses: new and fails
@@ -199,11 +202,11 @@ func TestDoBatchMixed(t *testing.T) {
 func TestDoBatchWaitsForAHolder(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		fx, s := newMem(t, coordinator.WithInFlight(coordinator.InFlightWait))
-		held := coordinator.Key{Operation: "payment.charge", Key: "held"}
-		s.Put(held, coordinator.Record{State: coordinator.StatePending, Token: "other", TTL: time.Hour})
+		held := idemstore.Key{Operation: "payment.charge", Key: "held"}
+		s.Put(held, idemstore.Record{State: idemstore.StatePending, Token: "other", TTL: time.Hour})
 		go func() {
 			time.Sleep(3 * time.Second)
-			if ok, err := s.Complete(context.Background(), held, "other", coordinator.Completion{State: coordinator.StateCompleted, Result: []byte(`"theirs"`), TTL: time.Hour}); !ok || err != nil {
+			if ok, err := s.Complete(context.Background(), held, "other", idemstore.Completion{State: idemstore.StateCompleted, Result: []byte(`"theirs"`), TTL: time.Hour}); !ok || err != nil {
 				panic(fmt.Sprint("complete: ", ok, err))
 			}
 		}()
@@ -220,7 +223,7 @@ func TestDoBatchWaitsForAHolder(t *testing.T) {
 		}
 		// memstore has no Watch: the wait polls, and ends at the first
 		// poll after the completion.
-		if w := fx.rec.waits(); len(w) != 1 || w[0].Outcome != coordinator.WaitHit || w[0].Duration < 3*time.Second {
+		if w := fx.rec.waits(); len(w) != 1 || w[0].Outcome != idemevent.WaitHit || w[0].Duration < 3*time.Second {
 			t.Errorf("waits %+v, want one that ended with a hit after 3s or more", w)
 		}
 	})
@@ -244,14 +247,14 @@ func TestDoBatchKeepsLeasesWhileItRuns(t *testing.T) {
 			if errs[i] != nil || res[i].Value != cs[i].Key {
 				t.Fatalf("call %d: %+v, %v", i, res[i], errs[i])
 			}
-			if rec := s.Snapshot(coordinator.Key{Operation: "payment.charge", Key: cs[i].Key}); rec.State != coordinator.StateCompleted {
+			if rec := s.Snapshot(idemstore.Key{Operation: "payment.charge", Key: cs[i].Key}); rec.State != idemstore.StateCompleted {
 				t.Errorf("key %q holds %v, want completed", cs[i].Key, rec.State)
 			}
 		}
-		if n := fx.rec.errors(coordinator.ErrorLeaseLost); n != 0 {
+		if n := fx.rec.errors(idemevent.ErrorLeaseLost); n != 0 {
 			t.Errorf("%d lease_lost errors, want none", n)
 		}
-		if n := fx.rec.calls(coordinator.MethodRenew); n < 2*4 {
+		if n := fx.rec.calls(idemevent.MethodRenew); n < 2*4 {
 			t.Errorf("%d renewals, want both leases renewed through the slow action", n)
 		}
 	})
@@ -273,9 +276,9 @@ func TestDoBatchPanicKeepsWhatRan(t *testing.T) {
 			return cs[i].Key, nil
 		})
 	}()
-	want := map[string]coordinator.State{"first": coordinator.StateCompleted, "panics": coordinator.StateAbsent, "never": coordinator.StateAbsent}
+	want := map[string]idemstore.State{"first": idemstore.StateCompleted, "panics": idemstore.StateAbsent, "never": idemstore.StateAbsent}
 	for k, st := range want {
-		if got := s.Snapshot(coordinator.Key{Operation: "payment.charge", Key: k}).State; got != st {
+		if got := s.Snapshot(idemstore.Key{Operation: "payment.charge", Key: k}).State; got != st {
 			t.Errorf("after the panic, %q holds %v, want %v", k, got, st)
 		}
 	}
@@ -287,7 +290,7 @@ func TestDoBatchStoreFails(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				fs := faultstore.Wrap(memstore.New())
 				fx := newFixture(t, fs, coordinator.WithOnStorageError(mode))
-				fs.FailOnce(coordinator.MethodReserveMany, nil)
+				fs.FailOnce(idemevent.MethodReserveMany, nil)
 				cs := calls("a", "b")
 				act := newBatchAction(cs)
 				res, errs := coordinator.DoBatch(t.Context(), fx.c, cs, act.run)
@@ -314,7 +317,7 @@ func TestDoBatchCompleteManyFailsIsRetried(t *testing.T) {
 		inner := memstore.New()
 		fs := faultstore.Wrap(inner)
 		fx := newFixture(t, fs)
-		fs.FailOnce(coordinator.MethodCompleteMany, nil)
+		fs.FailOnce(idemevent.MethodCompleteMany, nil)
 		cs := calls("a", "b")
 		act := newBatchAction(cs)
 		_, errs := coordinator.DoBatch(t.Context(), fx.c, cs, act.run)
@@ -324,7 +327,7 @@ func TestDoBatchCompleteManyFailsIsRetried(t *testing.T) {
 		time.Sleep(time.Second)
 		synctest.Wait()
 		for _, c := range cs {
-			if rec := inner.Snapshot(coordinator.Key{Operation: c.Operation, Key: c.Key}); rec.State != coordinator.StateCompleted {
+			if rec := inner.Snapshot(idemstore.Key{Operation: c.Operation, Key: c.Key}); rec.State != idemstore.StateCompleted {
 				t.Errorf("%q holds %v after the background retry, want completed", c.Key, rec.State)
 			}
 		}
@@ -332,7 +335,7 @@ func TestDoBatchCompleteManyFailsIsRetried(t *testing.T) {
 }
 
 // noBulk is a store without bulk operations.
-type noBulk struct{ coordinator.Store }
+type noBulk struct{ idemstore.Store }
 
 func TestDoBatchWithoutBulkStore(t *testing.T) {
 	fx := newFixture(t, noBulk{memstore.New()})
@@ -342,7 +345,7 @@ func TestDoBatchWithoutBulkStore(t *testing.T) {
 	if errs[0] != nil || errs[1] != nil || errs[2] != nil || !res[2].Replayed || act.runs["a"] != 1 {
 		t.Errorf("results %+v, errors %v, runs %v; want one run per key", res, errs, act.runs)
 	}
-	if n := fx.rec.calls(coordinator.MethodReserveMany); n != 0 {
+	if n := fx.rec.calls(idemevent.MethodReserveMany); n != 0 {
 		t.Errorf("%d reserve_many calls on a store without bulk operations", n)
 	}
 }
@@ -404,7 +407,7 @@ func TestDoBatchConcurrent(t *testing.T) {
 // key as its mode says; a hung CompleteMany ends there too, and the results
 // are stored by the per-key retries.
 func TestDoBatchBulkCallsHang(t *testing.T) {
-	hang := func(ctx context.Context, _ coordinator.Key) error {
+	hang := func(ctx context.Context, _ idemstore.Key) error {
 		<-ctx.Done()
 		return ctx.Err()
 	}
@@ -412,7 +415,7 @@ func TestDoBatchBulkCallsHang(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			fs := faultstore.Wrap(memstore.New())
 			fx := newFixture(t, fs, coordinator.WithStorageTimeout(time.Second), coordinator.WithOnStorageError(coordinator.OnStorageErrorRaise))
-			fs.Before(coordinator.MethodReserveMany, hang)
+			fs.Before(idemevent.MethodReserveMany, hang)
 			cs := calls("a", "b")
 			act := newBatchAction(cs)
 			start := time.Now()
@@ -433,7 +436,7 @@ func TestDoBatchBulkCallsHang(t *testing.T) {
 			inner := memstore.New()
 			fs := faultstore.Wrap(inner)
 			fx := newFixture(t, fs, coordinator.WithStorageTimeout(time.Second))
-			fs.Before(coordinator.MethodCompleteMany, hang)
+			fs.Before(idemevent.MethodCompleteMany, hang)
 			cs := calls("a", "b")
 			act := newBatchAction(cs)
 			start := time.Now()
@@ -447,11 +450,11 @@ func TestDoBatchBulkCallsHang(t *testing.T) {
 			time.Sleep(5 * time.Second)
 			synctest.Wait()
 			for _, c := range cs {
-				if rec := inner.Snapshot(coordinator.Key{Operation: c.Operation, Key: c.Key}); rec.State != coordinator.StateCompleted {
+				if rec := inner.Snapshot(idemstore.Key{Operation: c.Operation, Key: c.Key}); rec.State != idemstore.StateCompleted {
 					t.Errorf("%q holds %v after the per-key retries, want completed", c.Key, rec.State)
 				}
 			}
-			if n := fx.rec.errors(coordinator.ErrorStorageSave); n < 1 {
+			if n := fx.rec.errors(idemevent.ErrorStorageSave); n < 1 {
 				t.Errorf("%d storage_save_error events, want the hung CompleteMany reported", n)
 			}
 		})
@@ -465,19 +468,19 @@ type halfDown struct{ *memstore.Store }
 
 var errNodeDown = errors.New("dial tcp: connection refused")
 
-func (s halfDown) ReserveMany(ctx context.Context, keys []coordinator.Key, ws []coordinator.Write, allOrNothing bool) ([]coordinator.Record, []bool, error) {
+func (s halfDown) ReserveMany(ctx context.Context, keys []idemstore.Key, ws []idemstore.Write, allOrNothing bool) ([]idemstore.Record, []bool, error) {
 	h := len(keys) / 2
 	existing, written, err := s.Store.ReserveMany(ctx, keys[:h], ws[:h], allOrNothing)
 	if err != nil {
 		return nil, nil, err
 	}
-	return append(existing, make([]coordinator.Record, len(keys)-h)...), append(written, make([]bool, len(keys)-h)...), errNodeDown
+	return append(existing, make([]idemstore.Record, len(keys)-h)...), append(written, make([]bool, len(keys)-h)...), errNodeDown
 }
 
 func TestDoBatchPartOfTheStoreDown(t *testing.T) {
 	s := memstore.New()
 	fx := newFixture(t, halfDown{s}, coordinator.WithOnStorageError(coordinator.OnStorageErrorRaise))
-	s.Put(coordinator.Key{Operation: "payment.charge", Key: "done"}, coordinator.Record{State: coordinator.StateCompleted, Token: "t", Result: []byte(`"stored"`), TTL: time.Hour})
+	s.Put(idemstore.Key{Operation: "payment.charge", Key: "done"}, idemstore.Record{State: idemstore.StateCompleted, Token: "t", Result: []byte(`"stored"`), TTL: time.Hour})
 	cs := calls("a", "done", "c", "d") // a and done reach the store; c and d do not
 	act := newBatchAction(cs)
 	res, errs := coordinator.DoBatch(t.Context(), fx.c, cs, act.run)

@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
 )
 
 // Coordinator runs actions once per idempotency key. Create one with New and
@@ -12,16 +15,16 @@ import (
 // wait on the same key share one poll loop. Calls go through Do, DoResult,
 // DoWithCodec or Execute.
 type Coordinator struct {
-	store  Store
-	fencer Fencer     // store, when it hands out fences; nil otherwise
-	tx     Transactor // store, when it claims keys in transactions; nil otherwise
+	store  idemstore.Store
+	fencer idemstore.Fencer     // store, when it hands out fences; nil otherwise
+	tx     idemstore.Transactor // store, when it claims keys in transactions; nil otherwise
 	cfg    config
-	obs    Observer
+	obs    idemevent.Observer
 	// deadlines are the storage timeout's shared deadlines (see begin).
 	deadlines *deadlines
 
 	mu    sync.Mutex
-	polls map[Key]*poll
+	polls map[idemstore.Key]*poll
 	bg    int        // running background goroutines (poll loops, saves, releases); guarded by mu
 	idle  *sync.Cond // on mu: broadcast when bg drops to 0
 	// cleanups counts the background releases of refused calls in flight;
@@ -33,7 +36,7 @@ type Coordinator struct {
 // Coordinator, when store is nil or an option's value is refused: a mode is
 // unknown, or a duration or limit makes no sense. The error names every
 // refused option, each as an *OptionError.
-func New(store Store, opts ...Option) (*Coordinator, error) {
+func New(store idemstore.Store, opts ...Option) (*Coordinator, error) {
 	if store == nil {
 		return nil, errors.New("idempotency: invalid coordinator configuration: store is nil")
 	}
@@ -41,13 +44,13 @@ func New(store Store, opts ...Option) (*Coordinator, error) {
 	if err != nil {
 		return nil, err
 	}
-	fencer, _ := store.(Fencer)
+	fencer, _ := store.(idemstore.Fencer)
 	if cfg.fenced != nil && fencer == nil {
 		return nil, fmt.Errorf("idempotency: invalid coordinator configuration: %w", &OptionError{Option: "WithFencedOperations",
 			Err: fmt.Errorf("the store (%T) hands out no fences: it does not implement coordinator.Fencer", store)})
 	}
-	tx, _ := store.(Transactor)
-	c := &Coordinator{store: store, fencer: fencer, tx: tx, cfg: cfg, obs: cfg.observer, polls: make(map[Key]*poll),
+	tx, _ := store.(idemstore.Transactor)
+	c := &Coordinator{store: store, fencer: fencer, tx: tx, cfg: cfg, obs: cfg.observer, polls: make(map[idemstore.Key]*poll),
 		deadlines: newDeadlines(cfg.storageTimeout)}
 	c.idle = sync.NewCond(&c.mu)
 	return c, nil
@@ -89,7 +92,7 @@ func (c *Coordinator) backgroundLocked(f func()) {
 	}()
 }
 
-// ReportUnprotected reports an EventUnprotected (Method MethodNone) for an
+// ReportUnprotected reports an idemevent.Unprotected (Method idemevent.MethodNone) for an
 // action of operation that runs without a key, so that metrics count what Do
 // never saw; it reports nothing when the kill switch is off or operation is
 // invalid.
@@ -97,7 +100,7 @@ func (c *Coordinator) ReportUnprotected(ctx context.Context, operation string) {
 	if !c.cfg.enabled || ValidateOperation(operation) != nil {
 		return
 	}
-	c.obs.Observe(ctx, Event{Kind: EventUnprotected, Key: Key{Operation: operation}, Method: MethodNone})
+	c.obs.Observe(ctx, idemevent.Event{Kind: idemevent.Unprotected, Key: idemstore.Key{Operation: operation}, Method: idemevent.MethodNone})
 }
 
 // Enabled reports whether the coordinator protects calls (WithEnabled), so

@@ -9,6 +9,9 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/coordinator/memstore"
 )
@@ -23,13 +26,13 @@ type ctxStore struct {
 	ctxs []context.Context
 }
 
-func (s *ctxStore) Reserve(ctx context.Context, key coordinator.Key, w coordinator.Write) (coordinator.Record, bool, error) {
+func (s *ctxStore) Reserve(ctx context.Context, key idemstore.Key, w idemstore.Write) (idemstore.Record, bool, error) {
 	s.mu.Lock()
 	s.ctxs = append(s.ctxs, ctx)
 	s.mu.Unlock()
 	if s.hang {
 		<-ctx.Done()
-		return coordinator.Record{}, false, &coordinator.StorageError{Method: coordinator.MethodReserve, Err: ctx.Err()}
+		return idemstore.Record{}, false, &coordinator.StorageError{Method: idemevent.MethodReserve, Err: ctx.Err()}
 	}
 	return s.Store.Reserve(ctx, key, w)
 }
@@ -211,7 +214,7 @@ type timedStore struct {
 
 type timedCall struct{ at, deadline time.Time }
 
-func (s *timedStore) Reserve(ctx context.Context, key coordinator.Key, w coordinator.Write) (coordinator.Record, bool, error) {
+func (s *timedStore) Reserve(ctx context.Context, key idemstore.Key, w idemstore.Write) (idemstore.Record, bool, error) {
 	at := time.Now()
 	d, _ := ctx.Deadline()
 	s.mu.Lock()

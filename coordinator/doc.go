@@ -1,7 +1,7 @@
 // Package coordinator makes an operation run once per idempotency key.
 //
 // A caller hands the Coordinator an operation name, a key and an action. The
-// coordinator reserves the key in a Store (one round trip that also returns an
+// coordinator reserves the key in a store (one round trip that also returns an
 // existing record), runs the action while a renewer keeps the reservation's
 // lease, stores the result if the reservation is still its own, and hands the
 // same result to every later call with the same key:
@@ -38,28 +38,23 @@
 //
 // # Observing
 //
-// What an observer author writes against, all in observer.go: Observer,
-// ObserverFunc and NopObserver; Event and its EventKind; the bounded label
-// sets ErrorType, Method and WaitOutcome with ErrorTypes, Methods and
-// WaitOutcomes to pre-initialise metrics. The package observability is the
-// model. They stay in this package, not a subpackage, because an Event
-// carries the call's Key and InFlightMode, which callers and stores use too:
-// a subpackage would have to import this one, which imports it back through
-// WithObserver.
+// What an observer author writes against lives in the package idemevent:
+// the Observer that WithObserver takes, the Event it receives, and the
+// bounded label sets that metrics pre-initialise. The package observability
+// is the model.
 //
 // # Writing a store
 //
-// What a store author implements: Store (Reserve, Get, Complete, Release,
-// Renew) over Key, Reservation, Record, State, Write and Completion,
-// optionally Watcher for cross-process wake-ups; OffRequestPath tells a
-// store which calls no caller waits for. A store that commits the record
-// with the action's own writes in one database transaction implements
-// Transactor (Claim, Begin) and Claim: the coordinator then runs every call
-// inside the claim's transaction instead of under a lease (idempg.Store is
-// the model). ErrConflict and ErrMisconfigured mark what such a store
+// What a store author implements lives in the package idemstore: the Store
+// interface and its records, the optional Watcher, Fencer and BulkStore,
+// and Transactor for a store that commits the record with the action's own
+// writes in one database transaction (idempg.Store is the model). Of this
+// package a store uses OffRequestPath, which tells it which calls no caller
+// waits for, and ErrConflict and ErrMisconfigured, which mark what it
 // answers that is not an outage, so that no call runs unprotected for it.
 //
-// This package imports nothing but the standard library. Stores live
-// elsewhere: memstore (in memory, for tests), the Redis store in redisrepo, or
-// your own, checked with the conformance suite in storetest.
+// This package imports nothing but the standard library and those two.
+// Stores live elsewhere: memstore (in memory, for tests), the Redis store
+// in redisrepo, the PostgreSQL store in idempg, or your own, checked with the
+// conformance suite in storetest.
 package coordinator

@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+
+	"github.com/idemkit/idempotency/coordinator/idemstore"
 )
 
 // downstreamKey is the context key of a running action's call, from which
@@ -15,7 +17,7 @@ type downstreamStepKey struct{}
 
 // withDownstream returns ctx carrying k, for the action of k's call: every
 // run of an action, protected or not, sees it.
-func withDownstream(ctx context.Context, k Key) context.Context {
+func withDownstream(ctx context.Context, k idemstore.Key) context.Context {
 	return context.WithValue(ctx, downstreamKey{}, k)
 }
 
@@ -35,7 +37,7 @@ func withDownstream(ctx context.Context, k Key) context.Context {
 // that calls out more than once names each call's step, or every call
 // carries the same key (docs/effects.md).
 func DownstreamKey(ctx context.Context) (string, bool) {
-	k, ok := ctx.Value(downstreamKey{}).(Key)
+	k, ok := ctx.Value(downstreamKey{}).(idemstore.Key)
 	if !ok {
 		return "", false
 	}
@@ -58,7 +60,7 @@ func WithDownstreamStep(ctx context.Context, step string) context.Context {
 // phases and outside calls with it. Inside an action, ctx already carries
 // its call's.
 func WithDownstream(ctx context.Context, call Call) context.Context {
-	return withDownstream(ctx, Key{Operation: call.Operation, Key: call.Key})
+	return withDownstream(ctx, idemstore.Key{Operation: call.Operation, Key: call.Key})
 }
 
 // downstreamDomain separates the downstream keys' hash from any other use
@@ -70,7 +72,7 @@ const downstreamDomain = "idemkit downstream key v1\x00"
 // hold no NUL byte (ValidateOperation, ValidateKey), so NUL separates them,
 // and the step, which may hold any byte, comes last: distinct triples hash
 // distinct inputs.
-func deriveDownstream(k Key, step string) string {
+func deriveDownstream(k idemstore.Key, step string) string {
 	h := sha256.New()
 	h.Write([]byte(downstreamDomain))
 	h.Write([]byte(k.Operation))

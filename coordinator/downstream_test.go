@@ -6,6 +6,9 @@ import (
 	"regexp"
 	"testing"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/coordinator/faultstore"
 	"github.com/idemkit/idempotency/coordinator/memstore"
@@ -47,13 +50,13 @@ func TestDownstreamKeySameOnEveryRun(t *testing.T) {
 	}
 	// The record is lost (a failover, an operator's delete): the action
 	// runs again, in another coordinator of the same store.
-	s.Put(coordinator.Key{Operation: cl.Operation, Key: cl.Key}, coordinator.Record{})
+	s.Put(idemstore.Key{Operation: cl.Operation, Key: cl.Key}, idemstore.Record{})
 	other := newFixture(t, s)
 	paths := map[string]*coordinator.Coordinator{"after a lost record, another coordinator": other.c}
 	paths["in-flight mode run"] = newFixture(t, memstore.New(), coordinator.WithInFlight(coordinator.InFlightRun)).c
 	paths["the kill switch"] = newFixture(t, memstore.New(), coordinator.WithEnabled(false)).c
 	down := faultstore.Wrap(memstore.New())
-	down.Fail(coordinator.MethodReserve, errors.New("connection refused"))
+	down.Fail(idemevent.MethodReserve, errors.New("connection refused"))
 	paths["a store that is down, mode run"] = newFixture(t, down, coordinator.WithOnStorageError(coordinator.OnStorageErrorRun)).c
 	paths["a transaction"] = newFixture(t, newTxStore()).c
 	paths["a transaction, the kill switch"] = newFixture(t, newTxStore(), coordinator.WithEnabled(false)).c
@@ -119,7 +122,7 @@ func TestDownstreamKeyDistinct(t *testing.T) {
 	for i, k := range first {
 		add("checkout-7 step "+[]string{`""`, "reserve-stock", "charge"}[i], k)
 	}
-	s.Put(coordinator.Key{Operation: "payment.charge", Key: "checkout-7"}, coordinator.Record{}) // lost
+	s.Put(idemstore.Key{Operation: "payment.charge", Key: "checkout-7"}, idemstore.Record{}) // lost
 	if again := steps(); again[0] != first[0] || again[1] != first[1] || again[2] != first[2] {
 		t.Fatalf("the steps' keys changed from one run to the next: %q, then %q", first, again)
 	}

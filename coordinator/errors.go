@@ -4,6 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
 )
 
 // Errors returned by Do, DoResult, DoWithCodec and Coordinator.Execute. Test them with errors.Is; the
@@ -125,12 +128,12 @@ func (e *InProgressError) Error() string {
 func (e *InProgressError) Is(target error) bool { return target == ErrInProgress }
 
 // StorageError is a failure of the store. It matches ErrStorage, and unwraps
-// to the store's own error. A Store may return one itself; any other error a
-// Store returns is wrapped in one by the coordinator, which also fills in the
-// method, operation and key that a Store's own StorageError leaves empty.
+// to the store's own error. A store may return one itself; any other error a
+// store returns is wrapped in one by the coordinator, which also fills in the
+// method, operation and key that a store's own StorageError leaves empty.
 type StorageError struct {
 	// Method is the store method that failed.
-	Method Method
+	Method idemevent.Method
 	// Operation is the operation of the call whose store call failed.
 	Operation string
 	// Key is the idempotency key of that call.
@@ -154,8 +157,8 @@ func (e *StorageError) Unwrap() error { return e.Err }
 func (e *StorageError) Is(target error) bool { return target == ErrStorage }
 
 // asStorageError returns err as a *StorageError of method m on key k,
-// filling in what a Store's own *StorageError leaves empty.
-func asStorageError(m Method, k Key, err error) *StorageError {
+// filling in what a store's own *StorageError leaves empty.
+func asStorageError(m idemevent.Method, k idemstore.Key, err error) *StorageError {
 	var se *StorageError
 	if !errors.As(err, &se) {
 		return &StorageError{Method: m, Operation: k.Operation, Key: k.Key, Err: err}

@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/coordinator/faultstore"
 	"github.com/idemkit/idempotency/coordinator/memstore"
@@ -58,7 +61,7 @@ func ExampleWithOnStorageError() {
 	// an effect nothing downstream deduplicates.
 	store := faultstore.Wrap(memstore.New())
 	c, _ := coordinator.New(store, coordinator.WithOnStorageError(coordinator.OnStorageErrorRaise))
-	store.Fail(coordinator.MethodReserve, errors.New("connection refused"))
+	store.Fail(idemevent.MethodReserve, errors.New("connection refused"))
 	_, err := coordinator.Do(context.Background(), c, coordinator.Call{Operation: "payment.charge", Key: "k-1"},
 		func(context.Context) (string, error) { return "charged", nil })
 	fmt.Println(errors.Is(err, coordinator.ErrStorage))
@@ -119,7 +122,7 @@ func ExampleDownstreamKey() {
 	_, _ = coordinator.Do(context.Background(), c, call, provider)
 	// The record is lost (a failover): the action runs again, and sends the
 	// key it sent the first time, so the provider charges once.
-	store.Put(coordinator.Key{Operation: call.Operation, Key: call.Key}, coordinator.Record{})
+	store.Put(idemstore.Key{Operation: call.Operation, Key: call.Key}, idemstore.Record{})
 	_, _ = coordinator.Do(context.Background(), c, call, provider)
 	fmt.Println(len(sent), sent[0] == sent[1], len(sent[0]))
 	// Output: 2 true 32

@@ -9,6 +9,9 @@ import (
 	"math/rand/v2"
 	"time"
 	"unsafe"
+
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
 )
 
 // newToken gives the call its owner token: 64 random bits, hex encoded.
@@ -32,49 +35,49 @@ func (x *exec) newToken() {
 // type: the key, the reservation's token, the store calls and the events.
 type exec struct {
 	c     *Coordinator
-	key   Key
+	key   idemstore.Key
 	fp    string
 	ttl   time.Duration
-	token string   // the owner token: tok's bytes
-	tok   [16]byte // never changed after newToken
-	state State    // what the action's record becomes: completed, or not replayable
+	token string          // the owner token: tok's bytes
+	tok   [16]byte        // never changed after newToken
+	state idemstore.State // what the action's record becomes: completed, or not replayable
 	// fenced says that the operation's reservations carry a fence
 	// (WithFencedOperations); fence is the one of this call's reservation.
 	fenced bool
 	fence  uint64
 }
 
-func (x *exec) observe(ctx context.Context, e Event) {
+func (x *exec) observe(ctx context.Context, e idemevent.Event) {
 	e.Key = x.key
 	x.c.obs.Observe(ctx, e)
 }
 
 // storageFailed reports a store failure and returns it as a *StorageError.
-func (x *exec) storageFailed(ctx context.Context, t ErrorType, m Method, err error) *StorageError {
+func (x *exec) storageFailed(ctx context.Context, t idemevent.ErrorType, m idemevent.Method, err error) *StorageError {
 	se := asStorageError(m, x.key, err)
-	x.observe(ctx, Event{Kind: EventError, ErrorType: t, Method: m, Err: se})
+	x.observe(ctx, idemevent.Event{Kind: idemevent.Error, ErrorType: t, Method: m, Err: se})
 	return se
 }
 
 // reusedBy reports whether rec belongs to another request: both
 // fingerprints are set and differ.
-func (x *exec) reusedBy(rec Record) bool {
+func (x *exec) reusedBy(rec idemstore.Record) bool {
 	return x.fp != "" && rec.Fingerprint != "" && x.fp != rec.Fingerprint
 }
 
 // ours reports whether rec is this call's own record in state st, written by
 // a store call whose reply was lost (or that a client retried).
-func (x *exec) ours(rec Record, st State) bool {
+func (x *exec) ours(rec idemstore.Record, st idemstore.State) bool {
 	return rec.State == st && rec.Token == x.token
 }
 
 // reuse returns a *KeyReuseError when rec belongs to another request.
-func (x *exec) reuse(ctx context.Context, rec Record) error {
+func (x *exec) reuse(ctx context.Context, rec idemstore.Record) error {
 	if !x.reusedBy(rec) {
 		return nil
 	}
 	err := &KeyReuseError{Operation: x.key.Operation, Key: x.key.Key, Stored: rec.Fingerprint, Got: x.fp}
-	x.observe(ctx, Event{Kind: EventError, ErrorType: ErrorKeyReuse, Err: err})
+	x.observe(ctx, idemevent.Event{Kind: idemevent.Error, ErrorType: idemevent.ErrorKeyReuse, Err: err})
 	return err
 }
 
@@ -89,7 +92,7 @@ func (x *exec) inProgress(retryAfter time.Duration) *InProgressError {
 // release gives the reservation up, best effort.
 func (x *exec) release(ctx context.Context) {
 	if _, err := x.storeRelease(context.WithoutCancel(ctx)); err != nil {
-		x.storageFailed(ctx, ErrorStorageRelease, MethodRelease, err)
+		x.storageFailed(ctx, idemevent.ErrorStorageRelease, idemevent.MethodRelease, err)
 	}
 	x.c.kick(x.key)
 }
@@ -124,7 +127,7 @@ func (x *exec) releaseLater(ctx context.Context) {
 	}
 	c.mu.Unlock()
 	if full {
-		x.observe(ctx, Event{Kind: EventError, ErrorType: ErrorStorageRelease, Method: MethodRelease,
+		x.observe(ctx, idemevent.Event{Kind: idemevent.Error, ErrorType: idemevent.ErrorStorageRelease, Method: idemevent.MethodRelease,
 			Err: fmt.Errorf("idempotency: release of %s after a refused reserve dropped: %d releases are already in flight; a reservation the reserve made expires with its lease", x.key, maxCleanups)})
 	}
 }
@@ -138,9 +141,9 @@ func (x *exec) completedByUs(ctx context.Context) bool {
 
 // notReplayable returns the error for a key whose action completed with a
 // result that could not be kept, and reports it.
-func (x *exec) notReplayable(ctx context.Context, rec Record) error {
+func (x *exec) notReplayable(ctx context.Context, rec idemstore.Record) error {
 	err := &NotReplayableError{Operation: x.key.Operation, Key: x.key.Key, Reason: string(rec.Result)}
-	x.observe(ctx, Event{Kind: EventNotReplayable, Err: err})
+	x.observe(ctx, idemevent.Event{Kind: idemevent.NotReplayable, Err: err})
 	return err
 }
 

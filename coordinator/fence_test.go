@@ -8,12 +8,14 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/coordinator/memstore"
 )
 
 // plainStore is a Store that is no Fencer.
-type plainStore struct{ coordinator.Store }
+type plainStore struct{ idemstore.Store }
 
 func TestFencedOperationsNeedAFencer(t *testing.T) {
 	_, err := coordinator.New(plainStore{memstore.New()}, coordinator.WithFencedOperations("payment.charge"))
@@ -97,7 +99,7 @@ func TestTakeoverGetsAGreaterFence(t *testing.T) {
 		first := <-firstIn
 		// Make the holder lose its lease: the key is taken from it, as a
 		// partition would.
-		if ok, err := store.Release(t.Context(), coordinator.Key{Operation: call.Operation, Key: call.Key}, tokenOf(t, store, call)); err != nil || !ok {
+		if ok, err := store.Release(t.Context(), idemstore.Key{Operation: call.Operation, Key: call.Key}, tokenOf(t, store, call)); err != nil || !ok {
 			t.Fatalf("releasing the first holder's key: %t, %v", ok, err)
 		}
 		time.Sleep(time.Second) // the renewer finds the lease lost
@@ -129,8 +131,8 @@ func TestTakeoverGetsAGreaterFence(t *testing.T) {
 // tokenOf returns the token of the pending record of call.
 func tokenOf(t *testing.T, store *memstore.Store, call coordinator.Call) string {
 	t.Helper()
-	rec := store.Snapshot(coordinator.Key{Operation: call.Operation, Key: call.Key})
-	if rec.State != coordinator.StatePending {
+	rec := store.Snapshot(idemstore.Key{Operation: call.Operation, Key: call.Key})
+	if rec.State != idemstore.StatePending {
 		t.Fatalf("%s:%s is %s, want pending", call.Operation, call.Key, rec.State)
 	}
 	return rec.Token

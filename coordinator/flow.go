@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
 )
 
 // This file is the flow of one call: validate, reserve or read,
@@ -26,11 +29,11 @@ func do[T any](ctx context.Context, c *Coordinator, call Call, codec Codec[T], a
 		if c.tx != nil {
 			return unprotectedTx(ctx, c.tx, call, action)
 		}
-		v, err := action(withDownstream(ctx, Key{Operation: call.Operation, Key: call.Key}))
+		v, err := action(withDownstream(ctx, idemstore.Key{Operation: call.Operation, Key: call.Key}))
 		return Result[T]{Value: v}, err
 	}
 	f := &flow[T]{
-		exec:   exec{c: c, key: Key{Operation: call.Operation, Key: call.Key}, fp: call.Fingerprint, ttl: ttl, fenced: c.cfg.fenced != nil && c.cfg.fenced[call.Operation]},
+		exec:   exec{c: c, key: idemstore.Key{Operation: call.Operation, Key: call.Key}, fp: call.Fingerprint, ttl: ttl, fenced: c.cfg.fenced != nil && c.cfg.fenced[call.Operation]},
 		codec:  codec,
 		action: action,
 	}
@@ -118,15 +121,15 @@ func (f *flow[T]) mine() Result[T] { return Result[T]{Value: f.own} }
 
 // hit replays the stored result that readable decoded.
 func (f *flow[T]) hit(ctx context.Context) (Result[T], error) {
-	f.observe(ctx, Event{Kind: EventHit})
+	f.observe(ctx, idemevent.Event{Kind: idemevent.Hit})
 	return Result[T]{Value: f.stored, Replayed: true}, nil
 }
 
 // readable reports whether rec is a completed record whose result decodes,
 // keeping the decoded result; it reports a decode_error when not.
-func (f *flow[T]) readable(ctx context.Context, rec Record) bool {
+func (f *flow[T]) readable(ctx context.Context, rec idemstore.Record) bool {
 	var err error
-	if rec.State == StateCompleted {
+	if rec.State == idemstore.StateCompleted {
 		var v T
 		if v, err = f.codec.Decode(rec.Result); err == nil {
 			f.stored = v
@@ -136,7 +139,7 @@ func (f *flow[T]) readable(ctx context.Context, rec Record) bool {
 	} else {
 		err = fmt.Errorf("idempotency: record of %s cannot be read", f.key)
 	}
-	f.observe(ctx, Event{Kind: EventError, ErrorType: ErrorDecode, Err: err})
+	f.observe(ctx, idemevent.Event{Kind: idemevent.Error, ErrorType: idemevent.ErrorDecode, Err: err})
 	return false
 }
 
@@ -153,14 +156,14 @@ func (f *flow[T]) keep(ctx context.Context) {
 	case len(f.payload) > f.c.cfg.maxResultBytes:
 		why = fmt.Sprintf("the result is %d bytes, more than the limit of %d", len(f.payload), f.c.cfg.maxResultBytes)
 	default:
-		f.state = StateCompleted
+		f.state = idemstore.StateCompleted
 		return
 	}
 	if len(why) > maxReasonLen {
 		why = why[:maxReasonLen]
 	}
-	f.state, f.payload = StateNotReplayable, []byte(why)
-	f.observe(ctx, Event{Kind: EventError, ErrorType: ErrorRecordValidation,
+	f.state, f.payload = idemstore.StateNotReplayable, []byte(why)
+	f.observe(ctx, idemevent.Event{Kind: idemevent.Error, ErrorType: idemevent.ErrorRecordValidation,
 		Err: fmt.Errorf("idempotency: %s of %s; the key is kept as completed and not replayable, so later calls get ErrNotReplayable", why, f.key)})
 }
 
@@ -179,7 +182,7 @@ func (f *flow[T]) reserved(ctx context.Context) (Result[T], error) {
 
 // answer is what a Reserve of the call's key sent at sent returned.
 type answer struct {
-	rec     Record
+	rec     idemstore.Record
 	written bool
 	err     error
 	sent    time.Time
@@ -188,7 +191,7 @@ type answer struct {
 // reservedAfter is reserved whose first round takes first, when not nil,
 // as its Reserve's answer: the part of a batch's ReserveMany about the key.
 func (f *flow[T]) reservedAfter(ctx context.Context, first *answer) (Result[T], error) {
-	w := Write{State: StatePending, Token: f.token, Fingerprint: f.fp, TTL: f.c.cfg.lease}
+	w := idemstore.Write{State: idemstore.StatePending, Token: f.token, Fingerprint: f.fp, TTL: f.c.cfg.lease}
 	var deadline time.Time // of waiting; set when a holder is first seen
 	for range maxRounds {
 		var a answer
@@ -202,12 +205,12 @@ func (f *flow[T]) reservedAfter(ctx context.Context, first *answer) (Result[T], 
 		switch {
 		case err != nil:
 			return f.reserveFailed(ctx, err)
-		case written || f.ours(rec, StatePending):
+		case written || f.ours(rec, idemstore.StatePending):
 			// The second case is our own reservation, met again because a
 			// client retried the call after losing the first reply.
 			return f.runReserved(ctx, sent)
 		}
-		if rec.State == StatePending {
+		if rec.State == idemstore.StatePending {
 			// A wait ends on a record that is not pending.
 			if rec, err = f.awaitHolder(ctx, rec, &deadline); err != nil {
 				var se *StorageError
@@ -220,13 +223,13 @@ func (f *flow[T]) reservedAfter(ctx context.Context, first *answer) (Result[T], 
 		if err := f.reuse(ctx, rec); err != nil {
 			return Result[T]{}, err
 		}
-		if rec.State == StateAbsent {
+		if rec.State == idemstore.StateAbsent {
 			// The holder released or its lease ran out (take over), or a
 			// Reserve that did not write raced expiry: reserve again.
 			w.Replace, w.ReplaceToken = false, ""
 			continue
 		}
-		if rec.State == StateNotReplayable {
+		if rec.State == idemstore.StateNotReplayable {
 			return Result[T]{}, f.notReplayable(ctx, rec)
 		}
 		if f.readable(ctx, rec) {
@@ -247,7 +250,7 @@ func (f *flow[T]) reserveFailed(ctx context.Context, err error) (Result[T], erro
 		f.releaseLater(ctx)
 		return Result[T]{}, ctx.Err()
 	}
-	se := f.storageFailed(ctx, ErrorStorageReserve, MethodReserve, err)
+	se := f.storageFailed(ctx, idemevent.ErrorStorageReserve, idemevent.MethodReserve, err)
 	if f.c.cfg.onStorageError == OnStorageErrorRaise && replyMayBeLost(err) {
 		// The same, in the background: a refused call returns within one
 		// storage timeout.
@@ -260,14 +263,14 @@ func (f *flow[T]) reserveFailed(ctx context.Context, err error) (Result[T], erro
 // mode says: it returns an error at once (a reused key; mode "raise"), or
 // waits until the record is not pending and returns that. deadline is the
 // wait bound, set on the call's first wait.
-func (f *flow[T]) awaitHolder(ctx context.Context, rec Record, deadline *time.Time) (Record, error) {
+func (f *flow[T]) awaitHolder(ctx context.Context, rec idemstore.Record, deadline *time.Time) (idemstore.Record, error) {
 	if err := f.reuse(ctx, rec); err != nil {
-		return Record{}, err
+		return idemstore.Record{}, err
 	}
 	if deadline.IsZero() {
-		f.observe(ctx, Event{Kind: EventInFlight, Mode: f.c.cfg.inFlight})
+		f.observe(ctx, idemevent.Event{Kind: idemevent.InFlight, Mode: f.c.cfg.inFlight.String()})
 		if f.c.cfg.inFlight == InFlightRaise {
-			return Record{}, f.inProgress(rec.TTL)
+			return idemstore.Record{}, f.inProgress(rec.TTL)
 		}
 		*deadline = time.Now().Add(f.c.cfg.waitTimeout)
 		if d, ok := ctx.Deadline(); ok && d.Before(*deadline) {
@@ -284,7 +287,7 @@ func (f *flow[T]) onStorageError(ctx context.Context, se *StorageError) (Result[
 	if f.c.cfg.onStorageError == OnStorageErrorRaise || answered(se) {
 		return Result[T]{}, se
 	}
-	f.observe(ctx, Event{Kind: EventUnprotected, Method: se.Method, Err: se})
+	f.observe(ctx, idemevent.Event{Kind: idemevent.Unprotected, Method: se.Method, Err: se})
 	if err := f.run(ctx); err != nil {
 		return f.mine(), err
 	}
@@ -300,20 +303,20 @@ func (f *flow[T]) onStorageError(ctx context.Context, se *StorageError) (Result[
 // only where nobody else wrote: the store just failed, and another caller may
 // have reserved in the meantime.
 func (f *flow[T]) saveUnprotected(ctx context.Context) {
-	w := Write{State: f.state, Token: f.token, Fingerprint: f.fp, Result: f.payload, TTL: f.ttl}
+	w := idemstore.Write{State: f.state, Token: f.token, Fingerprint: f.fp, Result: f.payload, TTL: f.ttl}
 	rec, written, err := f.storeReserve(context.WithoutCancel(ctx), w)
 	switch {
 	case err != nil:
-		f.storageFailed(ctx, ErrorStorageSave, MethodReserve, err)
+		f.storageFailed(ctx, idemevent.ErrorStorageSave, idemevent.MethodReserve, err)
 	case written, f.ours(rec, f.state):
-		f.observe(ctx, Event{Kind: EventStored})
-	case f.ours(rec, StatePending):
+		f.observe(ctx, idemevent.Event{Kind: idemevent.Stored})
+	case f.ours(rec, idemstore.StatePending):
 		// Our own reservation, made by the Reserve whose reply was lost:
 		// complete it.
 		if ok, err := f.storeComplete(context.WithoutCancel(ctx), f.state, f.payload); err != nil {
-			f.storageFailed(ctx, ErrorStorageSave, MethodComplete, err)
+			f.storageFailed(ctx, idemevent.ErrorStorageSave, idemevent.MethodComplete, err)
 		} else if ok {
-			f.observe(ctx, Event{Kind: EventStored})
+			f.observe(ctx, idemevent.Event{Kind: idemevent.Stored})
 		}
 		f.c.kick(f.key)
 	}
@@ -322,7 +325,7 @@ func (f *flow[T]) saveUnprotected(ctx context.Context) {
 // runReserved runs the action under this call's reservation, which the
 // Reserve sent at sent made.
 func (f *flow[T]) runReserved(ctx context.Context, sent time.Time) (Result[T], error) {
-	f.observe(ctx, Event{Kind: EventMiss})
+	f.observe(ctx, idemevent.Event{Kind: idemevent.Miss})
 	res := Reservation{Operation: f.key.Operation, Key: f.key.Key, Token: f.token, Fence: f.fence}
 	actx, cancel := context.WithCancelCause(context.WithValue(ctx, reservationKey{}, res))
 	defer cancel(nil)
@@ -362,7 +365,7 @@ func (f *flow[T]) runReserved(ctx context.Context, sent time.Time) (Result[T], e
 func (f *flow[T]) complete(ctx context.Context) (settled bool) {
 	ok, err := f.storeComplete(context.WithoutCancel(ctx), f.state, f.payload)
 	if err != nil {
-		f.storageFailed(ctx, ErrorStorageSave, MethodComplete, err)
+		f.storageFailed(ctx, idemevent.ErrorStorageSave, idemevent.MethodComplete, err)
 		return false
 	}
 	f.settle(ctx, ok)
@@ -374,13 +377,13 @@ func (f *flow[T]) complete(ctx context.Context) (settled bool) {
 func (f *flow[T]) settle(ctx context.Context, ok bool) {
 	switch {
 	case ok:
-		f.observe(ctx, Event{Kind: EventStored})
+		f.observe(ctx, idemevent.Event{Kind: idemevent.Stored})
 	case f.completedByUs(ctx):
 		// An earlier completion of ours was applied after all (its reply
 		// was lost, or a client retried it).
-		f.observe(ctx, Event{Kind: EventStored})
+		f.observe(ctx, idemevent.Event{Kind: idemevent.Stored})
 	default:
-		f.observe(ctx, Event{Kind: EventError, ErrorType: ErrorLeaseLost,
+		f.observe(ctx, idemevent.Event{Kind: idemevent.Error, ErrorType: idemevent.ErrorLeaseLost,
 			Err: fmt.Errorf("%w: %s was taken over before completion; the result is not stored", ErrLeaseLost, f.key)})
 	}
 	f.c.kick(f.key)
@@ -427,7 +430,7 @@ func (f *flow[T]) saveLater(ctx context.Context, expiry time.Time) {
 			ok, err := f.storeRenewWithin(rctx)
 			cancel()
 			if err != nil {
-				f.storageFailed(ctx, ErrorStorageRenew, MethodRenew, err)
+				f.storageFailed(ctx, idemevent.ErrorStorageRenew, idemevent.MethodRenew, err)
 				continue
 			}
 			if ok { // still ours, for another lease: complete, within it
@@ -445,7 +448,7 @@ func (f *flow[T]) saveLater(ctx context.Context, expiry time.Time) {
 			ok, err = f.storeCompleteWithin(cctx, f.state, f.payload)
 			cancel()
 			if err != nil {
-				f.storageFailed(ctx, ErrorStorageSave, MethodComplete, err)
+				f.storageFailed(ctx, idemevent.ErrorStorageSave, idemevent.MethodComplete, err)
 				continue
 			}
 			f.settle(ctx, ok)
@@ -459,7 +462,7 @@ func (f *flow[T]) saveLater(ctx context.Context, expiry time.Time) {
 			f.settle(ctx, false)
 			return
 		}
-		f.observe(ctx, Event{Kind: EventError, ErrorType: ErrorStorageSave, Method: MethodComplete,
+		f.observe(ctx, idemevent.Event{Kind: idemevent.Error, ErrorType: idemevent.ErrorStorageSave, Method: idemevent.MethodComplete,
 			Err: fmt.Errorf("idempotency: the result of %s is not stored: the store failed until the reservation could have expired", f.key)})
 		f.c.kick(f.key)
 	})
@@ -473,24 +476,24 @@ func (f *flow[T]) unreserved(ctx context.Context) (Result[T], error) {
 		if ctx.Err() != nil {
 			return Result[T]{}, ctx.Err()
 		}
-		return f.onStorageError(ctx, f.storageFailed(ctx, ErrorStorageGet, MethodGet, err))
+		return f.onStorageError(ctx, f.storageFailed(ctx, idemevent.ErrorStorageGet, idemevent.MethodGet, err))
 	}
 	if err := f.reuse(ctx, rec); err != nil {
 		return Result[T]{}, err
 	}
-	w := Write{State: StateCompleted, Token: f.token, Fingerprint: f.fp, TTL: f.ttl}
+	w := idemstore.Write{State: idemstore.StateCompleted, Token: f.token, Fingerprint: f.fp, TTL: f.ttl}
 	switch rec.State {
-	case StateNotReplayable:
+	case idemstore.StateNotReplayable:
 		return Result[T]{}, f.notReplayable(ctx, rec)
-	case StateCompleted, StateUnreadable:
+	case idemstore.StateCompleted, idemstore.StateUnreadable:
 		if f.readable(ctx, rec) {
 			return f.hit(ctx)
 		}
 		w.Replace, w.ReplaceToken = true, rec.Token
-	case StatePending:
-		f.observe(ctx, Event{Kind: EventInFlight, Mode: InFlightRun})
+	case idemstore.StatePending:
+		f.observe(ctx, idemevent.Event{Kind: idemevent.InFlight, Mode: InFlightRun.String()})
 	}
-	f.observe(ctx, Event{Kind: EventMiss})
+	f.observe(ctx, idemevent.Event{Kind: idemevent.Miss})
 	if err := f.run(ctx); err != nil {
 		return f.mine(), err
 	}
@@ -499,10 +502,10 @@ func (f *flow[T]) unreserved(ctx context.Context) (Result[T], error) {
 	winner, written, err := f.storeReserve(context.WithoutCancel(ctx), w)
 	switch {
 	case err != nil:
-		f.storageFailed(ctx, ErrorStorageSave, MethodReserve, err)
+		f.storageFailed(ctx, idemevent.ErrorStorageSave, idemevent.MethodReserve, err)
 		return f.mine(), nil
 	case written, f.ours(winner, f.state):
-		f.observe(ctx, Event{Kind: EventStored})
+		f.observe(ctx, idemevent.Event{Kind: idemevent.Stored})
 		return f.mine(), nil
 	}
 	return f.adopt(ctx, winner)
@@ -510,12 +513,12 @@ func (f *flow[T]) unreserved(ctx context.Context) (Result[T], error) {
 
 // adopt settles a run-mode collision: the winner's result if it is complete
 // and ours to replay, otherwise our own.
-func (f *flow[T]) adopt(ctx context.Context, winner Record) (Result[T], error) {
-	if winner.State != StateCompleted {
+func (f *flow[T]) adopt(ctx context.Context, winner idemstore.Record) (Result[T], error) {
+	if winner.State != idemstore.StateCompleted {
 		return f.mine(), nil
 	}
 	if f.reusedBy(winner) {
-		f.observe(ctx, Event{Kind: EventError, ErrorType: ErrorKeyReuse,
+		f.observe(ctx, idemevent.Event{Kind: idemevent.Error, ErrorType: idemevent.ErrorKeyReuse,
 			Err: fmt.Errorf("%w: a concurrent caller stored another request under %s; keeping our own result", ErrKeyReuse, f.key)})
 		return f.mine(), nil
 	}

@@ -9,6 +9,9 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/idemkit/idempotency/coordinator"
 )
 
@@ -31,13 +34,13 @@ func TestFirstCallRunsLaterCallsReplay(t *testing.T) {
 	if k.n() != 1 {
 		t.Fatalf("action ran %d times, want 1", k.n())
 	}
-	if got := f.rec.count(coordinator.EventHit, ""); got != 3 {
+	if got := f.rec.count(idemevent.Hit, ""); got != 3 {
 		t.Fatalf("hits = %d, want 3", got)
 	}
-	if got := f.rec.count(coordinator.EventMiss, ""); got != 1 {
+	if got := f.rec.count(idemevent.Miss, ""); got != 1 {
 		t.Fatalf("misses = %d, want 1", got)
 	}
-	if got := f.rec.count(coordinator.EventStored, ""); got != 1 {
+	if got := f.rec.count(idemevent.Stored, ""); got != 1 {
 		t.Fatalf("stored = %d, want 1", got)
 	}
 }
@@ -62,7 +65,7 @@ func TestZeroValueAndNullAreReplayed(t *testing.T) {
 	if runs != 2 {
 		t.Fatalf("actions ran %d times, want 2 (one per key)", runs)
 	}
-	if got := f.rec.count(coordinator.EventHit, ""); got != 2 {
+	if got := f.rec.count(idemevent.Hit, ""); got != 2 {
 		t.Fatalf("hits = %d, want 2", got)
 	}
 }
@@ -105,18 +108,18 @@ func TestKeyReuseIsRefused(t *testing.T) {
 	if k.n() != 1 {
 		t.Fatalf("action ran %d times, want 1", k.n())
 	}
-	if got := f.rec.errors(coordinator.ErrorKeyReuse); got != 1 {
+	if got := f.rec.errors(idemevent.ErrorKeyReuse); got != 1 {
 		t.Fatalf("key_reuse = %d, want 1", got)
 	}
-	if rec := s.Snapshot(coordinator.Key{Operation: "payment.charge", Key: "reuse"}); rec.Fingerprint != "fp-a" {
+	if rec := s.Snapshot(idemstore.Key{Operation: "payment.charge", Key: "reuse"}); rec.Fingerprint != "fp-a" {
 		t.Fatalf("stored record changed: %+v", rec)
 	}
 }
 
 func TestKeyReuseWhilePending(t *testing.T) {
 	f, s := newMem(t)
-	key := coordinator.Key{Operation: "payment.charge", Key: "p"}
-	s.Put(key, coordinator.Record{State: coordinator.StatePending, Token: "other", Fingerprint: "fp-a", TTL: time.Minute})
+	key := idemstore.Key{Operation: "payment.charge", Key: "p"}
+	s.Put(key, idemstore.Record{State: idemstore.StatePending, Token: "other", Fingerprint: "fp-a", TTL: time.Minute})
 	var k counter
 	c := call("p")
 	c.Fingerprint = "fp-b"
@@ -269,8 +272,8 @@ func TestTTLResolution(t *testing.T) {
 			if _, err := coordinator.Do(t.Context(), f.c, tt.call, k.action("x")); err != nil {
 				t.Fatal(err)
 			}
-			rec := s.Snapshot(coordinator.Key{Operation: tt.call.Operation, Key: tt.call.Key})
-			if rec.State != coordinator.StateCompleted || rec.TTL != tt.want {
+			rec := s.Snapshot(idemstore.Key{Operation: tt.call.Operation, Key: tt.call.Key})
+			if rec.State != idemstore.StateCompleted || rec.TTL != tt.want {
 				t.Errorf("%s: record %v with TTL %v, want completed with %v", tt.call.Key, rec.State, rec.TTL, tt.want)
 			}
 		}
@@ -318,11 +321,11 @@ func TestUnreadableRecordHeals(t *testing.T) {
 		for _, storageMode := range []coordinator.OnStorageErrorMode{coordinator.OnStorageErrorRun, coordinator.OnStorageErrorRaise} {
 			t.Run(string(mode)+"/"+string(storageMode), func(t *testing.T) {
 				f, s := newMem(t, coordinator.WithInFlight(mode), coordinator.WithOnStorageError(storageMode))
-				corrupt := coordinator.Key{Operation: "payment.charge", Key: "corrupt"}
-				s.Put(corrupt, coordinator.Record{State: coordinator.StateUnreadable, TTL: time.Hour})
-				undecodable := coordinator.Key{Operation: "payment.charge", Key: "undecodable"}
-				s.Put(undecodable, coordinator.Record{State: coordinator.StateCompleted, Token: "old", Result: []byte(`"not a charge"`), TTL: time.Hour})
-				for _, key := range []coordinator.Key{corrupt, undecodable} {
+				corrupt := idemstore.Key{Operation: "payment.charge", Key: "corrupt"}
+				s.Put(corrupt, idemstore.Record{State: idemstore.StateUnreadable, TTL: time.Hour})
+				undecodable := idemstore.Key{Operation: "payment.charge", Key: "undecodable"}
+				s.Put(undecodable, idemstore.Record{State: idemstore.StateCompleted, Token: "old", Result: []byte(`"not a charge"`), TTL: time.Hour})
+				for _, key := range []idemstore.Key{corrupt, undecodable} {
 					var k counter
 					got, err := coordinator.Do(t.Context(), f.c, call(key.Key), k.action("fresh"))
 					if err != nil || got.ID != "fresh" || k.n() != 1 {
@@ -333,7 +336,7 @@ func TestUnreadableRecordHeals(t *testing.T) {
 						t.Fatalf("%s: after heal Do = %+v, %v after %d runs; want a replay", key.Key, again, err, k.n())
 					}
 				}
-				if got := f.rec.errors(coordinator.ErrorDecode); got != 2 {
+				if got := f.rec.errors(idemevent.ErrorDecode); got != 2 {
 					t.Fatalf("decode_error = %d, want 2", got)
 				}
 			})
@@ -345,8 +348,8 @@ func TestConcurrentHealersRunOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const runFor = 20 * time.Millisecond
 		f, s := newMem(t)
-		key := coordinator.Key{Operation: "payment.charge", Key: "heal"}
-		s.Put(key, coordinator.Record{State: coordinator.StateUnreadable, TTL: time.Hour})
+		key := idemstore.Key{Operation: "payment.charge", Key: "heal"}
+		s.Put(key, idemstore.Record{State: idemstore.StateUnreadable, TTL: time.Hour})
 		var k counter
 		slow := func(ctx context.Context) (charge, error) {
 			<-time.After(runFor)
@@ -375,7 +378,7 @@ func TestConcurrentHealersRunOnce(t *testing.T) {
 		// Every healer tried before the winner's action ended (the fake
 		// clock stood still until all of them were waiting); the other 15
 		// waited for it, and replay its result.
-		wantWaits(t, f.rec, len(results)-1, coordinator.WaitHit, runFor)
+		wantWaits(t, f.rec, len(results)-1, idemevent.WaitHit, runFor)
 	})
 }
 
@@ -401,8 +404,8 @@ func TestReportUnprotected(t *testing.T) {
 	f.c.ReportUnprotected(t.Context(), "payment.charge")
 	f.c.ReportUnprotected(t.Context(), "not valid") // not an operation: ignored
 	events := f.rec.all()
-	if len(events) != 1 || events[0].Kind != coordinator.EventUnprotected || events[0].Method != coordinator.MethodNone ||
-		events[0].Key != (coordinator.Key{Operation: "payment.charge"}) || s.Len() != 0 {
+	if len(events) != 1 || events[0].Kind != idemevent.Unprotected || events[0].Method != idemevent.MethodNone ||
+		events[0].Key != (idemstore.Key{Operation: "payment.charge"}) || s.Len() != 0 {
 		t.Fatalf("events = %+v, stored %d; want one unprotected{none} and no store call", events, s.Len())
 	}
 	off, _ := newMem(t, coordinator.WithEnabled(false))

@@ -7,9 +7,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
+	"go.uber.org/goleak"
+
 	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/coordinator/memstore"
-	"go.uber.org/goleak"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -17,10 +21,10 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // recorder is an Observer that keeps every event.
 type recorder struct {
 	mu     sync.Mutex
-	events []coordinator.Event
+	events []idemevent.Event
 }
 
-func (r *recorder) Observe(_ context.Context, e coordinator.Event) {
+func (r *recorder) Observe(_ context.Context, e idemevent.Event) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.events = append(r.events, e)
@@ -28,7 +32,7 @@ func (r *recorder) Observe(_ context.Context, e coordinator.Event) {
 
 // count returns how many events of kind were seen (and, for EventError, of
 // error type t when t is not "").
-func (r *recorder) count(kind coordinator.EventKind, t coordinator.ErrorType) int {
+func (r *recorder) count(kind idemevent.Kind, t idemevent.ErrorType) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	n := 0
@@ -40,15 +44,15 @@ func (r *recorder) count(kind coordinator.EventKind, t coordinator.ErrorType) in
 	return n
 }
 
-func (r *recorder) errors(t coordinator.ErrorType) int { return r.count(coordinator.EventError, t) }
+func (r *recorder) errors(t idemevent.ErrorType) int { return r.count(idemevent.Error, t) }
 
 // calls returns how many store calls of method m were made.
-func (r *recorder) calls(m coordinator.Method) int {
+func (r *recorder) calls(m idemevent.Method) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	n := 0
 	for _, e := range r.events {
-		if e.Kind == coordinator.EventStorageCall && e.Method == m {
+		if e.Kind == idemevent.StorageCall && e.Method == m {
 			n++
 		}
 	}
@@ -56,22 +60,22 @@ func (r *recorder) calls(m coordinator.Method) int {
 }
 
 // waits returns the EventWaited events, in order.
-func (r *recorder) waits() []coordinator.Event {
+func (r *recorder) waits() []idemevent.Event {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	var w []coordinator.Event
+	var w []idemevent.Event
 	for _, e := range r.events {
-		if e.Kind == coordinator.EventWaited {
+		if e.Kind == idemevent.Waited {
 			w = append(w, e)
 		}
 	}
 	return w
 }
 
-func (r *recorder) all() []coordinator.Event {
+func (r *recorder) all() []idemevent.Event {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return append([]coordinator.Event(nil), r.events...)
+	return append([]idemevent.Event(nil), r.events...)
 }
 
 // fixture is a coordinator over a store with a recorder.
@@ -80,7 +84,7 @@ type fixture struct {
 	rec *recorder
 }
 
-func newFixture(t *testing.T, store coordinator.Store, opts ...coordinator.Option) fixture {
+func newFixture(t *testing.T, store idemstore.Store, opts ...coordinator.Option) fixture {
 	t.Helper()
 	rec := &recorder{}
 	opts = append([]coordinator.Option{coordinator.WithObserver(rec)}, opts...)
@@ -126,7 +130,7 @@ func call(key string) coordinator.Call {
 // wantWaits fails the test unless rec saw n waits, each ending with outcome
 // after exactly d: the tests that wait run in a synctest bubble, where
 // durations on the fake clock are exact.
-func wantWaits(t *testing.T, rec *recorder, n int, outcome coordinator.WaitOutcome, d time.Duration) {
+func wantWaits(t *testing.T, rec *recorder, n int, outcome idemevent.WaitOutcome, d time.Duration) {
 	t.Helper()
 	waits := rec.waits()
 	if len(waits) != n {

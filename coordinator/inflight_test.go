@@ -9,6 +9,9 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/idemkit/idempotency/coordinator"
 )
 
@@ -48,9 +51,17 @@ func TestWaitModeReturnsTheHoldersResult(t *testing.T) {
 			})
 		}
 		synctest.Wait()
-		if n := f.rec.count(coordinator.EventInFlight, ""); n != 3 {
+		if n := f.rec.count(idemevent.InFlight, ""); n != 3 {
 			t.Fatalf("in-flight events = %d, want 3 waiters", n)
 		}
+		// The default mode is named, not left empty, in the events.
+		f.rec.mu.Lock()
+		for _, e := range f.rec.events {
+			if e.Kind == idemevent.InFlight && e.Mode != "wait" {
+				t.Errorf("in-flight event's Mode = %q, want \"wait\"", e.Mode)
+			}
+		}
+		f.rec.mu.Unlock()
 		close(release)
 		wg.Wait()
 		close(got)
@@ -67,8 +78,8 @@ func TestWaitModeReturnsTheHoldersResult(t *testing.T) {
 		}
 		// The holder, in this process, wakes the waiters' loop when it
 		// completes: one read, at once, and no poll interval waited.
-		wantWaits(t, f.rec, 3, coordinator.WaitHit, 0)
-		if gets := f.rec.calls(coordinator.MethodGet); gets != 1 {
+		wantWaits(t, f.rec, 3, idemevent.WaitHit, 0)
+		if gets := f.rec.calls(idemevent.MethodGet); gets != 1 {
 			t.Fatalf("%d reads, want the one the holder's completion kicked", gets)
 		}
 	})
@@ -89,13 +100,13 @@ func TestWaitersShareOnePollLoop(t *testing.T) {
 			})
 		}
 		synctest.Wait()
-		if n := f.rec.count(coordinator.EventInFlight, ""); n != 20 {
+		if n := f.rec.count(idemevent.InFlight, ""); n != 20 {
 			t.Fatalf("in-flight events = %d, want 20 waiters", n)
 		}
 		<-time.After(100 * time.Millisecond)
 		// One loop backing off from 5ms reads at 5, 15, 35 and 75ms; twenty
 		// loops would read 80 times.
-		if gets := f.rec.calls(coordinator.MethodGet); gets != 4 {
+		if gets := f.rec.calls(idemevent.MethodGet); gets != 4 {
 			t.Fatalf("%d reads in 100ms by 20 waiters, want 4: one shared backing-off loop", gets)
 		}
 		close(release)
@@ -103,7 +114,7 @@ func TestWaitersShareOnePollLoop(t *testing.T) {
 		if err := <-done; err != nil || k.n() != 0 {
 			t.Fatalf("holder err=%v, waiter runs=%d", err, k.n())
 		}
-		wantWaits(t, f.rec, 20, coordinator.WaitHit, 100*time.Millisecond)
+		wantWaits(t, f.rec, 20, idemevent.WaitHit, 100*time.Millisecond)
 	})
 }
 
@@ -126,7 +137,7 @@ func TestRaiseModeRefusesAtOnce(t *testing.T) {
 		if d := time.Since(start); d != 0 || k.n() != 0 {
 			t.Fatalf("took %v and ran %d times, want at once and never", d, k.n())
 		}
-		if gets := f.rec.calls(coordinator.MethodGet); gets != 0 {
+		if gets := f.rec.calls(idemevent.MethodGet); gets != 0 {
 			t.Fatalf("%d reads, want none: raise mode does not wait", gets)
 		}
 		close(release)
@@ -163,7 +174,7 @@ func TestRunModeRunsAndAdoptsTheWinner(t *testing.T) {
 	if a != b {
 		t.Fatalf("a=%+v b=%+v: the loser should adopt the winner's result", a, b)
 	}
-	if got := f.rec.count(coordinator.EventMiss, ""); got != 2 {
+	if got := f.rec.count(idemevent.Miss, ""); got != 2 {
 		t.Fatalf("misses = %d, want 2 (both ran)", got)
 	}
 	// Later calls replay.
@@ -175,17 +186,17 @@ func TestRunModeRunsAndAdoptsTheWinner(t *testing.T) {
 
 func TestRunModeKeepsOwnResultOverAPendingRecord(t *testing.T) {
 	f, s := newMem(t, coordinator.WithInFlight(coordinator.InFlightRun))
-	key := coordinator.Key{Operation: "payment.charge", Key: "mixed"}
-	s.Put(key, coordinator.Record{State: coordinator.StatePending, Token: "reserving-peer", TTL: time.Minute})
+	key := idemstore.Key{Operation: "payment.charge", Key: "mixed"}
+	s.Put(key, idemstore.Record{State: idemstore.StatePending, Token: "reserving-peer", TTL: time.Minute})
 	var k counter
 	v, err := coordinator.Do(t.Context(), f.c, call("mixed"), k.action("own"))
 	if err != nil || v.ID != "own" || k.n() != 1 {
 		t.Fatalf("Do = %+v, %v, runs %d", v, err, k.n())
 	}
-	if rec := s.Snapshot(key); rec.State != coordinator.StatePending || rec.Token != "reserving-peer" {
+	if rec := s.Snapshot(key); rec.State != idemstore.StatePending || rec.Token != "reserving-peer" {
 		t.Fatalf("the peer's reservation was overwritten: %+v", rec)
 	}
-	if f.rec.count(coordinator.EventInFlight, "") != 1 {
+	if f.rec.count(idemevent.InFlight, "") != 1 {
 		t.Fatal("collision not reported")
 	}
 }
@@ -206,7 +217,7 @@ func TestWaiterTakesOverWhenTheHolderFails(t *testing.T) {
 			got <- v
 		}()
 		synctest.Wait()
-		if n := f.rec.count(coordinator.EventInFlight, ""); n != 1 {
+		if n := f.rec.count(idemevent.InFlight, ""); n != 1 {
 			t.Fatalf("in-flight events = %d, want 1: the waiter waits", n)
 		}
 		close(release)
@@ -218,7 +229,7 @@ func TestWaiterTakesOverWhenTheHolderFails(t *testing.T) {
 		}
 		// The failed holder releases and kicks the loop: the waiter takes
 		// over at once.
-		wantWaits(t, f.rec, 1, coordinator.WaitTakeover, 0)
+		wantWaits(t, f.rec, 1, idemevent.WaitTakeover, 0)
 	})
 }
 
@@ -228,8 +239,8 @@ func TestWaiterTakesOverAnExpiredLease(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f, s := newMem(t, coordinator.WithLease(50*time.Millisecond), coordinator.WithStorageTimeout(testStorageTimeout), coordinator.WithPollInterval(time.Millisecond),
 			coordinator.WithWaitTimeout(5*time.Second))
-		key := coordinator.Key{Operation: "payment.charge", Key: "crashed"}
-		s.Put(key, coordinator.Record{State: coordinator.StatePending, Token: "crashed-holder", TTL: 50 * time.Millisecond})
+		key := idemstore.Key{Operation: "payment.charge", Key: "crashed"}
+		s.Put(key, idemstore.Record{State: idemstore.StatePending, Token: "crashed-holder", TTL: 50 * time.Millisecond})
 		var k counter
 		v, err := coordinator.Do(t.Context(), f.c, call("crashed"), k.action("waiter"))
 		if err != nil || v.ID != "waiter" || k.n() != 1 {
@@ -237,10 +248,10 @@ func TestWaiterTakesOverAnExpiredLease(t *testing.T) {
 		}
 		// Reads at 1, 3, 7, 15 and 31ms find the lease; the read at 63ms,
 		// the first after it ran out at 50ms, finds the key free.
-		if gets := f.rec.calls(coordinator.MethodGet); gets != 6 {
+		if gets := f.rec.calls(idemevent.MethodGet); gets != 6 {
 			t.Fatalf("%d reads, want 6", gets)
 		}
-		wantWaits(t, f.rec, 1, coordinator.WaitTakeover, 63*time.Millisecond)
+		wantWaits(t, f.rec, 1, idemevent.WaitTakeover, 63*time.Millisecond)
 	})
 }
 
@@ -265,7 +276,7 @@ func TestWaiterPastItsBoundGetsInProgress(t *testing.T) {
 		if want := coordinator.DefaultLease - 31*time.Millisecond; ip.RetryAfter != want {
 			t.Fatalf("RetryAfter = %v, want %v", ip.RetryAfter, want)
 		}
-		wantWaits(t, f.rec, 1, coordinator.WaitTimeout, bound)
+		wantWaits(t, f.rec, 1, idemevent.WaitTimeout, bound)
 	})
 }
 
@@ -289,7 +300,7 @@ func TestWaiterNeverWaitsPastItsDeadline(t *testing.T) {
 		if d := time.Since(start); d != timeout {
 			t.Fatalf("waited %v, want the %v deadline", d, timeout)
 		}
-		wantWaits(t, f.rec, 1, coordinator.WaitTimeout, timeout)
+		wantWaits(t, f.rec, 1, idemevent.WaitTimeout, timeout)
 	})
 }
 
@@ -307,7 +318,7 @@ func TestCancelledWaiterReturnsAtOnce(t *testing.T) {
 			errc <- err
 		}()
 		synctest.Wait()
-		if n := f.rec.count(coordinator.EventInFlight, ""); n != 1 {
+		if n := f.rec.count(idemevent.InFlight, ""); n != 1 {
 			t.Fatalf("in-flight events = %d, want 1: the waiter waits", n)
 		}
 		start := time.Now()
@@ -323,7 +334,7 @@ func TestCancelledWaiterReturnsAtOnce(t *testing.T) {
 		case <-time.After(time.Second):
 			t.Fatal("waiter did not return after cancel")
 		}
-		wantWaits(t, f.rec, 1, coordinator.WaitCanceled, 0)
+		wantWaits(t, f.rec, 1, idemevent.WaitCanceled, 0)
 	})
 }
 

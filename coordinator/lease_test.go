@@ -7,6 +7,9 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/coordinator/faultstore"
 	"github.com/idemkit/idempotency/coordinator/memstore"
@@ -56,7 +59,7 @@ func TestRenewalKeepsALongActionExclusive(t *testing.T) {
 			done <- v
 		}()
 		synctest.Wait() // a holds the key and runs its action
-		if got := a.rec.count(coordinator.EventMiss, ""); got != 1 {
+		if got := a.rec.count(idemevent.Miss, ""); got != 1 {
 			t.Fatalf("a's misses = %d, want 1: a runs", got)
 		}
 		start := time.Now()
@@ -69,23 +72,23 @@ func TestRenewalKeepsALongActionExclusive(t *testing.T) {
 		}
 		// a renews at 15ms, 30ms, ..., 180ms: without the renewals its
 		// lease would run out at 60ms, and b's read at 63ms would take over.
-		for m, want := range map[coordinator.Method]int{coordinator.MethodReserve: 1, coordinator.MethodRenew: 12, coordinator.MethodComplete: 1} {
+		for m, want := range map[idemevent.Method]int{idemevent.MethodReserve: 1, idemevent.MethodRenew: 12, idemevent.MethodComplete: 1} {
 			if got := a.rec.calls(m); got != want {
 				t.Errorf("a made %d %s calls, want %d", got, m, want)
 			}
 		}
-		if got := a.rec.count(coordinator.EventStorageCall, ""); got != 14 {
+		if got := a.rec.count(idemevent.StorageCall, ""); got != 14 {
 			t.Errorf("a made %d store calls, want 14", got)
 		}
 		// b polls at 1, 3, 7, 15, 31, 63, 127 and 255ms (another process:
 		// nobody kicks it), and finds a's result at 255ms.
-		if got := b.rec.calls(coordinator.MethodGet); got != 8 {
+		if got := b.rec.calls(idemevent.MethodGet); got != 8 {
 			t.Errorf("b read %d times, want 8", got)
 		}
 		if d := time.Since(start); d != 255*time.Millisecond {
 			t.Errorf("b's Do took %v, want 255ms", d)
 		}
-		wantWaits(t, b.rec, 1, coordinator.WaitHit, 255*time.Millisecond)
+		wantWaits(t, b.rec, 1, idemevent.WaitHit, 255*time.Millisecond)
 		if a.rec.errors("") != 0 || b.rec.errors("") != 0 {
 			t.Fatalf("errors: a %+v, b %+v", a.rec.all(), b.rec.all())
 		}
@@ -99,13 +102,13 @@ func TestLostLeaseCancelsTheActionAndKeepsTheNewOwner(t *testing.T) {
 				const renew = testLease / 6 // 10ms
 				s := memstore.New()
 				f := newFixture(t, s, coordinator.WithLease(testLease), coordinator.WithRenewInterval(renew), coordinator.WithStorageTimeout(testStorageTimeout))
-				key := coordinator.Key{Operation: "payment.charge", Key: "stolen"}
+				key := idemstore.Key{Operation: "payment.charge", Key: "stolen"}
 				var cause error
 				var cancelledAfter time.Duration
 				v, err := coordinator.Do(t.Context(), f.c, call("stolen"), func(ctx context.Context) (charge, error) {
 					// Another caller takes the key over (as after a store
 					// failover or a long pause past the lease).
-					s.Put(key, coordinator.Record{State: coordinator.StatePending, Token: "new-owner", TTL: time.Minute})
+					s.Put(key, idemstore.Record{State: idemstore.StatePending, Token: "new-owner", TTL: time.Minute})
 					start := time.Now()
 					select {
 					case <-ctx.Done():
@@ -124,8 +127,8 @@ func TestLostLeaseCancelsTheActionAndKeepsTheNewOwner(t *testing.T) {
 				}
 				// The first renewal, one interval into the action, finds
 				// the lease lost.
-				if cancelledAfter != renew || f.rec.calls(coordinator.MethodRenew) != 1 {
-					t.Fatalf("cancelled after %v and %d renewals, want %v and 1", cancelledAfter, f.rec.calls(coordinator.MethodRenew), renew)
+				if cancelledAfter != renew || f.rec.calls(idemevent.MethodRenew) != 1 {
+					t.Fatalf("cancelled after %v and %d renewals, want %v and 1", cancelledAfter, f.rec.calls(idemevent.MethodRenew), renew)
 				}
 				if name == "action honours cancellation" {
 					if !errors.Is(err, coordinator.ErrLeaseLost) {
@@ -134,10 +137,10 @@ func TestLostLeaseCancelsTheActionAndKeepsTheNewOwner(t *testing.T) {
 				} else if err != nil || v.ID != "late" {
 					t.Fatalf("Do = %+v, %v; want the action's result", v, err)
 				}
-				if rec := s.Snapshot(key); rec.State != coordinator.StatePending || rec.Token != "new-owner" {
+				if rec := s.Snapshot(key); rec.State != idemstore.StatePending || rec.Token != "new-owner" {
 					t.Fatalf("the new owner's record was touched: %+v", rec)
 				}
-				if got := f.rec.errors(coordinator.ErrorLeaseLost); got != 1 {
+				if got := f.rec.errors(idemevent.ErrorLeaseLost); got != 1 {
 					t.Fatalf("lease_lost = %d, want 1", got)
 				}
 			})
@@ -150,9 +153,9 @@ func TestCompletionAfterATakeoverDoesNotOverwrite(t *testing.T) {
 	// is refused by the owner check.
 	s := memstore.New()
 	f := newFixture(t, s) // renewals every 10s: none during this action
-	key := coordinator.Key{Operation: "payment.charge", Key: "late"}
+	key := idemstore.Key{Operation: "payment.charge", Key: "late"}
 	v, err := coordinator.Do(t.Context(), f.c, call("late"), func(context.Context) (charge, error) {
-		s.Put(key, coordinator.Record{State: coordinator.StateCompleted, Token: "winner", Result: []byte(`{"id":"winner"}`), TTL: time.Hour})
+		s.Put(key, idemstore.Record{State: idemstore.StateCompleted, Token: "winner", Result: []byte(`{"id":"winner"}`), TTL: time.Hour})
 		return charge{ID: "loser"}, nil
 	})
 	if err != nil || v.ID != "loser" {
@@ -161,7 +164,7 @@ func TestCompletionAfterATakeoverDoesNotOverwrite(t *testing.T) {
 	if rec := s.Snapshot(key); string(rec.Result) != `{"id":"winner"}` {
 		t.Fatalf("winner's record overwritten: %+v", rec)
 	}
-	if f.rec.errors(coordinator.ErrorLeaseLost) != 1 {
+	if f.rec.errors(idemevent.ErrorLeaseLost) != 1 {
 		t.Fatal("lease_lost not reported")
 	}
 }
@@ -181,19 +184,19 @@ func TestRenewerStopsBeforeCompletion(t *testing.T) {
 		}); err != nil {
 			t.Fatal(err)
 		}
-		if got := f.rec.calls(coordinator.MethodRenew); got != 6 {
+		if got := f.rec.calls(idemevent.MethodRenew); got != 6 {
 			t.Fatalf("%d renewals during a 32ms action renewed every 5ms, want 6", got)
 		}
-		n := f.rec.count(coordinator.EventStorageCall, "")
+		n := f.rec.count(idemevent.StorageCall, "")
 		if n != 8 { // reserve, six renewals, complete
 			t.Fatalf("%d store calls, want 8", n)
 		}
 		<-time.After(after)
-		if got := f.rec.count(coordinator.EventStorageCall, ""); got != n {
+		if got := f.rec.count(idemevent.StorageCall, ""); got != n {
 			t.Fatalf("%d store calls %v after Do returned: the renewer outlived the call", got-n, after)
 		}
-		rec := s.Snapshot(coordinator.Key{Operation: "payment.charge", Key: "stop"})
-		if rec.State != coordinator.StateCompleted || rec.TTL != coordinator.DefaultTTL-after {
+		rec := s.Snapshot(idemstore.Key{Operation: "payment.charge", Key: "stop"})
+		if rec.State != idemstore.StateCompleted || rec.TTL != coordinator.DefaultTTL-after {
 			t.Fatalf("record = %v with TTL %v, want completed with %v; a late renewal shortened it?", rec.State, rec.TTL, coordinator.DefaultTTL-after)
 		}
 	})
@@ -217,7 +220,7 @@ func TestWatchdogCancelsAHolderCutOffFromTheStore(t *testing.T) {
 				// One renewal goes through, at 10ms; after that the holder is
 				// cut off.
 				var renewals int
-				fs.Before(coordinator.MethodRenew, func(ctx context.Context, _ coordinator.Key) error {
+				fs.Before(idemevent.MethodRenew, func(ctx context.Context, _ idemstore.Key) error {
 					renewals++
 					switch {
 					case renewals == 1:
@@ -228,10 +231,10 @@ func TestWatchdogCancelsAHolderCutOffFromTheStore(t *testing.T) {
 					<-ctx.Done() // hangs until the call's deadline
 					return ctx.Err()
 				})
-				key := coordinator.Key{Operation: "payment.charge", Key: "cut-off"}
+				key := idemstore.Key{Operation: "payment.charge", Key: "cut-off"}
 				start := time.Now()
 				var cancelledAt time.Duration
-				var left coordinator.Record
+				var left idemstore.Record
 				_, err := coordinator.Do(t.Context(), f.c, call("cut-off"), func(ctx context.Context) (charge, error) {
 					<-ctx.Done()
 					cancelledAt = time.Since(start)
@@ -246,11 +249,11 @@ func TestWatchdogCancelsAHolderCutOffFromTheStore(t *testing.T) {
 				if want := renew + testLease - margin; cancelledAt != want {
 					t.Fatalf("cancelled after %v, want %v", cancelledAt, want)
 				}
-				if left.State != coordinator.StatePending || left.TTL != margin {
+				if left.State != idemstore.StatePending || left.TTL != margin {
 					t.Fatalf("when cancelled the record was %v with %v left; want still pending, %v left", left.State, left.TTL, margin)
 				}
-				if f.rec.errors(coordinator.ErrorLeaseLost) != 1 {
-					t.Fatalf("lease_lost = %d, want 1", f.rec.errors(coordinator.ErrorLeaseLost))
+				if f.rec.errors(idemevent.ErrorLeaseLost) != 1 {
+					t.Fatalf("lease_lost = %d, want 1", f.rec.errors(idemevent.ErrorLeaseLost))
 				}
 			})
 		})
@@ -264,7 +267,7 @@ func TestWatchdogQuietWhileRenewalsAreConfirmed(t *testing.T) {
 		fs := faultstore.Wrap(memstore.New())
 		f := newFixture(t, fs, coordinator.WithLease(testLease), coordinator.WithRenewInterval(testLease/6),
 			coordinator.WithStorageTimeout(testStorageTimeout))
-		fs.Before(coordinator.MethodRenew, func(ctx context.Context, _ coordinator.Key) error {
+		fs.Before(idemevent.MethodRenew, func(ctx context.Context, _ idemstore.Key) error {
 			<-time.After(testStorageTimeout - time.Millisecond) // slow, within the timeout
 			return nil
 		})
@@ -272,8 +275,8 @@ func TestWatchdogQuietWhileRenewalsAreConfirmed(t *testing.T) {
 			<-time.After(10 * testLease)
 			return charge{ID: "done"}, context.Cause(ctx)
 		})
-		if err != nil || v.ID != "done" || f.rec.errors(coordinator.ErrorLeaseLost) != 0 {
-			t.Fatalf("Do = %+v, %v, lease_lost %d; want done and no loss", v, err, f.rec.errors(coordinator.ErrorLeaseLost))
+		if err != nil || v.ID != "done" || f.rec.errors(idemevent.ErrorLeaseLost) != 0 {
+			t.Fatalf("Do = %+v, %v, lease_lost %d; want done and no loss", v, err, f.rec.errors(idemevent.ErrorLeaseLost))
 		}
 	})
 }

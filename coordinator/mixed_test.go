@@ -8,6 +8,8 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+
 	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/coordinator/memstore"
 )
@@ -71,7 +73,7 @@ func TestMixedLeases(t *testing.T) {
 					if k.n() != 1 {
 						t.Fatalf("the action ran %d times, want once", k.n())
 					}
-					if n := holder.rec.errors(coordinator.ErrorLeaseLost); n != 0 {
+					if n := holder.rec.errors(idemevent.ErrorLeaseLost); n != 0 {
 						t.Errorf("the holder lost its lease %d times", n)
 					}
 				})

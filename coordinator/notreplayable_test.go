@@ -9,6 +9,9 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/idemkit/idempotency/coordinator"
 )
 
@@ -50,8 +53,8 @@ func TestUnstorableResultRunsOnce(t *testing.T) {
 				if err != nil || v.Replayed {
 					t.Fatalf("first call: %+v, %v; want the action's own result", v, err)
 				}
-				rec := s.Snapshot(coordinator.Key{Operation: "payment.charge", Key: "k"})
-				if rec.State != coordinator.StateNotReplayable || string(rec.Result) != u.reason {
+				rec := s.Snapshot(idemstore.Key{Operation: "payment.charge", Key: "k"})
+				if rec.State != idemstore.StateNotReplayable || string(rec.Result) != u.reason {
 					t.Fatalf("record = %s %q, want not_replayable %q", rec.State, rec.Result, u.reason)
 				}
 				for range 2 {
@@ -64,10 +67,10 @@ func TestUnstorableResultRunsOnce(t *testing.T) {
 				if runs.Load() != 1 {
 					t.Fatalf("the action ran %d times, want 1", runs.Load())
 				}
-				if got := f.rec.errors(coordinator.ErrorRecordValidation); got != 1 {
+				if got := f.rec.errors(idemevent.ErrorRecordValidation); got != 1 {
 					t.Fatalf("record_validation_error = %d, want 1", got)
 				}
-				if got := f.rec.count(coordinator.EventNotReplayable, ""); got != 2 {
+				if got := f.rec.count(idemevent.NotReplayable, ""); got != 2 {
 					t.Fatalf("not_replayable events = %d, want 2", got)
 				}
 			})
@@ -152,14 +155,14 @@ func TestNotReplayableKeyReuse(t *testing.T) {
 // kept writes the not-replayable record afterwards, as it would a result.
 func TestUnstorableUnprotectedRunIsKept(t *testing.T) {
 	f, fs, _ := newFaulty(t, coordinator.WithMaxResultBytes(8))
-	fs.FailOnce(coordinator.MethodReserve, errConnRefused)
+	fs.FailOnce(idemevent.MethodReserve, errConnRefused)
 	var runs atomic.Int64
 	big := func(context.Context) (string, error) { runs.Add(1); return strings.Repeat("x", 64), nil }
 	if _, err := coordinator.Do(t.Context(), f.c, call("k"), big); err != nil {
 		t.Fatal(err)
 	}
 	f.c.Close() // waits for the background write
-	if n := f.rec.count(coordinator.EventUnprotected, ""); n != 1 {
+	if n := f.rec.count(idemevent.Unprotected, ""); n != 1 {
 		t.Fatalf("unprotected = %d, want 1", n)
 	}
 	f2 := newFixture(t, fs)

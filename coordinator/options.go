@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/idemkit/idempotency/coordinator/idemevent"
 )
 
 // watchdogMargin is how long before a lease could expire the watchdog
@@ -54,7 +56,7 @@ type config struct {
 	fencedOps      []string        // as WithFencedOperations gave them
 	fenced         map[string]bool // checked fencedOps; nil: none is fenced
 	maxResultBytes int
-	observer       Observer
+	observer       idemevent.Observer
 }
 
 func defaultConfig() config {
@@ -69,7 +71,7 @@ func defaultConfig() config {
 		minTTL:         DefaultMinTTL,
 		maxTTL:         DefaultMaxTTL,
 		maxResultBytes: DefaultMaxResultBytes,
-		observer:       NopObserver{},
+		observer:       idemevent.NopObserver{},
 	}
 }
 
@@ -152,7 +154,7 @@ func WithOperationTTLs(ttls map[string]time.Duration) Option {
 // WithFencedOperations gives every reservation of these operations a fence
 // (Reservation.Fence), which a downstream write can check to refuse a
 // holder whose lease has passed to another caller. The store must implement
-// Fencer (New refuses it otherwise), and each operation must be valid
+// idemstore.Fencer (New refuses it otherwise), and each operation must be valid
 // (ValidateOperation). A fenced reservation still takes one round trip;
 // other operations pay nothing. Only a reservation has a fence: in in-flight
 // mode "run" and in an unprotected run the action gets none.
@@ -167,9 +169,9 @@ func WithFencedOperations(operations ...string) Option {
 // Default 1 MiB.
 func WithMaxResultBytes(n int) Option { return optionFunc(func(c *config) { c.maxResultBytes = n }) }
 
-// WithObserver sets the Observer that receives the coordinator's events.
-// Default NopObserver; nil also means NopObserver.
-func WithObserver(o Observer) Option { return optionFunc(func(c *config) { c.observer = o }) }
+// WithObserver sets the idemevent.Observer that receives the coordinator's events.
+// Default idemevent.NopObserver; nil also means it.
+func WithObserver(o idemevent.Observer) Option { return optionFunc(func(c *config) { c.observer = o }) }
 
 // OptionError is an option value that a constructor refuses, in this package
 // and in every adapter (docs/user-guide.md, "Options"); all refusals come at
@@ -219,7 +221,7 @@ func newConfig(opts []Option) (config, error) {
 		errs = append(errs, &OptionError{Option: "WithOnStorageError", Err: err})
 	}
 	if c.observer == nil {
-		c.observer = NopObserver{}
+		c.observer = idemevent.NopObserver{}
 	}
 	// Stores take whole milliseconds (Redis PEXPIRE): every duration that
 	// reaches a store is rounded down first, and checked as rounded.

@@ -12,6 +12,9 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/coordinator/memstore"
 )
@@ -47,7 +50,7 @@ func TestCodecPanicAfterTheActionRanIsNotRaised(t *testing.T) {
 			if err != nil || v.ID != "ch_1" {
 				t.Fatalf("Do = %+v, %v", v, err)
 			}
-			if f.rec.errors(coordinator.ErrorRecordValidation) != 1 {
+			if f.rec.errors(idemevent.ErrorRecordValidation) != 1 {
 				t.Fatal("the unencodable result is not reported as record_validation_error")
 			}
 		})
@@ -62,12 +65,12 @@ func TestCodecPanicAfterTheActionRanIsNotRaised(t *testing.T) {
 // before the reply arrived: a client that disconnects while the Lua script
 // runs.
 type hangUpStore struct {
-	coordinator.Store
+	idemstore.Store
 	cancel context.CancelFunc
 	armed  bool
 }
 
-func (h *hangUpStore) Reserve(ctx context.Context, key coordinator.Key, w coordinator.Write) (coordinator.Record, bool, error) {
+func (h *hangUpStore) Reserve(ctx context.Context, key idemstore.Key, w idemstore.Write) (idemstore.Record, bool, error) {
 	if !h.armed {
 		return h.Store.Reserve(ctx, key, w)
 	}
@@ -77,7 +80,7 @@ func (h *hangUpStore) Reserve(ctx context.Context, key coordinator.Key, w coordi
 		return rec, ok, err
 	}
 	h.cancel()
-	return coordinator.Record{}, false, ctx.Err()
+	return idemstore.Record{}, false, ctx.Err()
 }
 
 func TestHangUpDuringReserveGivesTheKeyBack(t *testing.T) {
@@ -90,8 +93,8 @@ func TestHangUpDuringReserveGivesTheKeyBack(t *testing.T) {
 		t.Fatalf("err = %v, want context.Canceled", err)
 	}
 	f.c.Close() // the release runs in the background
-	key := coordinator.Key{Operation: "payment.charge", Key: "hangup"}
-	if rec := mem.Snapshot(key); rec.State == coordinator.StatePending {
+	key := idemstore.Key{Operation: "payment.charge", Key: "hangup"}
+	if rec := mem.Snapshot(key); rec.State == idemstore.StatePending {
 		// The client retries at once.
 		_, err := coordinator.Do(t.Context(), f.c, call("hangup"), k.action("retry"))
 		t.Fatalf("a caller that hung up left its key reserved (TTL %v, nobody will release it); the retry got %v", rec.TTL, err)
@@ -108,13 +111,13 @@ func TestLostReserveReplyDoesNotBlockTheKey(t *testing.T) {
 		t.Run(string(mode), func(t *testing.T) {
 			f, fs, mem := newFaulty(t, coordinator.WithOnStorageError(mode),
 				coordinator.WithWaitTimeout(100*time.Millisecond), coordinator.WithPollInterval(time.Millisecond))
-			fs.LoseReplies(coordinator.MethodReserve, 1, context.DeadlineExceeded)
+			fs.LoseReplies(idemevent.MethodReserve, 1, context.DeadlineExceeded)
 			var k counter
 			first, _ := coordinator.Do(t.Context(), f.c, call("lost-reply"), k.action("first"))
 			f.c.Close() // a release runs in the background
-			key := coordinator.Key{Operation: "payment.charge", Key: "lost-reply"}
+			key := idemstore.Key{Operation: "payment.charge", Key: "lost-reply"}
 			rec := mem.Snapshot(key)
-			if rec.State == coordinator.StatePending {
+			if rec.State == idemstore.StatePending {
 				second, err := coordinator.Do(t.Context(), f.c, call("lost-reply"), k.action("second"))
 				t.Fatalf("after a lost Reserve reply the key holds this call's own pending record (TTL %v) "+
 					"and nothing removes or completes it; first=%+v, next call = %+v, %v", rec.TTL, first, second, err)
@@ -127,7 +130,7 @@ func TestLostReserveReplyDoesNotBlockTheKey(t *testing.T) {
 // 4. The lease is passed to the Store as it was configured, not as a whole
 // number of milliseconds as the Store contract promises.
 
-type msStrict struct{ coordinator.Store }
+type msStrict struct{ idemstore.Store }
 
 func checkMS(d time.Duration) error {
 	if d%time.Millisecond != 0 {
@@ -136,14 +139,14 @@ func checkMS(d time.Duration) error {
 	return nil
 }
 
-func (s msStrict) Reserve(ctx context.Context, key coordinator.Key, w coordinator.Write) (coordinator.Record, bool, error) {
+func (s msStrict) Reserve(ctx context.Context, key idemstore.Key, w idemstore.Write) (idemstore.Record, bool, error) {
 	if err := checkMS(w.TTL); err != nil {
-		return coordinator.Record{}, false, err
+		return idemstore.Record{}, false, err
 	}
 	return s.Store.Reserve(ctx, key, w)
 }
 
-func (s msStrict) Renew(ctx context.Context, key coordinator.Key, token string, lease time.Duration) (bool, error) {
+func (s msStrict) Renew(ctx context.Context, key idemstore.Key, token string, lease time.Duration) (bool, error) {
 	if err := checkMS(lease); err != nil {
 		return false, err
 	}
@@ -163,11 +166,11 @@ func TestStoreGetsWholeMilliseconds(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, e := range f.rec.all() {
-			if e.Kind == coordinator.EventError {
+			if e.Kind == idemevent.Error {
 				t.Fatalf("the coordinator sent a TTL that breaks the Store contract: %v", e.Err)
 			}
 		}
-		if got := f.rec.calls(coordinator.MethodRenew); got != 1 {
+		if got := f.rec.calls(idemevent.MethodRenew); got != 1 {
 			t.Fatalf("%d renewals, want 1", got)
 		}
 	})
@@ -189,7 +192,7 @@ type deadlineOnlyStore struct {
 	once    sync.Once
 }
 
-func (s *deadlineOnlyStore) Get(ctx context.Context, key coordinator.Key) (coordinator.Record, error) {
+func (s *deadlineOnlyStore) Get(ctx context.Context, key idemstore.Key) (idemstore.Record, error) {
 	select {
 	case <-s.slow:
 	default:
@@ -201,7 +204,7 @@ func (s *deadlineOnlyStore) Get(ctx context.Context, key coordinator.Key) (coord
 		return s.Store.Get(ctx, key)
 	}
 	<-time.After(time.Until(d)) // run in a synctest bubble: on the fake clock
-	return coordinator.Record{}, context.DeadlineExceeded
+	return idemstore.Record{}, context.DeadlineExceeded
 }
 
 func TestCancelledWaiterIsNotHeldByASlowPoll(t *testing.T) {
@@ -218,7 +221,7 @@ func TestCancelledWaiterIsNotHeldByASlowPoll(t *testing.T) {
 			errc <- err
 		}()
 		synctest.Wait()
-		if n := f.rec.count(coordinator.EventInFlight, ""); n != 1 {
+		if n := f.rec.count(idemevent.InFlight, ""); n != 1 {
 			t.Fatalf("in-flight events = %d, want 1: the waiter waits", n)
 		}
 		close(s.slow)
@@ -246,7 +249,7 @@ func TestCloseWaitsForPollLoops(t *testing.T) {
 			errc <- err
 		}()
 		synctest.Wait()
-		if n := f.rec.count(coordinator.EventInFlight, ""); n != 1 {
+		if n := f.rec.count(idemevent.InFlight, ""); n != 1 {
 			t.Fatalf("in-flight events = %d, want 1: the waiter waits", n)
 		}
 		close(s.slow)

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/idemkit/idempotency/coordinator/idemevent"
 )
 
 // renewer keeps a running action's lease alive, and is its watchdog. It
@@ -87,11 +89,11 @@ func (r *renewer) run() {
 		case err == nil:
 			r.lost = true
 			lostErr := fmt.Errorf("%w: %s is owned by another caller or gone; the action is cancelled", ErrLeaseLost, x.key)
-			x.observe(r.ctx, Event{Kind: EventError, ErrorType: ErrorLeaseLost, Err: lostErr})
+			x.observe(r.ctx, idemevent.Event{Kind: idemevent.Error, ErrorType: idemevent.ErrorLeaseLost, Err: lostErr})
 			r.cancelAction(ErrLeaseLost)
 			return
 		default:
-			x.storageFailed(r.ctx, ErrorStorageRenew, MethodRenew, err)
+			x.storageFailed(r.ctx, idemevent.ErrorStorageRenew, idemevent.MethodRenew, err)
 			if !time.Now().Before(r.deadline) {
 				r.expire()
 				return
@@ -114,7 +116,7 @@ func (r *renewer) expire() {
 	x := r.x
 	err := fmt.Errorf("%w: no renewal of %s confirmed for %v (the lease %v less its margin): it may have expired, and the action is cancelled before another caller can take the key over",
 		ErrLeaseLost, x.key, r.limit, x.c.cfg.lease)
-	x.observe(r.ctx, Event{Kind: EventError, ErrorType: ErrorLeaseLost, Err: err})
+	x.observe(r.ctx, idemevent.Event{Kind: idemevent.Error, ErrorType: idemevent.ErrorLeaseLost, Err: err})
 	r.cancelAction(ErrLeaseLost)
 }
 

@@ -8,6 +8,9 @@ import (
 	"testing"
 	"testing/synctest"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/idemkit/idempotency/coordinator"
 )
 
@@ -75,7 +78,7 @@ func TestDoResultReportsReplayOnEveryPath(t *testing.T) {
 
 	t.Run("an unprotected run is not a replay", func(t *testing.T) {
 		f, fs, _ := newFaulty(t)
-		fs.FailOnce(coordinator.MethodReserve, errConnRefused)
+		fs.FailOnce(idemevent.MethodReserve, errConnRefused)
 		var k counter
 		res, err := coordinator.DoResult(t.Context(), f.c, call("u"), k.action("unprotected"))
 		replayed(t, res, err, false, "unprotected")
@@ -126,7 +129,7 @@ func TestDoWithCodecStoresAndReplaysWithItsCodec(t *testing.T) {
 	if err != nil || first.Replayed || first.Value != 1999 {
 		t.Fatalf("first = %+v, %v", first, err)
 	}
-	if rec := s.Snapshot(coordinator.Key{Operation: "payment.charge", Key: "c"}); string(rec.Result) != "1999" {
+	if rec := s.Snapshot(idemstore.Key{Operation: "payment.charge", Key: "c"}); string(rec.Result) != "1999" {
 		t.Fatalf("stored %q, want the codec's 1999", rec.Result)
 	}
 	again, err := coordinator.DoWithCodec(t.Context(), f.c, call("c"), decimal{}, action)

@@ -10,13 +10,16 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/idemkit/idempotency/coordinator"
 )
 
 // slow is a Hook that answers after d, as a starved store does: later than
 // the storage timeout, well within the lease.
-func slow(d time.Duration) func(context.Context, coordinator.Key) error {
-	return func(ctx context.Context, _ coordinator.Key) error {
+func slow(d time.Duration) func(context.Context, idemstore.Key) error {
+	return func(ctx context.Context, _ idemstore.Key) error {
 		t := time.NewTimer(d)
 		defer t.Stop()
 		select {
@@ -35,25 +38,25 @@ func slow(d time.Duration) func(context.Context, coordinator.Key) error {
 func TestStarvedSaveStoresTheResult(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f, fs, mem := newFaulty(t, coordinator.WithLease(time.Second), coordinator.WithStorageTimeout(20*time.Millisecond))
-		fs.Before(coordinator.MethodComplete, slow(50*time.Millisecond))
-		fs.Before(coordinator.MethodRenew, slow(50*time.Millisecond))
+		fs.Before(idemevent.MethodComplete, slow(50*time.Millisecond))
+		fs.Before(idemevent.MethodRenew, slow(50*time.Millisecond))
 		var k counter
 		if _, err := coordinator.Do(t.Context(), f.c, call("starved"), k.action("x")); err != nil {
 			t.Fatal(err)
 		}
 		f.c.Close() // waits for the background save
-		if rec := mem.Snapshot(coordinator.Key{Operation: "payment.charge", Key: "starved"}); rec.State != coordinator.StateCompleted {
+		if rec := mem.Snapshot(idemstore.Key{Operation: "payment.charge", Key: "starved"}); rec.State != idemstore.StateCompleted {
 			t.Fatalf("record is %s, want completed", rec.State)
 		}
-		if n := f.rec.count(coordinator.EventStored, ""); n != 1 {
+		if n := f.rec.count(idemevent.Stored, ""); n != 1 {
 			t.Fatalf("stored events = %d, want 1", n)
 		}
 		// One timed-out synchronous completion; the background round's
 		// renewal and completion both went through.
-		if n := f.rec.errors(coordinator.ErrorStorageSave); n != 1 {
+		if n := f.rec.errors(idemevent.ErrorStorageSave); n != 1 {
 			t.Fatalf("storage_save_error = %d, want 1 (the synchronous attempt)", n)
 		}
-		if n := f.rec.errors(coordinator.ErrorStorageRenew); n != 0 {
+		if n := f.rec.errors(idemevent.ErrorStorageRenew); n != 0 {
 			t.Fatalf("storage_renew_error = %d, want 0", n)
 		}
 	})
@@ -68,14 +71,14 @@ func TestStarvedSaveCompletesWithinTheRenewedLease(t *testing.T) {
 		f, fs, mem := newFaulty(t, coordinator.WithLease(time.Second), coordinator.WithStorageTimeout(20*time.Millisecond),
 			coordinator.WithRenewInterval(800*time.Millisecond))
 		var completes atomic.Int64
-		fs.Before(coordinator.MethodComplete, func(ctx context.Context, k coordinator.Key) error {
+		fs.Before(idemevent.MethodComplete, func(ctx context.Context, k idemstore.Key) error {
 			if completes.Add(1) == 1 { // the synchronous attempt: a hung store
 				<-ctx.Done()
 				return ctx.Err()
 			}
 			return slow(600*time.Millisecond)(ctx, k)
 		})
-		fs.Before(coordinator.MethodRenew, slow(300*time.Millisecond))
+		fs.Before(idemevent.MethodRenew, slow(300*time.Millisecond))
 		_, err := coordinator.Do(t.Context(), f.c, call("renewed"), func(context.Context) (int, error) {
 			time.Sleep(400 * time.Millisecond) // the lease has 600ms left when it returns
 			return 1, nil
@@ -84,13 +87,13 @@ func TestStarvedSaveCompletesWithinTheRenewedLease(t *testing.T) {
 			t.Fatal(err)
 		}
 		f.c.Close()
-		if rec := mem.Snapshot(coordinator.Key{Operation: "payment.charge", Key: "renewed"}); rec.State != coordinator.StateCompleted {
+		if rec := mem.Snapshot(idemstore.Key{Operation: "payment.charge", Key: "renewed"}); rec.State != idemstore.StateCompleted {
 			t.Fatalf("record is %s, want completed", rec.State)
 		}
 		if n := completes.Load(); n != 2 {
 			t.Fatalf("completions sent = %d, want 2 (the synchronous one, and one background round)", n)
 		}
-		if n := f.rec.count(coordinator.EventStored, ""); n != 1 {
+		if n := f.rec.count(idemevent.Stored, ""); n != 1 {
 			t.Fatalf("stored events = %d, want 1", n)
 		}
 	})
@@ -102,7 +105,7 @@ func TestStarvedSaveCompletesWithinTheRenewedLease(t *testing.T) {
 func TestStarvedRenewalsKeepTheLease(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f, fs, _ := newFaulty(t, coordinator.WithLease(time.Second), coordinator.WithStorageTimeout(20*time.Millisecond))
-		fs.Before(coordinator.MethodRenew, slow(50*time.Millisecond))
+		fs.Before(idemevent.MethodRenew, slow(50*time.Millisecond))
 		_, err := coordinator.Do(t.Context(), f.c, call("long"), func(ctx context.Context) (int, error) {
 			select {
 			case <-time.After(3 * time.Second):
@@ -114,10 +117,10 @@ func TestStarvedRenewalsKeepTheLease(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Do = %v, want the action to finish", err)
 		}
-		if n := f.rec.errors(coordinator.ErrorLeaseLost) + f.rec.errors(coordinator.ErrorStorageRenew); n != 0 {
+		if n := f.rec.errors(idemevent.ErrorLeaseLost) + f.rec.errors(idemevent.ErrorStorageRenew); n != 0 {
 			t.Fatalf("lease_lost + storage_renew_error = %d, want 0", n)
 		}
-		if n := fs.Calls(coordinator.MethodRenew); n < 8 {
+		if n := fs.Calls(idemevent.MethodRenew); n < 8 {
 			t.Fatalf("renewals = %d, want one every renew interval", n)
 		}
 	})
@@ -130,9 +133,9 @@ func TestCleanupAfterRefusedReservesIsBounded(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const timeout = 20 * time.Millisecond
 		f, fs, _ := newFaulty(t, coordinator.WithOnStorageError(coordinator.OnStorageErrorRaise), coordinator.WithStorageTimeout(timeout))
-		hang := func(ctx context.Context, _ coordinator.Key) error { <-ctx.Done(); return ctx.Err() }
-		fs.Before(coordinator.MethodReserve, hang)
-		fs.Before(coordinator.MethodRelease, hang)
+		hang := func(ctx context.Context, _ idemstore.Key) error { <-ctx.Done(); return ctx.Err() }
+		fs.Before(idemevent.MethodReserve, hang)
+		fs.Before(idemevent.MethodRelease, hang)
 		var wg sync.WaitGroup
 		for i := range 50 {
 			wg.Go(func() {
@@ -144,10 +147,10 @@ func TestCleanupAfterRefusedReservesIsBounded(t *testing.T) {
 		}
 		wg.Wait()
 		f.c.Close()
-		if n := fs.Calls(coordinator.MethodRelease); n != 8 {
+		if n := fs.Calls(idemevent.MethodRelease); n != 8 {
 			t.Fatalf("releases sent = %d, want 8", n)
 		}
-		if n := f.rec.errors(coordinator.ErrorStorageRelease); n != 50 {
+		if n := f.rec.errors(idemevent.ErrorStorageRelease); n != 50 {
 			t.Fatalf("storage_release_error = %d, want 50 (8 timed out, 42 dropped)", n)
 		}
 	})
@@ -161,18 +164,18 @@ func TestOffRequestPath(t *testing.T) {
 		f, fs, _ := newFaulty(t, coordinator.WithLease(time.Second), coordinator.WithStorageTimeout(20*time.Millisecond))
 		var mu sync.Mutex
 		marked := map[string][]bool{}
-		mark := func(m coordinator.Method) func(context.Context, coordinator.Key) error {
-			return func(ctx context.Context, _ coordinator.Key) error {
+		mark := func(m idemevent.Method) func(context.Context, idemstore.Key) error {
+			return func(ctx context.Context, _ idemstore.Key) error {
 				mu.Lock()
 				defer mu.Unlock()
 				marked[string(m)] = append(marked[string(m)], coordinator.OffRequestPath(ctx))
-				if m == coordinator.MethodComplete && len(marked[string(m)]) == 1 {
+				if m == idemevent.MethodComplete && len(marked[string(m)]) == 1 {
 					return errors.New("the first completion fails")
 				}
 				return nil
 			}
 		}
-		for _, m := range []coordinator.Method{coordinator.MethodReserve, coordinator.MethodRenew, coordinator.MethodComplete} {
+		for _, m := range []idemevent.Method{idemevent.MethodReserve, idemevent.MethodRenew, idemevent.MethodComplete} {
 			fs.Before(m, mark(m))
 		}
 		_, err := coordinator.Do(t.Context(), f.c, call("marked"), func(context.Context) (int, error) {
@@ -184,9 +187,9 @@ func TestOffRequestPath(t *testing.T) {
 		}
 		f.c.Close()
 		want := map[string][]bool{
-			string(coordinator.MethodReserve):  {false},
-			string(coordinator.MethodRenew):    {true, true}, // the renewer's, the save round's
-			string(coordinator.MethodComplete): {false, true},
+			string(idemevent.MethodReserve):  {false},
+			string(idemevent.MethodRenew):    {true, true}, // the renewer's, the save round's
+			string(idemevent.MethodComplete): {false, true},
 		}
 		for m, w := range want {
 			if !slices.Equal(marked[m], w) {

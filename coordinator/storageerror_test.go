@@ -10,6 +10,9 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/coordinator/faultstore"
 	"github.com/idemkit/idempotency/coordinator/memstore"
@@ -31,7 +34,7 @@ func newFaulty(t *testing.T, opts ...coordinator.Option) (fixture, *faultstore.S
 // errConnRefused stands for a raw driver error from a custom store.
 var errConnRefused = &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connect: connection refused")}
 
-func wantStorageError(t *testing.T, err error, method coordinator.Method) {
+func wantStorageError(t *testing.T, err error, method idemevent.Method) {
 	t.Helper()
 	var se *coordinator.StorageError
 	if !errors.Is(err, coordinator.ErrStorage) || !errors.As(err, &se) {
@@ -48,7 +51,7 @@ func TestStorageDown_SameKeyTwice(t *testing.T) {
 	for _, mode := range storageModes {
 		t.Run(string(mode), func(t *testing.T) {
 			f, fs, _ := newFaulty(t, coordinator.WithOnStorageError(mode))
-			for _, m := range coordinator.Methods() {
+			for _, m := range idemevent.Methods() {
 				fs.Fail(m, errConnRefused)
 			}
 			var k counter
@@ -60,7 +63,7 @@ func TestStorageDown_SameKeyTwice(t *testing.T) {
 						t.Fatalf("run mode: %v", err)
 					}
 				case coordinator.OnStorageErrorRaise:
-					wantStorageError(t, err, coordinator.MethodReserve)
+					wantStorageError(t, err, idemevent.MethodReserve)
 				}
 			}
 			want := map[coordinator.OnStorageErrorMode]int{coordinator.OnStorageErrorRun: 2, coordinator.OnStorageErrorRaise: 0}[mode]
@@ -68,7 +71,7 @@ func TestStorageDown_SameKeyTwice(t *testing.T) {
 				t.Fatalf("action ran %d times, want %d", k.n(), want)
 			}
 			// The metric is reported in both modes.
-			if got := f.rec.errors(coordinator.ErrorStorageReserve); got != 2 {
+			if got := f.rec.errors(idemevent.ErrorStorageReserve); got != 2 {
 				t.Fatalf("storage_reserve_error = %d, want 2", got)
 			}
 		})
@@ -79,11 +82,11 @@ func TestStorageError_Reserve(t *testing.T) {
 	for _, mode := range storageModes {
 		t.Run(string(mode), func(t *testing.T) {
 			f, fs, mem := newFaulty(t, coordinator.WithOnStorageError(mode))
-			fs.FailOnce(coordinator.MethodReserve, errConnRefused)
+			fs.FailOnce(idemevent.MethodReserve, errConnRefused)
 			var k counter
 			v, err := coordinator.Do(t.Context(), f.c, call("reserve"), k.action("x"))
 			if mode == coordinator.OnStorageErrorRaise {
-				wantStorageError(t, err, coordinator.MethodReserve)
+				wantStorageError(t, err, idemevent.MethodReserve)
 				if k.n() != 0 || mem.Len() != 0 {
 					t.Fatalf("raise: runs=%d stored=%d", k.n(), mem.Len())
 				}
@@ -91,17 +94,17 @@ func TestStorageError_Reserve(t *testing.T) {
 				if err != nil || v.ID != "x" || k.n() != 1 {
 					t.Fatalf("run: %+v, %v, runs %d", v, err, k.n())
 				}
-				if f.rec.count(coordinator.EventUnprotected, "") != 1 {
+				if f.rec.count(idemevent.Unprotected, "") != 1 {
 					t.Fatal("unprotected run not reported")
 				}
 				// The result is written best effort once the store is back,
 				// in the background.
 				f.c.Close()
-				if rec := mem.Snapshot(coordinator.Key{Operation: "payment.charge", Key: "reserve"}); rec.State != coordinator.StateCompleted {
+				if rec := mem.Snapshot(idemstore.Key{Operation: "payment.charge", Key: "reserve"}); rec.State != idemstore.StateCompleted {
 					t.Fatalf("record after an unprotected run = %v", rec.State)
 				}
 			}
-			if f.rec.errors(coordinator.ErrorStorageReserve) != 1 {
+			if f.rec.errors(idemevent.ErrorStorageReserve) != 1 {
 				t.Fatal("storage_reserve_error not reported")
 			}
 		})
@@ -112,18 +115,18 @@ func TestStorageError_RunModeFirstRead(t *testing.T) {
 	for _, mode := range storageModes {
 		t.Run(string(mode), func(t *testing.T) {
 			f, fs, _ := newFaulty(t, coordinator.WithOnStorageError(mode), coordinator.WithInFlight(coordinator.InFlightRun))
-			fs.FailOnce(coordinator.MethodGet, errConnRefused)
+			fs.FailOnce(idemevent.MethodGet, errConnRefused)
 			var k counter
 			_, err := coordinator.Do(t.Context(), f.c, call("first-read"), k.action("x"))
 			if mode == coordinator.OnStorageErrorRaise {
-				wantStorageError(t, err, coordinator.MethodGet)
+				wantStorageError(t, err, idemevent.MethodGet)
 				if k.n() != 0 {
 					t.Fatal("the action ran")
 				}
 			} else if err != nil || k.n() != 1 {
 				t.Fatalf("run: %v, runs %d", err, k.n())
 			}
-			if f.rec.errors(coordinator.ErrorStorageGet) != 1 {
+			if f.rec.errors(idemevent.ErrorStorageGet) != 1 {
 				t.Fatal("storage_get_error not reported")
 			}
 		})
@@ -138,11 +141,11 @@ func TestStorageError_ReadAfterContestedReservation(t *testing.T) {
 				f, fs, _ := newFaulty(t, coordinator.WithOnStorageError(mode), coordinator.WithPollInterval(time.Millisecond))
 				release := make(chan struct{})
 				done := holder(t, f.c, "contested", release, charge{ID: "holder"}, nil)
-				fs.Fail(coordinator.MethodGet, errConnRefused)
+				fs.Fail(idemevent.MethodGet, errConnRefused)
 				var k counter
 				v, err := coordinator.Do(t.Context(), f.c, call("contested"), k.action("waiter"))
 				if mode == coordinator.OnStorageErrorRaise {
-					wantStorageError(t, err, coordinator.MethodGet)
+					wantStorageError(t, err, idemevent.MethodGet)
 					if k.n() != 0 {
 						t.Fatal("the waiter ran the action")
 					}
@@ -150,10 +153,10 @@ func TestStorageError_ReadAfterContestedReservation(t *testing.T) {
 					t.Fatalf("run: %+v, %v, runs %d; want an unprotected run", v, err, k.n())
 				}
 				// The first poll, at 1ms, fails and ends the wait.
-				if got := f.rec.errors(coordinator.ErrorStorageGet); got != 1 || fs.Calls(coordinator.MethodGet) != 1 {
-					t.Fatalf("storage_get_error = %d after %d reads, want 1 after 1", got, fs.Calls(coordinator.MethodGet))
+				if got := f.rec.errors(idemevent.ErrorStorageGet); got != 1 || fs.Calls(idemevent.MethodGet) != 1 {
+					t.Fatalf("storage_get_error = %d after %d reads, want 1 after 1", got, fs.Calls(idemevent.MethodGet))
 				}
-				wantWaits(t, f.rec, 1, coordinator.WaitError, time.Millisecond)
+				wantWaits(t, f.rec, 1, idemevent.WaitError, time.Millisecond)
 				close(release)
 				if err := <-done; err != nil {
 					t.Fatal(err)
@@ -169,12 +172,12 @@ func TestStorageError_RaiseModeNeedsNoRead(t *testing.T) {
 	f, fs, _ := newFaulty(t, coordinator.WithInFlight(coordinator.InFlightRaise), coordinator.WithOnStorageError(coordinator.OnStorageErrorRaise))
 	release := make(chan struct{})
 	done := holder(t, f.c, "refused", release, charge{ID: "holder"}, nil)
-	fs.Fail(coordinator.MethodGet, errConnRefused)
+	fs.Fail(idemevent.MethodGet, errConnRefused)
 	var k counter
 	if _, err := coordinator.Do(t.Context(), f.c, call("refused"), k.action("x")); !errors.Is(err, coordinator.ErrInProgress) {
 		t.Fatalf("err = %v, want ErrInProgress", err)
 	}
-	if fs.Calls(coordinator.MethodGet) != 0 {
+	if fs.Calls(idemevent.MethodGet) != 0 {
 		t.Fatal("read the store")
 	}
 	close(release)
@@ -189,7 +192,7 @@ func TestStorageError_Save(t *testing.T) {
 		t.Run(string(mode), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				f, fs, mem := newFaulty(t, coordinator.WithOnStorageError(mode))
-				fs.FailOnce(coordinator.MethodComplete, errConnRefused)
+				fs.FailOnce(idemevent.MethodComplete, errConnRefused)
 				var k counter
 				start := time.Now()
 				v, err := coordinator.Do(t.Context(), f.c, call("save"), k.action("x"))
@@ -200,14 +203,14 @@ func TestStorageError_Save(t *testing.T) {
 				if got := time.Since(start); got != coordinator.DefaultPollInterval {
 					t.Fatalf("the retried save ended after %v, want one poll interval (%v)", got, coordinator.DefaultPollInterval)
 				}
-				if f.rec.errors(coordinator.ErrorStorageSave) != 1 || f.rec.count(coordinator.EventStored, "") != 1 {
-					t.Fatalf("storage_save_error %d, stored %d; want 1, 1", f.rec.errors(coordinator.ErrorStorageSave), f.rec.count(coordinator.EventStored, ""))
+				if f.rec.errors(idemevent.ErrorStorageSave) != 1 || f.rec.count(idemevent.Stored, "") != 1 {
+					t.Fatalf("storage_save_error %d, stored %d; want 1, 1", f.rec.errors(idemevent.ErrorStorageSave), f.rec.count(idemevent.Stored, ""))
 				}
-				if fs.Calls(coordinator.MethodRelease) != 0 || fs.Calls(coordinator.MethodComplete) != 2 || fs.Calls(coordinator.MethodRenew) != 1 {
+				if fs.Calls(idemevent.MethodRelease) != 0 || fs.Calls(idemevent.MethodComplete) != 2 || fs.Calls(idemevent.MethodRenew) != 1 {
 					t.Fatalf("release %d, complete %d, renew %d; want 0, 2, 1",
-						fs.Calls(coordinator.MethodRelease), fs.Calls(coordinator.MethodComplete), fs.Calls(coordinator.MethodRenew))
+						fs.Calls(idemevent.MethodRelease), fs.Calls(idemevent.MethodComplete), fs.Calls(idemevent.MethodRenew))
 				}
-				if rec := mem.Snapshot(coordinator.Key{Operation: "payment.charge", Key: "save"}); rec.State != coordinator.StateCompleted {
+				if rec := mem.Snapshot(idemstore.Key{Operation: "payment.charge", Key: "save"}); rec.State != idemstore.StateCompleted {
 					t.Fatalf("record %v, want completed", rec.State)
 				}
 				again, err := coordinator.Do(t.Context(), f.c, call("save"), k.action("retry"))
@@ -228,21 +231,21 @@ func TestStorageError_Save(t *testing.T) {
 func TestStorageError_LateSave(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f, fs, mem := newFaulty(t, coordinator.WithOnStorageError(coordinator.OnStorageErrorRaise))
-		fs.LoseReplies(coordinator.MethodComplete, 1, context.DeadlineExceeded)
+		fs.LoseReplies(idemevent.MethodComplete, 1, context.DeadlineExceeded)
 		var k counter
 		if _, err := coordinator.Do(t.Context(), f.c, call("late"), k.action("x")); err != nil {
 			t.Fatal(err)
 		}
 		f.c.Close()
-		if f.rec.count(coordinator.EventStored, "") != 1 || f.rec.errors(coordinator.ErrorLeaseLost) != 0 || fs.Calls(coordinator.MethodRelease) != 0 {
+		if f.rec.count(idemevent.Stored, "") != 1 || f.rec.errors(idemevent.ErrorLeaseLost) != 0 || fs.Calls(idemevent.MethodRelease) != 0 {
 			t.Fatalf("stored %d, lease_lost %d, releases %d; want 1, 0, 0",
-				f.rec.count(coordinator.EventStored, ""), f.rec.errors(coordinator.ErrorLeaseLost), fs.Calls(coordinator.MethodRelease))
+				f.rec.count(idemevent.Stored, ""), f.rec.errors(idemevent.ErrorLeaseLost), fs.Calls(idemevent.MethodRelease))
 		}
-		if fs.Calls(coordinator.MethodRenew) != 1 || fs.Calls(coordinator.MethodComplete) != 2 {
+		if fs.Calls(idemevent.MethodRenew) != 1 || fs.Calls(idemevent.MethodComplete) != 2 {
 			t.Fatalf("renew %d, complete %d; want 1, 2: the completion sent again after Renew found it applied",
-				fs.Calls(coordinator.MethodRenew), fs.Calls(coordinator.MethodComplete))
+				fs.Calls(idemevent.MethodRenew), fs.Calls(idemevent.MethodComplete))
 		}
-		if rec := mem.Snapshot(coordinator.Key{Operation: "payment.charge", Key: "late"}); rec.State != coordinator.StateCompleted {
+		if rec := mem.Snapshot(idemstore.Key{Operation: "payment.charge", Key: "late"}); rec.State != idemstore.StateCompleted {
 			t.Fatalf("record %v, want completed", rec.State)
 		}
 	})
@@ -257,25 +260,25 @@ func TestStorageError_LateSaveWhoseResendsFail(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f, fs, mem := newFaulty(t, coordinator.WithOnStorageError(coordinator.OnStorageErrorRaise),
 			coordinator.WithLease(testLease), coordinator.WithStorageTimeout(testStorageTimeout))
-		fs.LoseReplies(coordinator.MethodComplete, 1, context.DeadlineExceeded)
+		fs.LoseReplies(idemevent.MethodComplete, 1, context.DeadlineExceeded)
 		var k counter
 		if _, err := coordinator.Do(t.Context(), f.c, call("starved"), k.action("x")); err != nil {
 			t.Fatal(err)
 		}
-		fs.Fail(coordinator.MethodComplete, context.DeadlineExceeded) // every resend
+		fs.Fail(idemevent.MethodComplete, context.DeadlineExceeded) // every resend
 		f.c.Close()
-		if f.rec.count(coordinator.EventStored, "") != 1 || f.rec.errors(coordinator.ErrorLeaseLost) != 0 {
-			t.Fatalf("stored %d, lease_lost %d; want 1, 0", f.rec.count(coordinator.EventStored, ""), f.rec.errors(coordinator.ErrorLeaseLost))
+		if f.rec.count(idemevent.Stored, "") != 1 || f.rec.errors(idemevent.ErrorLeaseLost) != 0 {
+			t.Fatalf("stored %d, lease_lost %d; want 1, 0", f.rec.count(idemevent.Stored, ""), f.rec.errors(idemevent.ErrorLeaseLost))
 		}
-		if fs.Calls(coordinator.MethodComplete) < 3 {
-			t.Fatalf("complete %d; want the first and resends until the lease ran out", fs.Calls(coordinator.MethodComplete))
+		if fs.Calls(idemevent.MethodComplete) < 3 {
+			t.Fatalf("complete %d; want the first and resends until the lease ran out", fs.Calls(idemevent.MethodComplete))
 		}
 		for _, e := range f.rec.all() {
-			if e.Kind == coordinator.EventError && e.ErrorType == coordinator.ErrorStorageSave && strings.Contains(e.Err.Error(), "is not stored") {
+			if e.Kind == idemevent.Error && e.ErrorType == idemevent.ErrorStorageSave && strings.Contains(e.Err.Error(), "is not stored") {
 				t.Fatalf("the save was given up: %v", e.Err)
 			}
 		}
-		if rec := mem.Snapshot(coordinator.Key{Operation: "payment.charge", Key: "starved"}); rec.State != coordinator.StateCompleted {
+		if rec := mem.Snapshot(idemstore.Key{Operation: "payment.charge", Key: "starved"}); rec.State != idemstore.StateCompleted {
 			t.Fatalf("record %v, want completed", rec.State)
 		}
 	})
@@ -287,8 +290,8 @@ func TestStorageError_LateSaveWhoseResendsFail(t *testing.T) {
 func TestStorageError_SaveGivesUpAfterTheLease(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f, fs, _ := newFaulty(t, coordinator.WithLease(testLease), coordinator.WithStorageTimeout(testStorageTimeout))
-		fs.Fail(coordinator.MethodComplete, errConnRefused)
-		fs.Fail(coordinator.MethodRenew, errConnRefused)
+		fs.Fail(idemevent.MethodComplete, errConnRefused)
+		fs.Fail(idemevent.MethodRenew, errConnRefused)
 		var k counter
 		start := time.Now()
 		if _, err := coordinator.Do(t.Context(), f.c, call("down"), k.action("x")); err != nil {
@@ -303,12 +306,12 @@ func TestStorageError_SaveGivesUpAfterTheLease(t *testing.T) {
 		if got := time.Since(start); got < testLease || got >= testLease+time.Millisecond {
 			t.Fatalf("gave up after %v, want within 1ms after the lease (%v)", got, testLease)
 		}
-		if fs.Calls(coordinator.MethodRelease) != 0 || f.rec.count(coordinator.EventStored, "") != 0 {
-			t.Fatalf("releases %d, stored %d; want 0, 0", fs.Calls(coordinator.MethodRelease), f.rec.count(coordinator.EventStored, ""))
+		if fs.Calls(idemevent.MethodRelease) != 0 || f.rec.count(idemevent.Stored, "") != 0 {
+			t.Fatalf("releases %d, stored %d; want 0, 0", fs.Calls(idemevent.MethodRelease), f.rec.count(idemevent.Stored, ""))
 		}
 		var gaveUp int
 		for _, e := range f.rec.all() {
-			if e.Kind == coordinator.EventError && e.ErrorType == coordinator.ErrorStorageSave && strings.Contains(e.Err.Error(), "is not stored") {
+			if e.Kind == idemevent.Error && e.ErrorType == idemevent.ErrorStorageSave && strings.Contains(e.Err.Error(), "is not stored") {
 				gaveUp++
 			}
 		}
@@ -322,13 +325,13 @@ func TestStorageError_Release(t *testing.T) {
 	for _, mode := range storageModes {
 		t.Run(string(mode), func(t *testing.T) {
 			f, fs, _ := newFaulty(t, coordinator.WithOnStorageError(mode))
-			fs.FailOnce(coordinator.MethodRelease, errConnRefused)
+			fs.FailOnce(idemevent.MethodRelease, errConnRefused)
 			boom := errors.New("declined")
 			_, err := coordinator.Do(t.Context(), f.c, call("release"), func(context.Context) (int, error) { return 0, boom })
 			if err != boom {
 				t.Fatalf("err = %v, want the action's own error", err)
 			}
-			if f.rec.errors(coordinator.ErrorStorageRelease) != 1 {
+			if f.rec.errors(idemevent.ErrorStorageRelease) != 1 {
 				t.Fatal("storage_release_error not reported")
 			}
 		})
@@ -346,7 +349,7 @@ func TestStorageError_Renew(t *testing.T) {
 				)
 				f, fs, mem := newFaulty(t, coordinator.WithOnStorageError(mode),
 					coordinator.WithLease(testLease), coordinator.WithRenewInterval(renew), coordinator.WithStorageTimeout(testStorageTimeout))
-				fs.FailTimes(coordinator.MethodRenew, 2, errConnRefused)
+				fs.FailTimes(idemevent.MethodRenew, 2, errConnRefused)
 				var k counter
 				v, err := coordinator.Do(t.Context(), f.c, call("renew"), func(ctx context.Context) (charge, error) {
 					<-time.After(runFor)
@@ -361,13 +364,13 @@ func TestStorageError_Renew(t *testing.T) {
 				// The renewals at 10 and 20ms fail; the one at 30ms is
 				// retried on time and keeps the lease, which would have
 				// run out at 60ms; three more follow.
-				if got := f.rec.errors(coordinator.ErrorStorageRenew); got != 2 {
+				if got := f.rec.errors(idemevent.ErrorStorageRenew); got != 2 {
 					t.Fatalf("storage_renew_error = %d, want 2", got)
 				}
-				if got := fs.Calls(coordinator.MethodRenew); got != 6 {
+				if got := fs.Calls(idemevent.MethodRenew); got != 6 {
 					t.Fatalf("%d renewals, want 6", got)
 				}
-				if rec := mem.Snapshot(coordinator.Key{Operation: "payment.charge", Key: "renew"}); rec.State != coordinator.StateCompleted {
+				if rec := mem.Snapshot(idemstore.Key{Operation: "payment.charge", Key: "renew"}); rec.State != idemstore.StateCompleted {
 					t.Fatalf("record = %v, want completed", rec.State)
 				}
 			})
@@ -377,10 +380,10 @@ func TestStorageError_Renew(t *testing.T) {
 
 func TestStorageError_RawErrorIsWrapped(t *testing.T) {
 	f, fs, _ := newFaulty(t, coordinator.WithOnStorageError(coordinator.OnStorageErrorRaise))
-	fs.FailOnce(coordinator.MethodReserve, errConnRefused)
+	fs.FailOnce(idemevent.MethodReserve, errConnRefused)
 	_, err := coordinator.Do(t.Context(), f.c, call("raw"), (&counter{}).action("x"))
 	var se *coordinator.StorageError
-	if !errors.As(err, &se) || se.Method != coordinator.MethodReserve || !errors.Is(err, errConnRefused) ||
+	if !errors.As(err, &se) || se.Method != idemevent.MethodReserve || !errors.Is(err, errConnRefused) ||
 		se.Operation != "payment.charge" || se.Key != "raw" {
 		t.Fatalf("err = %#v", err)
 	}
@@ -390,8 +393,8 @@ func TestStorageError_RawErrorIsWrapped(t *testing.T) {
 	}
 	// A *StorageError from the store keeps its error, with the call's
 	// operation and key filled in.
-	own := &coordinator.StorageError{Method: coordinator.MethodReserve, Err: errors.New("cluster down")}
-	fs.FailOnce(coordinator.MethodReserve, own)
+	own := &coordinator.StorageError{Method: idemevent.MethodReserve, Err: errors.New("cluster down")}
+	fs.FailOnce(idemevent.MethodReserve, own)
 	_, err = coordinator.Do(t.Context(), f.c, call("own"), (&counter{}).action("x"))
 	if !errors.As(err, &se) || se.Err != own.Err || se.Method != own.Method || se.Operation != "payment.charge" || se.Key != "own" {
 		t.Fatalf("err = %v, want the store's own *StorageError with the call's key", err)
@@ -407,7 +410,7 @@ func TestStorageError_HungStoreTimesOut(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				const timeout = 20 * time.Millisecond
 				f, fs, _ := newFaulty(t, coordinator.WithOnStorageError(mode), coordinator.WithStorageTimeout(timeout))
-				fs.Before(coordinator.MethodReserve, func(ctx context.Context, _ coordinator.Key) error {
+				fs.Before(idemevent.MethodReserve, func(ctx context.Context, _ idemstore.Key) error {
 					<-ctx.Done()
 					return ctx.Err()
 				})
@@ -428,7 +431,7 @@ func TestStorageError_HungStoreTimesOut(t *testing.T) {
 					t.Fatalf("the background work ended after %v, want %v", d, background)
 				}
 				if mode == coordinator.OnStorageErrorRaise {
-					wantStorageError(t, err, coordinator.MethodReserve)
+					wantStorageError(t, err, idemevent.MethodReserve)
 					if !errors.Is(err, context.DeadlineExceeded) {
 						t.Fatalf("err = %v, want it to wrap context.DeadlineExceeded", err)
 					}
@@ -445,7 +448,7 @@ func TestStorageError_HungStoreTimesOut(t *testing.T) {
 func TestCallerCancelledWhileReserving(t *testing.T) {
 	f, fs, _ := newFaulty(t)
 	ctx, cancel := context.WithCancel(t.Context())
-	fs.Before(coordinator.MethodReserve, func(ctx context.Context, _ coordinator.Key) error {
+	fs.Before(idemevent.MethodReserve, func(ctx context.Context, _ idemstore.Key) error {
 		cancel()
 		<-ctx.Done()
 		return ctx.Err()
@@ -472,7 +475,7 @@ func TestStorageHealthy_ReplaysAsUsual(t *testing.T) {
 			}
 			// Round trips: a first execution is reserve + complete; a replay
 			// is one reserve.
-			if r, c := fs.Calls(coordinator.MethodReserve), fs.Calls(coordinator.MethodComplete); r != 2 || c != 1 {
+			if r, c := fs.Calls(idemevent.MethodReserve), fs.Calls(idemevent.MethodComplete); r != 2 || c != 1 {
 				t.Fatalf("reserve calls=%d complete calls=%d, want 2 and 1", r, c)
 			}
 			if f.rec.errors("") != 0 {
@@ -486,17 +489,17 @@ func TestStorageError_UnreadableRecordIsNotAnOutage(t *testing.T) {
 	for _, mode := range storageModes {
 		t.Run(string(mode), func(t *testing.T) {
 			f, _, mem := newFaulty(t, coordinator.WithOnStorageError(mode))
-			key := coordinator.Key{Operation: "payment.charge", Key: "corrupt"}
-			mem.Put(key, coordinator.Record{State: coordinator.StateUnreadable, TTL: time.Hour})
+			key := idemstore.Key{Operation: "payment.charge", Key: "corrupt"}
+			mem.Put(key, idemstore.Record{State: idemstore.StateUnreadable, TTL: time.Hour})
 			var k counter
 			v, err := coordinator.Do(t.Context(), f.c, call("corrupt"), k.action("fresh"))
 			if err != nil || v.ID != "fresh" || k.n() != 1 {
 				t.Fatalf("Do = %+v, %v, runs %d", v, err, k.n())
 			}
-			if rec := mem.Snapshot(key); rec.State != coordinator.StateCompleted {
+			if rec := mem.Snapshot(key); rec.State != idemstore.StateCompleted {
 				t.Fatalf("record not replaced: %v", rec.State)
 			}
-			if f.rec.errors(coordinator.ErrorStorageGet)+f.rec.errors(coordinator.ErrorStorageReserve) != 0 {
+			if f.rec.errors(idemevent.ErrorStorageGet)+f.rec.errors(idemevent.ErrorStorageReserve) != 0 {
 				t.Fatal("counted as a storage error")
 			}
 		})
@@ -517,13 +520,13 @@ func TestStorageAnswered_NeverRunsUnprotected(t *testing.T) {
 			for _, mode := range storageModes {
 				t.Run(name+"/"+string(inFlight)+"/"+string(mode), func(t *testing.T) {
 					f, fs, mem := newFaulty(t, coordinator.WithOnStorageError(mode), coordinator.WithInFlight(inFlight))
-					fs.Fail(coordinator.MethodReserve, answer)
-					fs.Fail(coordinator.MethodGet, answer)
+					fs.Fail(idemevent.MethodReserve, answer)
+					fs.Fail(idemevent.MethodGet, answer)
 					var k counter
 					_, err := coordinator.Do(t.Context(), f.c, call("answered"), k.action("x"))
-					method := coordinator.MethodReserve
+					method := idemevent.MethodReserve
 					if inFlight == coordinator.InFlightRun {
-						method = coordinator.MethodGet
+						method = idemevent.MethodGet
 					}
 					wantStorageError(t, err, method)
 					if !errors.Is(err, sentinels[name]) {
@@ -532,10 +535,10 @@ func TestStorageAnswered_NeverRunsUnprotected(t *testing.T) {
 					if k.n() != 0 {
 						t.Fatalf("action ran %d times, want 0", k.n())
 					}
-					if f.rec.count(coordinator.EventUnprotected, "") != 0 {
+					if f.rec.count(idemevent.Unprotected, "") != 0 {
 						t.Fatalf("an unprotected run was reported")
 					}
-					if rec, _ := mem.Get(t.Context(), coordinator.Key{Operation: "op", Key: "answered"}); rec.State != coordinator.StateAbsent {
+					if rec, _ := mem.Get(t.Context(), idemstore.Key{Operation: "op", Key: "answered"}); rec.State != idemstore.StateAbsent {
 						t.Fatalf("record = %v, want absent", rec.State)
 					}
 				})

@@ -8,34 +8,37 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/coordinator/memstore"
 )
 
-// txStore is an in-memory coordinator.Transactor: a claim is a reservation
+// txStore is an in-memory idemstore.Transactor: a claim is a reservation
 // that the key's mutex holds until the claim ends, the action's writes are
 // buffered in the claim and applied to effects only on Commit, and a claim
 // of a held key waits for the mutex up to its wait.
 type txStore struct {
 	*memstore.Store
 	mu      sync.Mutex
-	held    map[coordinator.Key]chan struct{}
+	held    map[idemstore.Key]chan struct{}
 	effects map[string]int
 
 	failClaim, failCommit, failBegin error
 	claims, commits, rollbacks       atomic.Int32
 }
 
-var _ coordinator.Transactor = (*txStore)(nil)
+var _ idemstore.Transactor = (*txStore)(nil)
 
 func newTxStore() *txStore {
-	return &txStore{Store: memstore.New(), held: map[coordinator.Key]chan struct{}{}, effects: map[string]int{}}
+	return &txStore{Store: memstore.New(), held: map[idemstore.Key]chan struct{}{}, effects: map[string]int{}}
 }
 
-func (s *txStore) Claim(ctx context.Context, key coordinator.Key, w coordinator.Write, wait time.Duration) (coordinator.Claim, coordinator.Record, error) {
+func (s *txStore) Claim(ctx context.Context, key idemstore.Key, w idemstore.Write, wait time.Duration) (idemstore.Claim, idemstore.Record, error) {
 	s.claims.Add(1)
 	if s.failClaim != nil {
-		return nil, coordinator.Record{}, s.failClaim
+		return nil, idemstore.Record{}, s.failClaim
 	}
 	t := time.NewTimer(max(wait, 0))
 	defer t.Stop()
@@ -51,27 +54,27 @@ func (s *txStore) Claim(ctx context.Context, key coordinator.Key, w coordinator.
 				s.leave(key, free)
 				return nil, rec, err
 			}
-			return &txClaim{s: s, key: key, token: w.Token, free: free}, coordinator.Record{}, nil
+			return &txClaim{s: s, key: key, token: w.Token, free: free}, idemstore.Record{}, nil
 		}
 		s.mu.Unlock()
 		select {
 		case <-busy:
 		case <-t.C:
-			return nil, coordinator.Record{}, &coordinator.InProgressError{Operation: key.Operation, Key: key.Key}
+			return nil, idemstore.Record{}, &coordinator.InProgressError{Operation: key.Operation, Key: key.Key}
 		case <-ctx.Done():
-			return nil, coordinator.Record{}, ctx.Err()
+			return nil, idemstore.Record{}, ctx.Err()
 		}
 	}
 }
 
-func (s *txStore) Begin(context.Context) (coordinator.Claim, error) {
+func (s *txStore) Begin(context.Context) (idemstore.Claim, error) {
 	if s.failBegin != nil {
 		return nil, s.failBegin
 	}
 	return &txClaim{s: s}, nil
 }
 
-func (s *txStore) leave(key coordinator.Key, free chan struct{}) {
+func (s *txStore) leave(key idemstore.Key, free chan struct{}) {
 	s.mu.Lock()
 	delete(s.held, key)
 	s.mu.Unlock()
@@ -86,7 +89,7 @@ func (s *txStore) effect(name string) int {
 
 type txClaim struct {
 	s      *txStore
-	key    coordinator.Key
+	key    idemstore.Key
 	token  string
 	free   chan struct{}
 	writes []string
@@ -108,7 +111,7 @@ func (c *txClaim) Context(ctx context.Context) context.Context {
 	return context.WithValue(ctx, txCtxKey{}, c)
 }
 
-func (c *txClaim) Commit(ctx context.Context, comp coordinator.Completion) error {
+func (c *txClaim) Commit(ctx context.Context, comp idemstore.Completion) error {
 	c.s.commits.Add(1)
 	defer c.end(ctx)
 	if c.s.failCommit != nil {
@@ -179,7 +182,7 @@ func TestTransactorConcurrentCallers(t *testing.T) {
 	if replays.Load() != 45 {
 		t.Errorf("%d replays, want 45", replays.Load())
 	}
-	if f.rec.calls(coordinator.MethodRenew) != 0 {
+	if f.rec.calls(idemevent.MethodRenew) != 0 {
 		t.Error("a claim was renewed: the transaction is the lease")
 	}
 }
@@ -218,7 +221,7 @@ func TestTransactorOutcomes(t *testing.T) {
 		if s.effect("k") != 0 || s.rollbacks.Load() != 1 {
 			t.Fatalf("effects %d, rollbacks %d; want 0, 1", s.effect("k"), s.rollbacks.Load())
 		}
-		if rec, _ := s.Get(t.Context(), coordinator.Key{Operation: "payment.charge", Key: "k"}); rec.State != coordinator.StateAbsent {
+		if rec, _ := s.Get(t.Context(), idemstore.Key{Operation: "payment.charge", Key: "k"}); rec.State != idemstore.StateAbsent {
 			t.Fatalf("record %v, want absent", rec.State)
 		}
 	})
@@ -228,10 +231,10 @@ func TestTransactorOutcomes(t *testing.T) {
 		f := newFixture(t, s)
 		v, err := coordinator.Do(t.Context(), f.c, call("k"), func(ctx context.Context) (int, error) { return 7, write(ctx, "k") })
 		var se *coordinator.StorageError
-		if !errors.As(err, &se) || se.Method != coordinator.MethodComplete || v != 7 || s.effect("k") != 0 {
+		if !errors.As(err, &se) || se.Method != idemevent.MethodComplete || v != 7 || s.effect("k") != 0 {
 			t.Fatalf("Do = %d, %v with %d effects; want 7 and a *StorageError of complete, no effect", v, err, s.effect("k"))
 		}
-		if f.rec.errors(coordinator.ErrorStorageSave) != 1 {
+		if f.rec.errors(idemevent.ErrorStorageSave) != 1 {
 			t.Fatal("the failed commit was not reported")
 		}
 	})
@@ -242,7 +245,7 @@ func TestTransactorOutcomes(t *testing.T) {
 			f := newFixture(t, s, coordinator.WithOnStorageError(mode))
 			var k counter
 			_, err := coordinator.Do(t.Context(), f.c, call("k"), k.action("x"))
-			wantStorageError(t, err, coordinator.MethodReserve)
+			wantStorageError(t, err, idemevent.MethodReserve)
 			if k.n() != 0 {
 				t.Fatalf("the action ran %d times without its transaction", k.n())
 			}
@@ -278,7 +281,7 @@ func TestTransactorOutcomes(t *testing.T) {
 			// A wait is reported with the time it took, bounded by the
 			// caller's deadline as by the wait timeout.
 			for _, w := range f.rec.waits() {
-				if w.Outcome != coordinator.WaitTimeout || w.Duration > 5*time.Second {
+				if w.Outcome != idemevent.WaitTimeout || w.Duration > 5*time.Second {
 					t.Errorf("wait event %v after %v, want a timeout after about 50ms", w.Outcome, w.Duration)
 				}
 			}
@@ -311,7 +314,7 @@ func TestTransactorOutcomes(t *testing.T) {
 		// The wait is reported with the time it took (about the deadline),
 		// not the wait timeout's minute.
 		waits := f.rec.waits()
-		if len(waits) != 1 || waits[0].Outcome != coordinator.WaitTimeout || waits[0].Duration > 10*time.Second {
+		if len(waits) != 1 || waits[0].Outcome != idemevent.WaitTimeout || waits[0].Duration > 10*time.Second {
 			t.Fatalf("wait events %+v, want one timeout after about 100ms", waits)
 		}
 	})

@@ -4,17 +4,20 @@ import (
 	"context"
 	"errors"
 	"time"
+
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
 )
 
 // poll is one shared poll loop: every caller in this process that waits on
 // the same key joins it instead of polling the store itself.
 type poll struct {
-	refs   int           // waiters; guarded by Coordinator.mu
-	kick   chan struct{} // poll now: a holder in this process finished
-	done   chan struct{} // closed when rec/err are set
-	rec    Record        // the first record that is not pending
-	err    error         // or the store failure that ended the loop
-	ttl    time.Duration // the holder's remaining lease at the last read; guarded by Coordinator.mu
+	refs   int              // waiters; guarded by Coordinator.mu
+	kick   chan struct{}    // poll now: a holder in this process finished
+	done   chan struct{}    // closed when rec/err are set
+	rec    idemstore.Record // the first record that is not pending
+	err    error            // or the store failure that ended the loop
+	ttl    time.Duration    // the holder's remaining lease at the last read; guarded by Coordinator.mu
 	cancel context.CancelFunc
 	exited chan struct{}
 }
@@ -22,12 +25,12 @@ type poll struct {
 // wait waits until the record under the key is no longer pending and returns
 // it: completed, unreadable or absent. It returns an *InProgressError at the
 // deadline, a *StorageError when a poll fails, or ctx's error.
-func (x *exec) wait(ctx context.Context, deadline time.Time, last Record) (Record, error) {
+func (x *exec) wait(ctx context.Context, deadline time.Time, last idemstore.Record) (idemstore.Record, error) {
 	c := x.c
 	start := time.Now()
-	outcome := WaitError
+	outcome := idemevent.WaitError
 	defer func() {
-		x.observe(ctx, Event{Kind: EventWaited, Duration: time.Since(start), Outcome: outcome})
+		x.observe(ctx, idemevent.Event{Kind: idemevent.Waited, Duration: time.Since(start), Outcome: outcome})
 	}()
 	p := c.joinPoll(ctx, x, last)
 	defer c.leavePoll(x.key, p)
@@ -38,31 +41,31 @@ func (x *exec) wait(ctx context.Context, deadline time.Time, last Record) (Recor
 	case <-p.done:
 		switch {
 		case p.err != nil:
-			outcome = WaitError
-		case p.rec.State == StateAbsent:
-			outcome = WaitTakeover
+			outcome = idemevent.WaitError
+		case p.rec.State == idemstore.StateAbsent:
+			outcome = idemevent.WaitTakeover
 		case x.reusedBy(p.rec):
-			outcome = WaitReuse
+			outcome = idemevent.WaitReuse
 		default:
-			outcome = WaitHit
+			outcome = idemevent.WaitHit
 		}
 		return p.rec, p.err
 	case <-ctx.Done():
 		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			// The caller's deadline is the wait bound here: the key is
 			// still in progress, which is what the caller needs to hear.
-			outcome = WaitTimeout
-			return Record{}, x.inProgress(c.lastTTL(p))
+			outcome = idemevent.WaitTimeout
+			return idemstore.Record{}, x.inProgress(c.lastTTL(p))
 		}
-		outcome = WaitCanceled
-		return Record{}, ctx.Err()
+		outcome = idemevent.WaitCanceled
+		return idemstore.Record{}, ctx.Err()
 	case <-timer.C:
-		outcome = WaitTimeout
-		return Record{}, x.inProgress(c.lastTTL(p))
+		outcome = idemevent.WaitTimeout
+		return idemstore.Record{}, x.inProgress(c.lastTTL(p))
 	}
 }
 
-func (c *Coordinator) joinPoll(ctx context.Context, x *exec, last Record) *poll {
+func (c *Coordinator) joinPoll(ctx context.Context, x *exec, last idemstore.Record) *poll {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if p, ok := c.polls[x.key]; ok {
@@ -87,7 +90,7 @@ func (c *Coordinator) lastTTL(p *poll) time.Duration {
 // (go-redis bounds a read by the deadline, not by cancellation), and a
 // cancelled caller returns at once. The loop is the Coordinator's: Close
 // waits for it.
-func (c *Coordinator) leavePoll(key Key, p *poll) {
+func (c *Coordinator) leavePoll(key idemstore.Key, p *poll) {
 	c.mu.Lock()
 	p.refs--
 	last := p.refs == 0
@@ -101,7 +104,7 @@ func (c *Coordinator) leavePoll(key Key, p *poll) {
 }
 
 // kick makes the key's poll loop, if any, read at once.
-func (c *Coordinator) kick(key Key) {
+func (c *Coordinator) kick(key idemstore.Key) {
 	c.mu.Lock()
 	p := c.polls[key]
 	c.mu.Unlock()
@@ -119,10 +122,10 @@ func (c *Coordinator) runPoll(ctx context.Context, x *exec, p *poll) {
 	defer close(p.exited)
 	interval := c.cfg.pollInterval
 	maxInterval := max(maxPoll, interval)
-	// A Watcher store tells us when the holder finishes, from any process:
+	// An idemstore.Watcher store tells us when the holder finishes, from any process:
 	// read (and watch) at once, then wait for its notice or the next poll.
 	var changed <-chan struct{}
-	if w, ok := c.store.(Watcher); ok {
+	if w, ok := c.store.(idemstore.Watcher); ok {
 		rec, ch, stop, err := x.storeWatch(ctx, w)
 		if stop != nil {
 			defer stop()
@@ -160,13 +163,13 @@ func (c *Coordinator) runPoll(ctx context.Context, x *exec, p *poll) {
 // settled publishes what a read of the poll loop found, if it ends the wait:
 // a failure, or a record that is not pending. Otherwise it keeps the
 // holder's remaining lease, and the loop goes on.
-func (c *Coordinator) settled(ctx context.Context, x *exec, p *poll, rec Record, err error) bool {
+func (c *Coordinator) settled(ctx context.Context, x *exec, p *poll, rec idemstore.Record, err error) bool {
 	if err != nil {
-		err = x.storageFailed(ctx, ErrorStorageGet, MethodGet, err)
+		err = x.storageFailed(ctx, idemevent.ErrorStorageGet, idemevent.MethodGet, err)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if err == nil && rec.State == StatePending {
+	if err == nil && rec.State == idemstore.StatePending {
 		p.ttl = rec.TTL
 		return false
 	}

@@ -26,14 +26,14 @@
 //	)
 //
 // Give an app one of Store, MemoryStore and FailingStore: each replaces
-// coordinator.Store, and fx refuses to replace one type twice. Change settings
+// idemstore.Store, and fx refuses to replace one type twice. Change settings
 // with idempotency.OverrideSettings, on top of IgnoreEnvironment or of the
 // environment.
 //
 // No Redis server is needed: with Store, MemoryStore or FailingStore the
 // module's Redis client is never built, unless something in the app injects
 // *redisrepo.Store (the module provides it for operator tools such as an
-// admin endpoint). Those options replace coordinator.Store only, so such an
+// admin endpoint). Those options replace idemstore.Store only, so such an
 // app would still get a Redis store, on a Redis client of its own, that does
 // not see the in-memory records. Give a test of such an endpoint a real Redis,
 // or leave the endpoint out of the test's graph.

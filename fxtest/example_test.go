@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"go.uber.org/fx"
 
 	"github.com/idemkit/idempotency"
@@ -97,8 +100,8 @@ func ExampleMemoryStore() {
 
 	_, _ = coordinator.Do(context.Background(), c, coordinator.Call{Operation: "order.create", Key: "k-1"},
 		func(context.Context) (string, error) { return "ord_1", nil })
-	rec := store.Snapshot(coordinator.Key{Operation: "order.create", Key: "k-1"})
-	fmt.Println(rec.State == coordinator.StateCompleted, string(rec.Result))
+	rec := store.Snapshot(idemstore.Key{Operation: "order.create", Key: "k-1"})
+	fmt.Println(rec.State == idemstore.StateCompleted, string(rec.Result))
 	// Output: true "ord_1"
 }
 
@@ -124,7 +127,7 @@ func ExampleFailingStore() {
 	}
 	defer app.Stop(context.Background())
 
-	fs.FailOnce(coordinator.MethodReserve, nil)
+	fs.FailOnce(idemevent.MethodReserve, nil)
 	runs := 0
 	_, err := coordinator.Do(context.Background(), c, coordinator.Call{Operation: "order.create", Key: "k-1"},
 		func(context.Context) (int, error) { runs++; return 42, nil })

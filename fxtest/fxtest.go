@@ -3,16 +3,17 @@ package fxtest
 import (
 	"go.uber.org/fx"
 
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/idemkit/idempotency"
-	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/coordinator/faultstore"
 	"github.com/idemkit/idempotency/coordinator/memstore"
 )
 
-// Store replaces the module's coordinator.Store with s, annotated as the
+// Store replaces the module's idemstore.Store with s, annotated as the
 // interface that a plain fx.Replace(s) would silently miss.
-func Store(s coordinator.Store) fx.Option {
-	return fx.Replace(fx.Annotate(s, fx.As(new(coordinator.Store))))
+func Store(s idemstore.Store) fx.Option {
+	return fx.Replace(fx.Annotate(s, fx.As(new(idemstore.Store))))
 }
 
 // MemoryStore replaces the module's store with a fresh *memstore.Store per
@@ -20,7 +21,7 @@ func Store(s coordinator.Store) fx.Option {
 func MemoryStore() fx.Option {
 	return fx.Options(
 		fx.Provide(func() *memstore.Store { return memstore.New() }),
-		fx.Decorate(func(s *memstore.Store) coordinator.Store { return s }),
+		fx.Decorate(func(s *memstore.Store) idemstore.Store { return s }),
 	)
 }
 
@@ -33,7 +34,7 @@ func FailingStore() fx.Option {
 			func() *memstore.Store { return memstore.New() },
 			func(mem *memstore.Store) *faultstore.Store { return faultstore.Wrap(mem) },
 		),
-		fx.Decorate(func(fs *faultstore.Store) coordinator.Store { return fs }),
+		fx.Decorate(func(fs *faultstore.Store) idemstore.Store { return fs }),
 	)
 }
 

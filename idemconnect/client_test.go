@@ -5,6 +5,8 @@ import (
 	"regexp"
 	"testing"
 
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"connectrpc.com/connect"
 
 	"github.com/idemkit/idempotency/coordinator"
@@ -104,7 +106,7 @@ func TestClientSendsTheActionsDownstreamKey(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				orders.Put(coordinator.Key{Operation: checkout.Operation, Key: checkout.Key}, coordinator.Record{}) // lost
+				orders.Put(idemstore.Key{Operation: checkout.Operation, Key: checkout.Key}, idemstore.Record{}) // lost
 			}
 			if keys := rec.seen(); len(keys) != 2 || keys[0] != want || keys[1] != want {
 				t.Fatalf("keys seen = %q, want the action's downstream key %q twice, and none for GetCharge", keys, want)

@@ -10,6 +10,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"connectrpc.com/connect"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -41,7 +44,7 @@ func runExample(svc *chargeService, opts []idemconnect.Option, copts []coordinat
 }
 
 // runExampleOn is runExample on store.
-func runExampleOn(store coordinator.Store, svc *chargeService, opts []idemconnect.Option, copts []coordinator.Option, use func(*connect.Client[structpb.Struct, structpb.Struct]), clientOpts ...connect.ClientOption) {
+func runExampleOn(store idemstore.Store, svc *chargeService, opts []idemconnect.Option, copts []coordinator.Option, use func(*connect.Client[structpb.Struct, structpb.Struct]), clientOpts ...connect.ClientOption) {
 	c, err := coordinator.New(store, copts...)
 	if err != nil {
 		panic(err)
@@ -282,8 +285,8 @@ func ExampleWithRetryAfter() {
 
 // unreachable returns a store that fails every call, as Redis does when it
 // is unreachable.
-func unreachable() coordinator.Store {
+func unreachable() idemstore.Store {
 	fs := faultstore.Wrap(memstore.New())
-	fs.Fail(coordinator.MethodReserve, nil)
+	fs.Fail(idemevent.MethodReserve, nil)
 	return fs
 }

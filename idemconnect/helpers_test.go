@@ -11,6 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"connectrpc.com/connect"
 	"go.uber.org/goleak"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -92,10 +95,10 @@ func schema(t *testing.T, procedure string) connect.Option {
 // events is an Observer that keeps the coordinator's events.
 type events struct {
 	mu  sync.Mutex
-	all []coordinator.Event
+	all []idemevent.Event
 }
 
-func (e *events) Observe(_ context.Context, ev coordinator.Event) {
+func (e *events) Observe(_ context.Context, ev idemevent.Event) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.all = append(e.all, ev)
@@ -103,7 +106,7 @@ func (e *events) Observe(_ context.Context, ev coordinator.Event) {
 
 // count returns how many events of kind k were seen, and the operations
 // they named.
-func (e *events) count(k coordinator.EventKind) (int, []string) {
+func (e *events) count(k idemevent.Kind) (int, []string) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	n, ops := 0, []string(nil)
@@ -125,7 +128,7 @@ func redisStore(t *testing.T) *redisrepo.Store {
 
 // newCoordinator returns a coordinator over store (the test's Redis store
 // when nil) with an event recorder, closed when the test ends.
-func newCoordinator(t *testing.T, store coordinator.Store, opts ...coordinator.Option) (*coordinator.Coordinator, *events) {
+func newCoordinator(t *testing.T, store idemstore.Store, opts ...coordinator.Option) (*coordinator.Coordinator, *events) {
 	t.Helper()
 	if store == nil {
 		store = redisStore(t)

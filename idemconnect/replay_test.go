@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"connectrpc.com/connect"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	spb "google.golang.org/genproto/googleapis/rpc/status"
@@ -84,7 +86,7 @@ func TestFingerprintEncoding(t *testing.T) {
 	if r := call(t.Context(), cl, chargeReq(1), "k"); r.err != nil {
 		t.Fatal(r.err)
 	}
-	rec, err := redisrepo.New(rc, redisrepo.WithKeyPrefix(prefix)).Get(t.Context(), coordinator.Key{Operation: "payments.v1.Payments.Charge", Key: "k"})
+	rec, err := redisrepo.New(rc, redisrepo.WithKeyPrefix(prefix)).Get(t.Context(), idemstore.Key{Operation: "payments.v1.Payments.Charge", Key: "k"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+
 	"connectrpc.com/connect"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/protobuf/proto"
@@ -39,7 +41,7 @@ func TestReplayOverEveryProtocol(t *testing.T) {
 			if svc.n() != 1 {
 				t.Fatalf("handler ran %d times, want 1", svc.n())
 			}
-			if _, ops := ev.count(coordinator.EventMiss); len(ops) != 1 || ops[0] != "payments.v1.Payments.Charge" {
+			if _, ops := ev.count(idemevent.Miss); len(ops) != 1 || ops[0] != "payments.v1.Payments.Charge" {
 				t.Fatalf("operations = %q, want [payments.v1.Payments.Charge]", ops)
 			}
 			// Another key is another call.
@@ -137,7 +139,7 @@ func TestRetryAfterTimeoutKeepsTheKey(t *testing.T) {
 			}
 			retried := make(chan reply)
 			go func() { retried <- call(ctx, cl, chargeReq(1999)) }()
-			waitFor(t, func() bool { n, _ := ev.count(coordinator.EventInFlight); return n >= 1 }) // the retry waits
+			waitFor(t, func() bool { n, _ := ev.count(idemevent.InFlight); return n >= 1 }) // the retry waits
 			close(release)
 			wantOK(t, <-retried, "ch_1", true)
 			if svc.n() != 1 {
@@ -172,7 +174,7 @@ func TestConcurrentDuplicatesRunTheHandlerOnce(t *testing.T) {
 		wg.Go(func() { replies[i] = call(t.Context(), cls[i%len(cls)], chargeReq(1999), "order-42") })
 	}
 	// Every call but one waits for the first, then let it finish.
-	waitFor(t, func() bool { k, _ := ev.count(coordinator.EventInFlight); return k >= n-1 })
+	waitFor(t, func() bool { k, _ := ev.count(idemevent.InFlight); return k >= n-1 })
 	close(release)
 	wg.Wait()
 
@@ -292,8 +294,8 @@ var refusals = map[string]refusalCase{
 func storeDown(t *testing.T) *faultstore.Store {
 	t.Helper()
 	fs := faultstore.Wrap(redisStore(t))
-	fs.Fail(coordinator.MethodReserve, nil)
-	fs.Fail(coordinator.MethodGet, nil)
+	fs.Fail(idemevent.MethodReserve, nil)
+	fs.Fail(idemevent.MethodGet, nil)
 	return fs
 }
 
@@ -467,7 +469,7 @@ func TestMissingKey(t *testing.T) {
 		cl := dial(t, serve(t, c, &payments{}, nil), protocols[0])
 		wantOK(t, call(t.Context(), cl, chargeReq(1)), "ch_1", false)
 		wantOK(t, call(t.Context(), cl, chargeReq(1)), "ch_2", false)
-		if n, ops := ev.count(coordinator.EventUnprotected); n != 2 || ops[0] != "payments.v1.Payments.Charge" {
+		if n, ops := ev.count(idemevent.Unprotected); n != 2 || ops[0] != "payments.v1.Payments.Charge" {
 			t.Fatalf("unprotected events: %d %q, want 2 of payments.v1.Payments.Charge", n, ops)
 		}
 	})
@@ -541,7 +543,7 @@ func TestWithOperation(t *testing.T) {
 		return "bad name!"
 	})}), protocols[0])
 	wantOK(t, call(t.Context(), cl, chargeReq(1), "k"), "ch_1", false)
-	if _, ops := ev.count(coordinator.EventMiss); len(ops) != 1 || ops[0] != "payment.charge" {
+	if _, ops := ev.count(idemevent.Miss); len(ops) != 1 || ops[0] != "payment.charge" {
 		t.Fatalf("operations = %q, want [payment.charge]", ops)
 	}
 	req := connect.NewRequest(mustStruct(map[string]any{"id": "x"}))

@@ -7,6 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/coordinator/faultstore"
 	"github.com/idemkit/idempotency/coordinator/memstore"
@@ -51,15 +54,15 @@ var batchCases = []batchCase{
 func batchSetup(t *testing.T, opts ...coordinator.Option) (*idemconsume.Processor, map[string]int, idemconsume.Handler, *faultstore.Store) {
 	s := memstore.New()
 	op := "test.consume"
-	put := func(key string, rec coordinator.Record) {
+	put := func(key string, rec idemstore.Record) {
 		rec.TTL = time.Hour
-		s.Put(coordinator.Key{Operation: op, Key: key}, rec)
+		s.Put(idemstore.Key{Operation: op, Key: key}, rec)
 	}
 	fp, _ := coordinator.Fingerprint("5")
-	put("done", coordinator.Record{State: coordinator.StateCompleted, Token: "t", Fingerprint: fp, Result: []byte("{}")})
-	put("held", coordinator.Record{State: coordinator.StatePending, Token: "other"})
-	put("reused", coordinator.Record{State: coordinator.StateCompleted, Token: "t", Fingerprint: fp, Result: []byte("{}")})
-	put("gone", coordinator.Record{State: coordinator.StateNotReplayable, Token: "t", Result: []byte("too big")})
+	put("done", idemstore.Record{State: idemstore.StateCompleted, Token: "t", Fingerprint: fp, Result: []byte("{}")})
+	put("held", idemstore.Record{State: idemstore.StatePending, Token: "other"})
+	put("reused", idemstore.Record{State: idemstore.StateCompleted, Token: "t", Fingerprint: fp, Result: []byte("{}")})
+	put("gone", idemstore.Record{State: idemstore.StateNotReplayable, Token: "t", Result: []byte("too big")})
 	fs := faultstore.Wrap(s)
 	c := newCoordinator(t, fs, append([]coordinator.Option{coordinator.WithInFlight(coordinator.InFlightRaise)}, opts...)...)
 	p := newProcessor(t, c, idemconsume.WithMaxDeliveries(3),
@@ -103,12 +106,12 @@ func TestProcessBatchDecidesAsProcess(t *testing.T) {
 			t.Errorf("%s: the handler ran %d times in the batch and %d one by one, want %d", c.name, batchRuns[k], oneRuns[k], c.runs)
 		}
 	}
-	if n := fs.Calls(coordinator.MethodReserveMany); n != 1 {
+	if n := fs.Calls(idemevent.MethodReserveMany); n != 1 {
 		t.Errorf("%d ReserveMany calls for the batch, want 1", n)
 	}
 	// The key met twice: its second delivery is a call of its own, after
 	// the batch, and replays.
-	if r, c := fs.Calls(coordinator.MethodReserve), fs.Calls(coordinator.MethodComplete); r != 1 || c != 0 {
+	if r, c := fs.Calls(idemevent.MethodReserve), fs.Calls(idemevent.MethodComplete); r != 1 || c != 0 {
 		t.Errorf("%d single-key reserves and %d completions for the batch, want 1 (the key met twice) and 0", r, c)
 	}
 }
@@ -117,8 +120,8 @@ func TestProcessBatchStoreDown(t *testing.T) {
 	for _, mode := range []coordinator.OnStorageErrorMode{coordinator.OnStorageErrorRaise, coordinator.OnStorageErrorRun} {
 		t.Run(string(mode), func(t *testing.T) {
 			p, runs, handle, fs := batchSetup(t, coordinator.WithOnStorageError(mode))
-			fs.Fail(coordinator.MethodReserveMany, errors.New("connection refused"))
-			fs.Fail(coordinator.MethodReserve, errors.New("connection refused"))
+			fs.Fail(idemevent.MethodReserveMany, errors.New("connection refused"))
+			fs.Fail(idemevent.MethodReserve, errors.New("connection refused"))
 			ds := p.ProcessBatch(t.Context(), []idemconsume.Message{entry("1-0", "a", "5", 1), entry("2-0", "b", "5", 1)}, handle)
 			for i, d := range ds {
 				switch mode {

@@ -9,6 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/coordinator/faultstore"
 	"github.com/idemkit/idempotency/coordinator/memstore"
@@ -17,7 +20,7 @@ import (
 
 // newCoordinator returns a coordinator over store (memstore when nil),
 // closed when t ends.
-func newCoordinator(t *testing.T, store coordinator.Store, opts ...coordinator.Option) *coordinator.Coordinator {
+func newCoordinator(t *testing.T, store idemstore.Store, opts ...coordinator.Option) *coordinator.Coordinator {
 	t.Helper()
 	if store == nil {
 		store = memstore.New()
@@ -183,8 +186,8 @@ func TestStorageErrorModes(t *testing.T) {
 		t.Run(string(mode), func(t *testing.T) {
 			store := faultstore.Wrap(memstore.New())
 			p := newProcessor(t, newCoordinator(t, store, coordinator.WithOnStorageError(mode)))
-			store.Fail(coordinator.MethodReserve, errors.New("connection refused"))
-			store.Fail(coordinator.MethodGet, errors.New("connection refused"))
+			store.Fail(idemevent.MethodReserve, errors.New("connection refused"))
+			store.Fail(idemevent.MethodGet, errors.New("connection refused"))
 			h := &counter{}
 			d := p.Process(t.Context(), msg("1-0", 1), h.handle)
 			if mode == coordinator.OnStorageErrorRaise {
@@ -351,8 +354,8 @@ func TestLeaseLostIsRetriedEvenIfPermanent(t *testing.T) {
 			c := newCoordinator(t, store, coordinator.WithLease(time.Second),
 				coordinator.WithRenewInterval(20*time.Millisecond), coordinator.WithStorageTimeout(100*time.Millisecond))
 			p := newProcessor(t, c, idemconsume.WithMaxDeliveries(1))
-			key := coordinator.Key{Operation: p.Operation(), Key: "1-0"}
-			other := coordinator.Record{State: coordinator.StatePending, Token: "0123456789abcdef"}
+			key := idemstore.Key{Operation: p.Operation(), Key: "1-0"}
+			other := idemstore.Record{State: idemstore.StatePending, Token: "0123456789abcdef"}
 			d := p.Process(t.Context(), msg("1-0", 1), func(ctx context.Context, _ idemconsume.Message) error {
 				store.Put(key, other) // another consumer took the message over
 				<-ctx.Done()
@@ -362,7 +365,7 @@ func TestLeaseLostIsRetriedEvenIfPermanent(t *testing.T) {
 				return herr
 			})
 			check(t, d, idemconsume.Retry, idemconsume.ReasonLeaseLost)
-			if got := store.Snapshot(key); got.State != coordinator.StatePending || got.Token != other.Token {
+			if got := store.Snapshot(key); got.State != idemstore.StatePending || got.Token != other.Token {
 				t.Errorf("record %+v, want the other consumer's reservation left alone", got)
 			}
 		})
@@ -377,8 +380,8 @@ func TestOverMaxDeliveriesWithTheStoreDown(t *testing.T) {
 	store := faultstore.Wrap(memstore.New())
 	c := newCoordinator(t, store, coordinator.WithOnStorageError(coordinator.OnStorageErrorRun))
 	p := newProcessor(t, c, idemconsume.WithMaxDeliveries(3))
-	store.Fail(coordinator.MethodReserve, errors.New("connection refused"))
-	store.Fail(coordinator.MethodGet, errors.New("connection refused"))
+	store.Fail(idemevent.MethodReserve, errors.New("connection refused"))
+	store.Fail(idemevent.MethodGet, errors.New("connection refused"))
 	h := &counter{}
 	d := p.Process(t.Context(), msg("1-0", 4), h.handle)
 	check(t, d, idemconsume.Retry, idemconsume.ReasonStorage)
@@ -417,8 +420,8 @@ func TestKeyOrFingerprintPanics(t *testing.T) {
 // happened, and the handler does not run again.
 func TestNotReplayableKeyIsAcked(t *testing.T) {
 	var notReplayable atomic.Int64
-	obs := coordinator.ObserverFunc(func(_ context.Context, e coordinator.Event) {
-		if e.Kind == coordinator.EventNotReplayable {
+	obs := idemevent.ObserverFunc(func(_ context.Context, e idemevent.Event) {
+		if e.Kind == idemevent.NotReplayable {
 			notReplayable.Add(1)
 		}
 	})

@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"testing"
 
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/labstack/echo/v4"
 	"github.com/labstack/echo/v4/middleware"
 	"go.uber.org/goleak"
@@ -29,7 +31,7 @@ func TestBehaviour(t *testing.T) {
 
 // redisStore returns a store on the tests' redis-server, under a key prefix
 // of t's own.
-func redisStore(t *testing.T) coordinator.Store {
+func redisStore(t *testing.T) idemstore.Store {
 	return redisrepo.New(redistest.Server(t), redisrepo.WithKeyPrefix(redistest.Prefix(t)))
 }
 

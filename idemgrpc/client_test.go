@@ -8,6 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -201,7 +204,7 @@ func TestRetryPolicyWaitsOutInProgress(t *testing.T) {
 	<-started
 	second := make(chan reply)
 	go func() { second <- charge(withKey(t, "k"), client, chargeReq(1)) }()
-	waitFor(t, func() bool { n, _ := ev.count(coordinator.EventInFlight); return n >= 1 }) // one refused attempt
+	waitFor(t, func() bool { n, _ := ev.count(idemevent.InFlight); return n >= 1 }) // one refused attempt
 	close(release)
 	wantOK(t, <-first, "ch_1", false)
 	wantOK(t, <-second, "ch_1", true)
@@ -274,7 +277,7 @@ func TestClientSendsTheActionsDownstreamKey(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		orders.Put(coordinator.Key{Operation: checkout.Operation, Key: checkout.Key}, coordinator.Record{}) // lost
+		orders.Put(idemstore.Key{Operation: checkout.Operation, Key: checkout.Key}, idemstore.Record{}) // lost
 	}
 	if keys := rec.seen(); len(keys) != 2 || keys[0] != want || keys[1] != want {
 		t.Fatalf("keys seen = %q, want the action's downstream key %q twice, and none for GetCharge", keys, want)
@@ -311,7 +314,7 @@ func TestRetryAfterTimeoutKeepsTheKey(t *testing.T) {
 	}
 	retried := make(chan reply)
 	go func() { retried <- charge(ctx, client, chargeReq(1999)) }()
-	waitFor(t, func() bool { n, _ := ev.count(coordinator.EventInFlight); return n >= 1 }) // the retry waits
+	waitFor(t, func() bool { n, _ := ev.count(idemevent.InFlight); return n >= 1 }) // the retry waits
 	close(release)
 	wantOK(t, <-retried, "ch_1", true)
 	if svc.n() != 1 {

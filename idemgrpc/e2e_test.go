@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -101,7 +103,7 @@ func TestEndToEndReplayFromRedisAfterRestart(t *testing.T) {
 	if first.svc.n() != 1 || second.svc.n() != 0 {
 		t.Fatalf("handler runs: %d before the restart, %d after; want 1 and 0", first.svc.n(), second.svc.n())
 	}
-	rkey := redisrepo.New(second.rc, redisrepo.WithKeyPrefix(prefix)).Key(coordinator.Key{Operation: "payments.v1.Payments.Charge", Key: key})
+	rkey := redisrepo.New(second.rc, redisrepo.WithKeyPrefix(prefix)).Key(idemstore.Key{Operation: "payments.v1.Payments.Charge", Key: key})
 	if n, err := redistest.Server(t).Exists(t.Context(), rkey).Result(); err != nil || n != 1 {
 		t.Fatalf("EXISTS %s = %d, %v; want the record in Redis", rkey, n, err)
 	}

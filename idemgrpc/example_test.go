@@ -9,6 +9,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -56,7 +59,7 @@ type exampleServer struct {
 	opts []idemgrpc.Option
 	// store is the coordinator's store; nil: a memstore (the Redis store
 	// in production).
-	store coordinator.Store
+	store idemstore.Store
 	// coordinator holds the coordinator's options.
 	coordinator []coordinator.Option
 	// auth are interceptors before the idempotency one.
@@ -459,9 +462,9 @@ func ExampleWithTTL() {
 
 // storeDown returns a store that fails every call, as Redis does when it
 // is unreachable.
-func storeDown() coordinator.Store {
+func storeDown() idemstore.Store {
 	fs := faultstore.Wrap(memstore.New())
-	fs.Fail(coordinator.MethodReserve, nil)
+	fs.Fail(idemevent.MethodReserve, nil)
 	return fs
 }
 

@@ -8,6 +8,9 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"go.uber.org/goleak"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -36,10 +39,10 @@ const chargeMethod = "/payments.v1.Payments/Charge"
 // events is an Observer that keeps the coordinator's events.
 type events struct {
 	mu  sync.Mutex
-	all []coordinator.Event
+	all []idemevent.Event
 }
 
-func (e *events) Observe(_ context.Context, ev coordinator.Event) {
+func (e *events) Observe(_ context.Context, ev idemevent.Event) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.all = append(e.all, ev)
@@ -47,7 +50,7 @@ func (e *events) Observe(_ context.Context, ev coordinator.Event) {
 
 // count returns how many events of kind k were seen, and the operations
 // they named.
-func (e *events) count(k coordinator.EventKind) (int, []string) {
+func (e *events) count(k idemevent.Kind) (int, []string) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	n, ops := 0, []string(nil)
@@ -62,7 +65,7 @@ func (e *events) count(k coordinator.EventKind) (int, []string) {
 
 // newCoordinator returns a coordinator over store (a fresh memstore when
 // nil) with an event recorder, closed when the test ends.
-func newCoordinator(t *testing.T, store coordinator.Store, opts ...coordinator.Option) (*coordinator.Coordinator, *events) {
+func newCoordinator(t *testing.T, store idemstore.Store, opts ...coordinator.Option) (*coordinator.Coordinator, *events) {
 	t.Helper()
 	if store == nil {
 		store = memstore.New()

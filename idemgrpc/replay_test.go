@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -81,7 +83,7 @@ func wantDecodeError(t *testing.T, ev *events, want string) {
 	defer ev.mu.Unlock()
 	var msgs []string
 	for _, e := range ev.all {
-		if e.Kind == coordinator.EventError && e.ErrorType == coordinator.ErrorDecode {
+		if e.Kind == idemevent.Error && e.ErrorType == idemevent.ErrorDecode {
 			msgs = append(msgs, e.Err.Error())
 		}
 	}
@@ -179,7 +181,7 @@ func TestErrorWithStatusOKIsNotStored(t *testing.T) {
 	ev.mu.Lock()
 	defer ev.mu.Unlock()
 	for _, e := range ev.all {
-		if e.Kind == coordinator.EventError && e.ErrorType == coordinator.ErrorDecode {
+		if e.Kind == idemevent.Error && e.ErrorType == idemevent.ErrorDecode {
 			t.Fatalf("a retry met an unreadable record: %v", e.Err)
 		}
 	}
@@ -244,12 +246,12 @@ func TestResponseTypeNotInTheRegistry(t *testing.T) {
 		t.Fatalf("unregistered type: retry got %T after %d runs, want no response after 1 run", got, ran)
 	}
 	wantRefusal(t, err, codes.AlreadyExists, idemgrpc.ReasonNotReplayable)
-	if n, _ := ev.count(coordinator.EventError); n != 1 {
+	if n, _ := ev.count(idemevent.Error); n != 1 {
 		t.Fatalf("%d error events, want 1 record_validation_error", n)
 	}
 	ev.mu.Lock()
 	for _, e := range ev.all {
-		if e.Kind == coordinator.EventError && (e.ErrorType != coordinator.ErrorRecordValidation ||
+		if e.Kind == idemevent.Error && (e.ErrorType != idemevent.ErrorRecordValidation ||
 			!strings.Contains(e.Err.Error(), "dyn.v1.Thing is not in protoregistry.GlobalTypes")) {
 			t.Errorf("error event %v %v, want a record_validation_error naming dyn.v1.Thing", e.ErrorType, e.Err)
 		}

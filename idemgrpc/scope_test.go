@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idempotency/coordinator"
@@ -93,7 +95,7 @@ func TestFingerprintEncoding(t *testing.T) {
 	if r := charge(withKey(t, "k"), client, chargeReq(1)); r.err != nil {
 		t.Fatal(r.err)
 	}
-	rec, err := store.Get(t.Context(), coordinator.Key{Operation: "payments.v1.Payments.Charge", Key: "k"})
+	rec, err := store.Get(t.Context(), idemstore.Key{Operation: "payments.v1.Payments.Charge", Key: "k"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -40,7 +42,7 @@ func TestFirstCallRunsRetryReplays(t *testing.T) {
 	if svc.n() != 1 {
 		t.Fatalf("handler ran %d times, want 1", svc.n())
 	}
-	if _, ops := ev.count(coordinator.EventMiss); len(ops) != 1 || ops[0] != "payments.v1.Payments.Charge" {
+	if _, ops := ev.count(idemevent.Miss); len(ops) != 1 || ops[0] != "payments.v1.Payments.Charge" {
 		t.Fatalf("operations = %q, want [payments.v1.Payments.Charge]", ops)
 	}
 	// Another key is another call.
@@ -218,7 +220,7 @@ func TestConcurrentCallsRunTheHandlerOnce(t *testing.T) {
 		wg.Go(func() { replies[i] = charge(withKey(t, "same"), client, chargeReq(1999)) })
 	}
 	// Let every other caller pile up behind the first, then let it finish.
-	waitFor(t, func() bool { k, _ := ev.count(coordinator.EventInFlight); return k >= n-1 })
+	waitFor(t, func() bool { k, _ := ev.count(idemevent.InFlight); return k >= n-1 })
 	close(release)
 	wg.Wait()
 
@@ -280,8 +282,8 @@ func TestRetryAfterOption(t *testing.T) {
 // faultyStore returns a store whose Reserve and Get always fail.
 func faultyStore() *faultstore.Store {
 	fs := faultstore.Wrap(memstore.New())
-	fs.Fail(coordinator.MethodReserve, nil)
-	fs.Fail(coordinator.MethodGet, nil)
+	fs.Fail(idemevent.MethodReserve, nil)
+	fs.Fail(idemevent.MethodGet, nil)
 	return fs
 }
 
@@ -338,7 +340,7 @@ func TestMissingKey(t *testing.T) {
 		client := serve(t, c, svc, nil)
 		wantOK(t, charge(t.Context(), client, chargeReq(1)), "ch_1", false)
 		wantOK(t, charge(t.Context(), client, chargeReq(1)), "ch_2", false)
-		if n, ops := ev.count(coordinator.EventUnprotected); n != 2 || ops[0] != "payments.v1.Payments.Charge" {
+		if n, ops := ev.count(idemevent.Unprotected); n != 2 || ops[0] != "payments.v1.Payments.Charge" {
 			t.Fatalf("unprotected events: %d %q, want 2 of payments.v1.Payments.Charge", n, ops)
 		}
 	})
@@ -413,7 +415,7 @@ func TestWithOperation(t *testing.T) {
 		return "bad name!"
 	})})
 	wantOK(t, charge(withKey(t, "k"), client, chargeReq(1)), "ch_1", false)
-	if _, ops := ev.count(coordinator.EventMiss); len(ops) != 1 || ops[0] != "payment.charge" {
+	if _, ops := ev.count(idemevent.Miss); len(ops) != 1 || ops[0] != "payment.charge" {
 		t.Fatalf("operations = %q, want [payment.charge]", ops)
 	}
 	_, err := client.GetCharge(withKey(t, "k"), &paymentspb.GetChargeRequest{Id: "x"})
@@ -464,7 +466,7 @@ func TestUnstorableResponseIsNotReplayable(t *testing.T) {
 	if n != 1 {
 		t.Fatalf("handler ran %d times, want 1", n)
 	}
-	if got, _ := ev.count(coordinator.EventNotReplayable); got != 2 {
+	if got, _ := ev.count(idemevent.NotReplayable); got != 2 {
 		t.Fatalf("not_replayable events = %d, want 2", got)
 	}
 	if _, err := intercept(ctx, "not a request message", info, handler); status.Code(err) != codes.Internal {
@@ -505,7 +507,7 @@ func TestTooLargeResponseRunsOnce(t *testing.T) {
 		t.Fatalf("%d calls got the charge, want 1", ok)
 	}
 	wantRefusal(t, charge(withKey(t, "k"), client, big).err, codes.AlreadyExists, idemgrpc.ReasonNotReplayable)
-	if n, _ := ev.count(coordinator.EventNotReplayable); n != 10 || svc.n() != 1 {
+	if n, _ := ev.count(idemevent.NotReplayable); n != 10 || svc.n() != 1 {
 		t.Fatalf("not_replayable events %d, runs %d; want 10 and 1", n, svc.n())
 	}
 }

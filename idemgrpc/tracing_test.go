@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/stats"
@@ -37,10 +39,10 @@ func (*spanPerRPC) HandleConn(context.Context, stats.ConnStats)                 
 // (trace.SpanFromContext).
 type spanEvents struct {
 	mu   sync.Mutex
-	seen map[coordinator.EventKind][]uint64
+	seen map[idemevent.Kind][]uint64
 }
 
-func (s *spanEvents) Observe(ctx context.Context, e coordinator.Event) {
+func (s *spanEvents) Observe(ctx context.Context, e idemevent.Event) {
 	sid := trace.SpanFromContext(ctx).SpanContext().SpanID()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -52,7 +54,7 @@ func (s *spanEvents) Observe(ctx context.Context, e coordinator.Event) {
 // so an Observer such as idemotel's records each call's events on its RPC's
 // span.
 func TestEventsLandOnTheRPCSpan(t *testing.T) {
-	obs := &spanEvents{seen: map[coordinator.EventKind][]uint64{}}
+	obs := &spanEvents{seen: map[idemevent.Kind][]uint64{}}
 	c, err := coordinator.New(memstore.New(), coordinator.WithObserver(obs))
 	if err != nil {
 		t.Fatal(err)
@@ -68,11 +70,11 @@ func TestEventsLandOnTheRPCSpan(t *testing.T) {
 
 	obs.mu.Lock()
 	defer obs.mu.Unlock()
-	for kind, want := range map[coordinator.EventKind][]uint64{
-		coordinator.EventMiss:        {1},
-		coordinator.EventStored:      {1},
-		coordinator.EventHit:         {2},
-		coordinator.EventUnprotected: {3},
+	for kind, want := range map[idemevent.Kind][]uint64{
+		idemevent.Miss:        {1},
+		idemevent.Stored:      {1},
+		idemevent.Hit:         {2},
+		idemevent.Unprotected: {3},
 	} {
 		if got := obs.seen[kind]; len(got) != len(want) || got[0] != want[0] {
 			t.Errorf("%v events on spans %v, want %v", kind, got, want)

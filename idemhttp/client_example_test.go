@@ -10,6 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/coordinator/memstore"
 	"github.com/idemkit/idempotency/idemhttp"
@@ -121,7 +123,7 @@ func ExampleTransport_insideAnAction() {
 	first, _ := coordinator.Do(context.Background(), c, call, checkout)
 	// A failover loses the record, and the client retries: the action runs
 	// again, and the provider answers from its own record.
-	store.Put(coordinator.Key{Operation: call.Operation, Key: call.Key}, coordinator.Record{})
+	store.Put(idemstore.Key{Operation: call.Operation, Key: call.Key}, idemstore.Record{})
 	again, _ := coordinator.Do(context.Background(), c, call, checkout)
 	fmt.Println(first, again, "charges:", charges.Load())
 	// Output: {"id":"ch_1"} {"id":"ch_1"} charges: 1

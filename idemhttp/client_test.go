@@ -14,6 +14,8 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/coordinator/memstore"
 	"github.com/idemkit/idempotency/idemhttp"
@@ -362,7 +364,7 @@ func TestTransportKeySources(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			store.Put(coordinator.Key{Operation: cl.Operation, Key: cl.Key}, coordinator.Record{}) // lost: the action runs again
+			store.Put(idemstore.Key{Operation: cl.Operation, Key: cl.Key}, idemstore.Record{}) // lost: the action runs again
 		}
 		seen := base.seen()
 		if len(seen) != 8 {

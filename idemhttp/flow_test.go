@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+
 	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/coordinator/faultstore"
 	"github.com/idemkit/idempotency/coordinator/memstore"
@@ -138,7 +140,7 @@ func TestInProgressIs409(t *testing.T) {
 func TestStoreDown(t *testing.T) {
 	t.Run("raise: 503", func(t *testing.T) {
 		fs := faultstore.Wrap(memstore.New())
-		fs.Fail(coordinator.MethodReserve, errors.New("redis: connection refused"))
+		fs.Fail(idemevent.MethodReserve, errors.New("redis: connection refused"))
 		c, _ := newCoordinatorOn(t, fs, coordinator.WithOnStorageError(coordinator.OnStorageErrorRaise))
 		var p payments
 		mux := route("POST /payments", &p, idemhttp.Middleware(c))
@@ -159,7 +161,7 @@ func TestStoreDown(t *testing.T) {
 	})
 	t.Run("run: unprotected", func(t *testing.T) {
 		fs := faultstore.Wrap(memstore.New())
-		fs.Fail(coordinator.MethodReserve, nil)
+		fs.Fail(idemevent.MethodReserve, nil)
 		c, _ := newCoordinatorOn(t, fs)
 		var p payments
 		mux := route("POST /payments", &p, idemhttp.Middleware(c))
@@ -174,7 +176,7 @@ func TestStoreDown(t *testing.T) {
 	})
 	t.Run("failed save still serves the response", func(t *testing.T) {
 		fs := faultstore.Wrap(memstore.New())
-		fs.FailOnce(coordinator.MethodComplete, nil) // then stored by the coordinator's retry
+		fs.FailOnce(idemevent.MethodComplete, nil) // then stored by the coordinator's retry
 		c, _ := newCoordinatorOn(t, fs, coordinator.WithOnStorageError(coordinator.OnStorageErrorRaise))
 		var p payments
 		mux := route("POST /payments", &p, idemhttp.Middleware(c))
@@ -399,7 +401,7 @@ func TestRequestWithoutAKeyIsCountedAsUnprotected(t *testing.T) {
 	}
 	ev.mu.Lock()
 	defer ev.mu.Unlock()
-	if len(ev.all) != 1 || ev.all[0].Kind != coordinator.EventUnprotected || ev.all[0].Method != coordinator.MethodNone ||
+	if len(ev.all) != 1 || ev.all[0].Kind != idemevent.Unprotected || ev.all[0].Method != idemevent.MethodNone ||
 		ev.all[0].Key.Operation != "payment.create" {
 		t.Fatalf("events = %+v, want one unprotected{none} of payment.create", ev.all)
 	}

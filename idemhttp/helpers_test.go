@@ -12,6 +12,9 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"go.uber.org/goleak"
 
 	"github.com/idemkit/idempotency/coordinator"
@@ -27,22 +30,22 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(redistest.Main(m)) }
 // events is an Observer that keeps the coordinator's events.
 type events struct {
 	mu  sync.Mutex
-	all []coordinator.Event
+	all []idemevent.Event
 }
 
-func (e *events) Observe(_ context.Context, ev coordinator.Event) {
+func (e *events) Observe(_ context.Context, ev idemevent.Event) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.all = append(e.all, ev)
 }
 
 // errors returns how many EventError of type t were seen.
-func (e *events) errors(t coordinator.ErrorType) int {
+func (e *events) errors(t idemevent.ErrorType) int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	n := 0
 	for _, ev := range e.all {
-		if ev.Kind == coordinator.EventError && ev.ErrorType == t {
+		if ev.Kind == idemevent.Error && ev.ErrorType == t {
 			n++
 		}
 	}
@@ -55,7 +58,7 @@ func (e *events) operations() []string {
 	defer e.mu.Unlock()
 	var ops []string
 	for _, ev := range e.all {
-		if ev.Kind == coordinator.EventMiss {
+		if ev.Kind == idemevent.Miss {
 			ops = append(ops, ev.Key.Operation)
 		}
 	}
@@ -69,7 +72,7 @@ func newCoordinator(t *testing.T, opts ...coordinator.Option) (*coordinator.Coor
 	return newCoordinatorOn(t, memstore.New(), opts...)
 }
 
-func newCoordinatorOn(t *testing.T, s coordinator.Store, opts ...coordinator.Option) (*coordinator.Coordinator, *events) {
+func newCoordinatorOn(t *testing.T, s idemstore.Store, opts ...coordinator.Option) (*coordinator.Coordinator, *events) {
 	t.Helper()
 	ev := &events{}
 	c, err := coordinator.New(s, append([]coordinator.Option{coordinator.WithObserver(ev)}, opts...)...)

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/coordinator/memstore"
 	"github.com/idemkit/idempotency/idemhttp"
@@ -298,8 +300,8 @@ func TestStoredKeyAndFingerprint(t *testing.T) {
 	if w := send(mux, "POST", "/payments?a=1", "order-42", `{}`, "X-Account", "acct_1"); w.Code != http.StatusCreated {
 		t.Fatalf("status %d, want 201", w.Code)
 	}
-	rec, err := store.Get(t.Context(), coordinator.Key{Operation: "POST.payments", Key: idemkey.Scoped("shop_1", "order-42")})
-	if err != nil || rec.State != coordinator.StateCompleted {
+	rec, err := store.Get(t.Context(), idemstore.Key{Operation: "POST.payments", Key: idemkey.Scoped("shop_1", "order-42")})
+	if err != nil || rec.State != idemstore.StateCompleted {
 		t.Fatalf("record under idemkey.Scoped(shop_1, order-42): %+v, %v; want a completed one", rec, err)
 	}
 	var enc []byte

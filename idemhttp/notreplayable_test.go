@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idempotency/coordinator"
@@ -21,7 +23,7 @@ import (
 )
 
 // count returns how many events of kind k were seen.
-func (e *events) count(k coordinator.EventKind) int {
+func (e *events) count(k idemevent.Kind) int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	n := 0
@@ -79,10 +81,10 @@ func TestLargeResponseRunsOnce(t *testing.T) {
 		if n := h.runs.Load(); n != 1 {
 			t.Fatalf("handler ran %d times, want 1", n)
 		}
-		if got := ev.errors(coordinator.ErrorRecordValidation); got != 1 {
+		if got := ev.errors(idemevent.ErrorRecordValidation); got != 1 {
 			t.Fatalf("record_validation_error = %d, want 1 (the first request)", got)
 		}
-		if got := ev.count(coordinator.EventNotReplayable); got != 1 {
+		if got := ev.count(idemevent.NotReplayable); got != 1 {
 			t.Fatalf("not_replayable events = %d, want 1 (the retry)", got)
 		}
 	})
@@ -110,8 +112,8 @@ func TestLargeResponseRunsOnce(t *testing.T) {
 			}
 			notReplayable(t, w)
 		}
-		if live != 1 || ev.count(coordinator.EventNotReplayable) != 9 {
-			t.Fatalf("%d live responses, %d not_replayable events; want 1 and 9", live, ev.count(coordinator.EventNotReplayable))
+		if live != 1 || ev.count(idemevent.NotReplayable) != 9 {
+			t.Fatalf("%d live responses, %d not_replayable events; want 1 and 9", live, ev.count(idemevent.NotReplayable))
 		}
 	})
 }
@@ -126,8 +128,8 @@ func TestResponseOverTheMiddlewareLimitIsNotReplayable(t *testing.T) {
 		t.Fatalf("first = %d, %d bytes, Content-Type %q; want the whole live 201", w.Code, w.Body.Len(), w.Header().Get("Content-Type"))
 	}
 	notReplayable(t, send(mux, "POST", "/big", "k", ""))
-	if n := h.runs.Load(); n != 1 || ev.errors(coordinator.ErrorRecordValidation) != 1 {
-		t.Fatalf("runs %d, record_validation_error %d; want 1 and 1", n, ev.errors(coordinator.ErrorRecordValidation))
+	if n := h.runs.Load(); n != 1 || ev.errors(idemevent.ErrorRecordValidation) != 1 {
+		t.Fatalf("runs %d, record_validation_error %d; want 1 and 1", n, ev.errors(idemevent.ErrorRecordValidation))
 	}
 
 	atLimit := &counting{body: []byte(strings.Repeat("x", 25))}
@@ -175,9 +177,9 @@ func TestStreamedResponseIsNotReplayable(t *testing.T) {
 		wg.Go(func() { notReplayable(t, send(mux, "POST", "/stream", "k", "")) })
 	}
 	wg.Wait()
-	if runs.Load() != 1 || ev.errors(coordinator.ErrorRecordValidation) != 1 || ev.count(coordinator.EventNotReplayable) != 10 {
+	if runs.Load() != 1 || ev.errors(idemevent.ErrorRecordValidation) != 1 || ev.count(idemevent.NotReplayable) != 10 {
 		t.Fatalf("runs %d, record_validation_error %d, not_replayable %d; want 1, 1 and 10",
-			runs.Load(), ev.errors(coordinator.ErrorRecordValidation), ev.count(coordinator.EventNotReplayable))
+			runs.Load(), ev.errors(idemevent.ErrorRecordValidation), ev.count(idemevent.NotReplayable))
 	}
 }
 
@@ -225,7 +227,7 @@ func TestHijackedResponseIsNotReplayable(t *testing.T) {
 	}
 	// The client may read the hijacker's response before the middleware has
 	// stored the record: a retry until then waits for it, or runs nothing.
-	for deadline := time.Now().Add(5 * time.Second); ev.errors(coordinator.ErrorRecordValidation) < 1 && time.Now().Before(deadline); {
+	for deadline := time.Now().Add(5 * time.Second); ev.errors(idemevent.ErrorRecordValidation) < 1 && time.Now().Before(deadline); {
 		time.Sleep(time.Millisecond)
 	}
 	for range 2 {
@@ -234,8 +236,8 @@ func TestHijackedResponseIsNotReplayable(t *testing.T) {
 			t.Fatalf("retry = %d %q Retry-After %q; want 409 %s without Retry-After", resp.StatusCode, b, resp.Header.Get("Retry-After"), idemhttp.ProblemNotReplayable)
 		}
 	}
-	if runs := runs.Load(); runs != 1 || ev.errors(coordinator.ErrorRecordValidation) != 1 {
-		t.Fatalf("runs %d, record_validation_error %d; want 1 and 1", runs, ev.errors(coordinator.ErrorRecordValidation))
+	if runs := runs.Load(); runs != 1 || ev.errors(idemevent.ErrorRecordValidation) != 1 {
+		t.Fatalf("runs %d, record_validation_error %d; want 1 and 1", runs, ev.errors(idemevent.ErrorRecordValidation))
 	}
 }
 

@@ -11,7 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/idemkit/idempotency/coordinator/memstore"
 	"github.com/idemkit/idempotency/idemhttp"
 )
@@ -71,7 +72,7 @@ func TestOuterMiddlewareHeadersAreKept(t *testing.T) {
 			t.Errorf("%s: X-Request-Id = %q, want this request's %q", name, got, want)
 		}
 	}
-	rec := store.Snapshot(coordinator.Key{Operation: "POST.payments", Key: "k"})
+	rec := store.Snapshot(idemstore.Key{Operation: "POST.payments", Key: "k"})
 	meta, _, _ := bytes.Cut(rec.Result, []byte("\n"))
 	const stored = `{"v":1,"status":201,` +
 		`"header":{"Location":["/payments/pay_1"],"Vary":["Accept-Encoding"]},` +

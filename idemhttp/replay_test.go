@@ -12,6 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/coordinator/memstore"
 	"github.com/idemkit/idempotency/idemhttp"
@@ -226,10 +229,10 @@ func TestKeyReuseIs422(t *testing.T) {
 
 // storeResult writes a completed record under POST.payments:key, as an
 // older version or a corrupted store might have left it.
-func storeResult(t *testing.T, store coordinator.Store, key, result string) {
+func storeResult(t *testing.T, store idemstore.Store, key, result string) {
 	t.Helper()
-	_, _, err := store.Reserve(context.Background(), coordinator.Key{Operation: "POST.payments", Key: key}, coordinator.Write{
-		State: coordinator.StateCompleted, Token: "0123456789abcdef0123456789abcdef",
+	_, _, err := store.Reserve(context.Background(), idemstore.Key{Operation: "POST.payments", Key: key}, idemstore.Write{
+		State: idemstore.StateCompleted, Token: "0123456789abcdef0123456789abcdef",
 		Result: []byte(result), TTL: time.Hour,
 	})
 	if err != nil {
@@ -251,8 +254,8 @@ func TestUnreadableRecordHeals(t *testing.T) {
 			mux := route("POST /payments", &p, idemhttp.Middleware(c))
 			storeResult(t, store, "k", tc.result)
 			first := send(mux, "POST", "/payments", "k", "")
-			if first.Code != 201 || isReplay(first) || p.n() != 1 || ev.errors(coordinator.ErrorDecode) != 1 {
-				t.Fatalf("first = %d replayed %v, runs %d, decode errors %d; want a fresh run", first.Code, isReplay(first), p.n(), ev.errors(coordinator.ErrorDecode))
+			if first.Code != 201 || isReplay(first) || p.n() != 1 || ev.errors(idemevent.ErrorDecode) != 1 {
+				t.Fatalf("first = %d replayed %v, runs %d, decode errors %d; want a fresh run", first.Code, isReplay(first), p.n(), ev.errors(idemevent.ErrorDecode))
 			}
 			if retry := send(mux, "POST", "/payments", "k", ""); !isReplay(retry) || !bytes.Equal(retry.Body.Bytes(), first.Body.Bytes()) {
 				t.Fatalf("retry replayed %v body %s; want the healed record", isReplay(retry), retry.Body)

@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"testing"
 
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/idemhttp"
 	"github.com/idemkit/idempotency/idemhttp/middlewaretest"
@@ -16,7 +18,7 @@ import (
 // TestBehaviour runs the HTTP behaviour table, which idemgin and idemecho run
 // too, on net/http's ServeMux and a real Redis.
 func TestBehaviour(t *testing.T) {
-	middlewaretest.TestMiddleware(t, netHTTP{}, func(t *testing.T) coordinator.Store {
+	middlewaretest.TestMiddleware(t, netHTTP{}, func(t *testing.T) idemstore.Store {
 		return redisrepo.New(redistest.Server(t), redisrepo.WithKeyPrefix(redistest.Prefix(t)))
 	})
 }

@@ -20,7 +20,7 @@ const (
 	keyExcMessage   = attribute.Key("exception.message")
 )
 
-// The names of the span events, one per coordinator.EventKind.
+// The names of the span events, one per idemevent.Kind.
 const (
 	eventHit         = "idempotency.hit"
 	eventMiss        = "idempotency.miss"

@@ -5,10 +5,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/idemotel"
 )
 
@@ -25,8 +27,8 @@ func (discard) ForceFlush(context.Context) error                { return nil }
 // attributes) or a store call (span event, or a child span), on a span that
 // records, one that does not (not sampled), and none.
 func BenchmarkObserve(b *testing.B) {
-	miss := coordinator.Event{Kind: coordinator.EventMiss, Key: coordinator.Key{Operation: "payment.charge", Key: "9b2f6f5e-6c1a-4a43-b7a9-0b3f1f6f6d2e"}}
-	storage := coordinator.Event{Kind: coordinator.EventStorageCall, Key: miss.Key, Method: coordinator.MethodReserve, Duration: 200 * time.Microsecond}
+	miss := idemevent.Event{Kind: idemevent.Miss, Key: idemstore.Key{Operation: "payment.charge", Key: "9b2f6f5e-6c1a-4a43-b7a9-0b3f1f6f6d2e"}}
+	storage := idemevent.Event{Kind: idemevent.StorageCall, Key: miss.Key, Method: idemevent.MethodReserve, Duration: 200 * time.Microsecond}
 	recording := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(discard{}))
 	unsampled := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.NeverSample()))
 	b.Cleanup(func() {
@@ -37,7 +39,7 @@ func BenchmarkObserve(b *testing.B) {
 		name  string
 		tp    trace.TracerProvider // nil: no span
 		obs   *idemotel.Observer
-		event coordinator.Event
+		event idemevent.Event
 	}{
 		{"recording/miss", recording, idemotel.New(), miss},
 		{"recording/miss/no_key_hash", recording, idemotel.New(idemotel.WithKeyHash(false)), miss},

@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
@@ -25,7 +28,7 @@ import (
 // newCoordinator returns a coordinator over store that reports to obs and
 // the returned counter, and is closed (its background work waited for) on
 // cleanup.
-func newCoordinator(t *testing.T, store coordinator.Store, obs coordinator.Observer, opts ...coordinator.Option) (*coordinator.Coordinator, *counter) {
+func newCoordinator(t *testing.T, store idemstore.Store, obs idemevent.Observer, opts ...coordinator.Option) (*coordinator.Coordinator, *counter) {
 	t.Helper()
 	cnt := newCounter()
 	c, err := coordinator.New(store, append(opts, coordinator.WithObserver(observability.Multi(obs, cnt)))...)
@@ -84,9 +87,9 @@ func TestMissThenHit(t *testing.T) {
 func TestStoreSpansOfACall(t *testing.T) {
 	tp, sr := newProvider(t)
 	var mu sync.Mutex
-	durations := map[coordinator.Method]time.Duration{}
-	measured := coordinator.ObserverFunc(func(_ context.Context, e coordinator.Event) {
-		if e.Kind == coordinator.EventStorageCall {
+	durations := map[idemevent.Method]time.Duration{}
+	measured := idemevent.ObserverFunc(func(_ context.Context, e idemevent.Event) {
+		if e.Kind == idemevent.StorageCall {
 			mu.Lock()
 			durations[e.Method] = e.Duration
 			mu.Unlock()
@@ -97,7 +100,7 @@ func TestStoreSpansOfACall(t *testing.T) {
 		t.Fatal(err)
 	}
 	parent := ended(t, sr, "request")
-	for _, m := range []coordinator.Method{coordinator.MethodReserve, coordinator.MethodComplete} {
+	for _, m := range []idemevent.Method{idemevent.MethodReserve, idemevent.MethodComplete} {
 		s := ended(t, sr, "idempotency.store "+string(m))
 		if s.Parent().SpanID() != parent.SpanContext().SpanID() {
 			t.Errorf("%s: parent %v, want the caller's span %v", s.Name(), s.Parent().SpanID(), parent.SpanContext().SpanID())
@@ -166,7 +169,7 @@ func TestWaiter(t *testing.T) {
 func TestUnprotectedRun(t *testing.T) {
 	tp, sr := newProvider(t)
 	fs := faultstore.Wrap(memstore.New())
-	fs.Fail(coordinator.MethodReserve, nil)
+	fs.Fail(idemevent.MethodReserve, nil)
 	// After the unprotected run the coordinator saves the result in the
 	// background, with a Reserve that fails too; its events go to the
 	// caller's context. Held until the caller's span has ended, they are
@@ -174,7 +177,7 @@ func TestUnprotectedRun(t *testing.T) {
 	// unheld, they could land on the span before it ends.
 	spanEnded := make(chan struct{})
 	var reserves atomic.Int64
-	fs.Before(coordinator.MethodReserve, func(ctx context.Context, _ coordinator.Key) error {
+	fs.Before(idemevent.MethodReserve, func(ctx context.Context, _ idemstore.Key) error {
 		if reserves.Add(1) == 1 {
 			return nil // the caller's
 		}
@@ -247,18 +250,18 @@ func TestRenewalsOnTheCallersSpan(t *testing.T) {
 func TestBackgroundSaveAfterTheSpanEnded(t *testing.T) {
 	tp, sr := newProvider(t)
 	fs := faultstore.Wrap(memstore.New())
-	fs.FailOnce(coordinator.MethodComplete, nil)
+	fs.FailOnce(idemevent.MethodComplete, nil)
 	c, cnt := newCoordinator(t, fs, idemotel.New(idemotel.WithStoreSpans(true)))
 	if _, err := call(t, tp, c, "request", "order-42", charge); err != nil {
 		t.Fatal(err)
 	}
 	calls := len(sr.Ended())
 	_ = c.Close() // waits for the background save
-	if n := count(cnt.kinds(), coordinator.EventStored); n != 1 {
+	if n := count(cnt.kinds(), idemevent.Stored); n != 1 {
 		t.Fatalf("%d stored events, want 1 from the background save", n)
 	}
-	if fs.Calls(coordinator.MethodComplete) != 2 {
-		t.Fatalf("%d completions, want the failed one and the background one", fs.Calls(coordinator.MethodComplete))
+	if fs.Calls(idemevent.MethodComplete) != 2 {
+		t.Fatalf("%d completions, want the failed one and the background one", fs.Calls(idemevent.MethodComplete))
 	}
 	if got := len(sr.Ended()); got != calls {
 		t.Errorf("%d spans after the background save, %d before: %v", got, calls, names(sr.Ended()))

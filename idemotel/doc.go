@@ -4,7 +4,7 @@
 // call's context — typically the server span of otelhttp or otelgrpc, or a
 // span of the caller's own.
 //
-// An Observer implements coordinator.Observer. Build one with New and hand it
+// An Observer implements idemevent.Observer. Build one with New and hand it
 // to the coordinator, beside the metrics and logs of package observability if
 // you like:
 //
@@ -44,8 +44,8 @@
 //	idempotency.storage_call  idempotency.storage.method, idempotency.storage.duration (seconds),
 //	                          idempotency.storage.result (ok | error | timeout | canceled)
 //
-// The values are those of the metrics' labels (coordinator.ErrorTypes,
-// coordinator.Methods, coordinator.WaitOutcomes, and the storage histogram's result label).
+// The values are those of the metrics' labels (idemevent.ErrorTypes,
+// idemevent.Methods, idemevent.WaitOutcomes, and the storage histogram's result label).
 //
 // # Store spans
 //

@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
@@ -104,10 +107,10 @@ func ExampleObserver_Observe() {
 	defer tp.Shutdown(context.Background())
 
 	ctx, span := tp.Tracer("shop").Start(context.Background(), "POST /charges")
-	idemotel.New().Observe(ctx, coordinator.Event{
-		Kind:     coordinator.EventWaited,
-		Key:      coordinator.Key{Operation: "payment.charge", Key: "order-42"},
-		Outcome:  coordinator.WaitTimeout,
+	idemotel.New().Observe(ctx, idemevent.Event{
+		Kind:     idemevent.Waited,
+		Key:      idemstore.Key{Operation: "payment.charge", Key: "order-42"},
+		Outcome:  idemevent.WaitTimeout,
 		Duration: 30 * time.Second,
 	})
 	span.End()
@@ -132,10 +135,10 @@ func ExampleWithStoreSpans() {
 	defer tp.Shutdown(context.Background())
 
 	ctx, span := tp.Tracer("shop").Start(context.Background(), "POST /charges")
-	idemotel.New(idemotel.WithStoreSpans(true)).Observe(ctx, coordinator.Event{
-		Kind:     coordinator.EventStorageCall,
-		Key:      coordinator.Key{Operation: "payment.charge", Key: "order-42"},
-		Method:   coordinator.MethodReserve,
+	idemotel.New(idemotel.WithStoreSpans(true)).Observe(ctx, idemevent.Event{
+		Kind:     idemevent.StorageCall,
+		Key:      idemstore.Key{Operation: "payment.charge", Key: "order-42"},
+		Method:   idemevent.MethodReserve,
 		Duration: 300 * time.Microsecond,
 	})
 	span.End()
@@ -156,11 +159,11 @@ func ExampleWithKeyHash() {
 	defer tp.Shutdown(context.Background())
 
 	ctx, span := tp.Tracer("shop").Start(context.Background(), "POST /charges")
-	k := coordinator.Key{Operation: "payment.charge", Key: "order-42"}
-	idemotel.New(idemotel.WithKeyHash(false)).Observe(ctx, coordinator.Event{
-		Kind:      coordinator.EventError,
+	k := idemstore.Key{Operation: "payment.charge", Key: "order-42"}
+	idemotel.New(idemotel.WithKeyHash(false)).Observe(ctx, idemevent.Event{
+		Kind:      idemevent.Error,
 		Key:       k,
-		ErrorType: coordinator.ErrorKeyReuse,
+		ErrorType: idemevent.ErrorKeyReuse,
 		Err:       &coordinator.KeyReuseError{Operation: k.Operation, Key: k.Key, Stored: "fp-a", Got: "fp-b"},
 	})
 	span.End()
@@ -187,11 +190,11 @@ func ExampleWithTracerProvider() {
 	}))
 	// A remote parent does not record, so nothing is recorded under it: the
 	// Observer needs a span of this process.
-	obs.Observe(parent, coordinator.Event{Kind: coordinator.EventStorageCall, Key: coordinator.Key{Operation: "op", Key: "k"}, Method: coordinator.MethodGet})
+	obs.Observe(parent, idemevent.Event{Kind: idemevent.StorageCall, Key: idemstore.Key{Operation: "op", Key: "k"}, Method: idemevent.MethodGet})
 	fmt.Println("spans under a remote parent:", len(sr.Ended()))
 
 	ctx, span := tp.Tracer("shop").Start(parent, "POST /charges")
-	obs.Observe(ctx, coordinator.Event{Kind: coordinator.EventStorageCall, Key: coordinator.Key{Operation: "op", Key: "k"}, Method: coordinator.MethodGet})
+	obs.Observe(ctx, idemevent.Event{Kind: idemevent.StorageCall, Key: idemstore.Key{Operation: "op", Key: "k"}, Method: idemevent.MethodGet})
 	span.End()
 	for _, s := range sr.Ended() {
 		fmt.Println(s.Name(), "in trace", s.SpanContext().TraceID())
@@ -209,7 +212,7 @@ func ExampleOption() {
 	if storeSpans {
 		opts = append(opts, idemotel.WithStoreSpans(true))
 	}
-	var obs coordinator.Observer = idemotel.New(opts...)
+	var obs idemevent.Observer = idemotel.New(opts...)
 	fmt.Printf("%T\n", obs)
 	// Output:
 	// *idemotel.Observer

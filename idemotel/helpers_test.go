@@ -6,13 +6,13 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+
 	"go.opentelemetry.io/otel/attribute"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/goleak"
-
-	"github.com/idemkit/idempotency/coordinator"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -130,16 +130,16 @@ func noKey(t *testing.T, spans []sdktrace.ReadOnlySpan, key string) {
 
 // counter is an Observer that counts the events of each kind.
 type counter struct {
-	ch chan coordinator.EventKind
+	ch chan idemevent.Kind
 }
 
-func newCounter() *counter { return &counter{ch: make(chan coordinator.EventKind, 1024)} }
+func newCounter() *counter { return &counter{ch: make(chan idemevent.Kind, 1024)} }
 
-func (c *counter) Observe(_ context.Context, e coordinator.Event) { c.ch <- e.Kind }
+func (c *counter) Observe(_ context.Context, e idemevent.Event) { c.ch <- e.Kind }
 
 // kinds drains the kinds seen so far.
-func (c *counter) kinds() []coordinator.EventKind {
-	var out []coordinator.EventKind
+func (c *counter) kinds() []idemevent.Kind {
+	var out []idemevent.Kind
 	for {
 		select {
 		case k := <-c.ch:
@@ -150,6 +150,6 @@ func (c *counter) kinds() []coordinator.EventKind {
 	}
 }
 
-func count(kinds []coordinator.EventKind, k coordinator.EventKind) int {
-	return len(slices.DeleteFunc(slices.Clone(kinds), func(x coordinator.EventKind) bool { return x != k }))
+func count(kinds []idemevent.Kind, k idemevent.Kind) int {
+	return len(slices.DeleteFunc(slices.Clone(kinds), func(x idemevent.Kind) bool { return x != k }))
 }

@@ -5,11 +5,12 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/internal/telemetry"
 )
 
@@ -26,7 +27,7 @@ type Observer struct {
 	keyHash    bool
 }
 
-var _ coordinator.Observer = (*Observer)(nil)
+var _ idemevent.Observer = (*Observer)(nil)
 
 // New returns an Observer configured by opts: the key's hash on spans, no
 // store spans, and the caller's span's provider for store spans, unless an
@@ -55,7 +56,7 @@ func New(opts ...Option) *Observer {
 // When the span does not record — there is none in ctx, it was not sampled,
 // or it has ended — Observe returns at once and records nothing, not even a
 // store span. A nil Observer records nothing.
-func (o *Observer) Observe(ctx context.Context, e coordinator.Event) {
+func (o *Observer) Observe(ctx context.Context, e idemevent.Event) {
 	if o == nil {
 		return
 	}
@@ -69,33 +70,33 @@ func (o *Observer) Observe(ctx context.Context, e coordinator.Event) {
 		attrs = append(attrs, keyKeyHash.String(telemetry.KeyHash(e.Key.Key)))
 	}
 	switch e.Kind {
-	case coordinator.EventHit:
+	case idemevent.Hit:
 		setOutcome(span, attrs, "hit", true)
 		span.AddEvent(eventHit, trace.WithAttributes(attrs...))
-	case coordinator.EventMiss:
+	case idemevent.Miss:
 		setOutcome(span, attrs, "miss", false)
 		span.AddEvent(eventMiss, trace.WithAttributes(attrs...))
-	case coordinator.EventInFlight:
+	case idemevent.InFlight:
 		setOutcome(span, attrs, "in_flight", false)
-		attrs = append(attrs, keyInFlightMode.String(e.Mode.String()))
+		attrs = append(attrs, keyInFlightMode.String(e.Mode))
 		span.AddEvent(eventInFlight, trace.WithAttributes(attrs...))
-	case coordinator.EventUnprotected:
+	case idemevent.Unprotected:
 		setOutcome(span, attrs, "unprotected", false)
 		attrs = append(attrs, keyMethod.String(string(e.Method)))
 		span.AddEvent(eventUnprotected, trace.WithAttributes(attrs...))
-	case coordinator.EventNotReplayable:
+	case idemevent.NotReplayable:
 		setOutcome(span, attrs, "not_replayable", false)
 		if e.Err != nil {
 			attrs = append(attrs, keyExcType.String(fmt.Sprintf("%T", e.Err)), keyExcMessage.String(o.message(e)))
 		}
 		span.AddEvent(eventNotReplay, trace.WithAttributes(attrs...))
-	case coordinator.EventWaited:
+	case idemevent.Waited:
 		wait := []attribute.KeyValue{keyWaitOutcome.String(string(e.Outcome)), keyWaitDuration.Float64(seconds(e.Duration))}
 		span.SetAttributes(wait...)
 		span.AddEvent(eventWaited, trace.WithAttributes(append(attrs, wait...)...))
-	case coordinator.EventStored:
+	case idemevent.Stored:
 		span.AddEvent(eventStored, trace.WithAttributes(attrs...))
-	case coordinator.EventError:
+	case idemevent.Error:
 		attrs = append(attrs, keyErrorType.String(string(e.ErrorType)))
 		if e.Method != "" {
 			attrs = append(attrs, keyMethod.String(string(e.Method)))
@@ -104,7 +105,7 @@ func (o *Observer) Observe(ctx context.Context, e coordinator.Event) {
 			attrs = append(attrs, keyExcType.String(fmt.Sprintf("%T", e.Err)), keyExcMessage.String(o.message(e)))
 		}
 		span.AddEvent(eventError, trace.WithAttributes(attrs...))
-	case coordinator.EventStorageCall:
+	case idemevent.StorageCall:
 		result := telemetry.StorageResult(e.Err).String()
 		if o.storeSpans {
 			o.storeSpan(ctx, span, e, append(attrs, keyMethod.String(string(e.Method)), keyResult.String(result)))
@@ -128,7 +129,7 @@ func setOutcome(span trace.Span, attrs []attribute.KeyValue, outcome string, rep
 // e.Duration ago and ends now: the Observer only learns of a call once it
 // has ended. A failed call's span has status Error: the span is the store
 // call's own.
-func (o *Observer) storeSpan(ctx context.Context, parent trace.Span, e coordinator.Event, attrs []attribute.KeyValue) {
+func (o *Observer) storeSpan(ctx context.Context, parent trace.Span, e idemevent.Event, attrs []attribute.KeyValue) {
 	tracer := o.tracer
 	if tracer == nil {
 		tracer = parent.TracerProvider().Tracer(scopeName)
@@ -147,17 +148,17 @@ func (o *Observer) storeSpan(ctx context.Context, parent trace.Span, e coordinat
 
 // storeSpanName returns the name of a store span of method m, without
 // building a string for the known methods.
-func storeSpanName(m coordinator.Method) string {
+func storeSpanName(m idemevent.Method) string {
 	switch m {
-	case coordinator.MethodReserve:
+	case idemevent.MethodReserve:
 		return storeSpanPrefix + "reserve"
-	case coordinator.MethodGet:
+	case idemevent.MethodGet:
 		return storeSpanPrefix + "get"
-	case coordinator.MethodComplete:
+	case idemevent.MethodComplete:
 		return storeSpanPrefix + "complete"
-	case coordinator.MethodRelease:
+	case idemevent.MethodRelease:
 		return storeSpanPrefix + "release"
-	case coordinator.MethodRenew:
+	case idemevent.MethodRenew:
 		return storeSpanPrefix + "renew"
 	}
 	return storeSpanPrefix + string(m)
@@ -165,7 +166,7 @@ func storeSpanName(m coordinator.Method) string {
 
 // message returns e's error message with the key hidden, as the log lines
 // hide it: by its hash, or, without WithKeyHash, by "<key>".
-func (o *Observer) message(e coordinator.Event) string {
+func (o *Observer) message(e idemevent.Event) string {
 	if e.Err == nil {
 		return ""
 	}

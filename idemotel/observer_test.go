@@ -8,6 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
@@ -18,14 +21,14 @@ import (
 )
 
 var (
-	k    = coordinator.Key{Operation: "payment.charge", Key: "order-42"}
+	k    = idemstore.Key{Operation: "payment.charge", Key: "order-42"}
 	hash = telemetry.KeyHash("order-42") // 3bf8b157c4238eef
 )
 
 // Every event kind: its span event, its attributes, and the attributes it
 // sets on the span.
 func TestEveryEventKind(t *testing.T) {
-	down := &coordinator.StorageError{Method: coordinator.MethodReserve, Err: errors.New("dial tcp: connection refused")}
+	down := &coordinator.StorageError{Method: idemevent.MethodReserve, Err: errors.New("dial tcp: connection refused")}
 	reuse := &coordinator.KeyReuseError{Operation: k.Operation, Key: k.Key, Stored: "fp-a", Got: "fp-b"}
 	common := map[string]string{"idempotency.operation": "payment.charge", "idempotency.key_hash": hash}
 	with := func(kv ...string) map[string]string {
@@ -40,54 +43,54 @@ func TestEveryEventKind(t *testing.T) {
 	}
 	tests := []struct {
 		name  string
-		event coordinator.Event
+		event idemevent.Event
 		span  string            // the span event's name
 		attrs map[string]string // of the span event
 		set   map[string]string // on the span
 	}{
-		{"hit", coordinator.Event{Kind: coordinator.EventHit, Key: k},
+		{"hit", idemevent.Event{Kind: idemevent.Hit, Key: k},
 			"idempotency.hit", common,
 			with("idempotency.outcome", "hit", "idempotency.replayed", "true")},
-		{"miss", coordinator.Event{Kind: coordinator.EventMiss, Key: k},
+		{"miss", idemevent.Event{Kind: idemevent.Miss, Key: k},
 			"idempotency.miss", common,
 			with("idempotency.outcome", "miss", "idempotency.replayed", "false")},
-		{"in_flight", coordinator.Event{Kind: coordinator.EventInFlight, Key: k, Mode: coordinator.InFlightRaise},
+		{"in_flight", idemevent.Event{Kind: idemevent.InFlight, Key: k, Mode: string(coordinator.InFlightRaise)},
 			"idempotency.in_flight", with("idempotency.in_flight.mode", "raise"),
 			with("idempotency.outcome", "in_flight", "idempotency.replayed", "false")},
-		{"unprotected", coordinator.Event{Kind: coordinator.EventUnprotected, Key: k, Method: coordinator.MethodReserve, Err: down},
+		{"unprotected", idemevent.Event{Kind: idemevent.Unprotected, Key: k, Method: idemevent.MethodReserve, Err: down},
 			"idempotency.unprotected", with("idempotency.storage.method", "reserve"),
 			with("idempotency.outcome", "unprotected", "idempotency.replayed", "false")},
-		{"unprotected, no key", coordinator.Event{Kind: coordinator.EventUnprotected, Key: coordinator.Key{Operation: "payment.charge"}, Method: coordinator.MethodNone},
+		{"unprotected, no key", idemevent.Event{Kind: idemevent.Unprotected, Key: idemstore.Key{Operation: "payment.charge"}, Method: idemevent.MethodNone},
 			"idempotency.unprotected", map[string]string{"idempotency.operation": "payment.charge", "idempotency.storage.method": "none"},
 			map[string]string{"idempotency.operation": "payment.charge", "idempotency.outcome": "unprotected", "idempotency.replayed": "false"}},
-		{"waited", coordinator.Event{Kind: coordinator.EventWaited, Key: k, Outcome: coordinator.WaitTimeout, Duration: 1500 * time.Millisecond},
+		{"waited", idemevent.Event{Kind: idemevent.Waited, Key: k, Outcome: idemevent.WaitTimeout, Duration: 1500 * time.Millisecond},
 			"idempotency.waited", with("idempotency.wait.outcome", "timeout", "idempotency.wait.duration", "1.5"),
 			map[string]string{"idempotency.wait.outcome": "timeout", "idempotency.wait.duration": "1.5"}},
-		{"stored", coordinator.Event{Kind: coordinator.EventStored, Key: k},
+		{"stored", idemevent.Event{Kind: idemevent.Stored, Key: k},
 			"idempotency.stored", common, nil},
-		{"storage error", coordinator.Event{Kind: coordinator.EventError, Key: k, ErrorType: coordinator.ErrorStorageReserve, Method: coordinator.MethodReserve, Err: down},
+		{"storage error", idemevent.Event{Kind: idemevent.Error, Key: k, ErrorType: idemevent.ErrorStorageReserve, Method: idemevent.MethodReserve, Err: down},
 			"idempotency.error", with("idempotency.error_type", "storage_reserve_error", "idempotency.storage.method", "reserve",
 				"exception.type", "*coordinator.StorageError", "exception.message", "idempotency: storage reserve: dial tcp: connection refused"),
 			nil},
-		{"key reuse, the key hidden", coordinator.Event{Kind: coordinator.EventError, Key: k, ErrorType: coordinator.ErrorKeyReuse, Err: reuse},
+		{"key reuse, the key hidden", idemevent.Event{Kind: idemevent.Error, Key: k, ErrorType: idemevent.ErrorKeyReuse, Err: reuse},
 			"idempotency.error", with("idempotency.error_type", "key_reuse", "exception.type", "*coordinator.KeyReuseError",
 				"exception.message", `idempotency: key "<key `+hash+`>" of operation "payment.charge" reused for a different request (stored fingerprint "fp-a", got "fp-b")`),
 			nil},
-		{"error without an error", coordinator.Event{Kind: coordinator.EventError, Key: k, ErrorType: coordinator.ErrorLeaseLost},
+		{"error without an error", idemevent.Event{Kind: idemevent.Error, Key: k, ErrorType: idemevent.ErrorLeaseLost},
 			"idempotency.error", with("idempotency.error_type", "lease_lost"), nil},
-		{"storage call", coordinator.Event{Kind: coordinator.EventStorageCall, Key: k, Method: coordinator.MethodGet, Duration: 250 * time.Microsecond},
+		{"storage call", idemevent.Event{Kind: idemevent.StorageCall, Key: k, Method: idemevent.MethodGet, Duration: 250 * time.Microsecond},
 			"idempotency.storage_call", with("idempotency.storage.method", "get", "idempotency.storage.duration", "0.00025", "idempotency.storage.result", "ok"),
 			nil},
-		{"failed storage call", coordinator.Event{Kind: coordinator.EventStorageCall, Key: k, Method: coordinator.MethodComplete, Duration: time.Second,
+		{"failed storage call", idemevent.Event{Kind: idemevent.StorageCall, Key: k, Method: idemevent.MethodComplete, Duration: time.Second,
 			Err: fmt.Errorf("complete: %w", context.DeadlineExceeded)},
 			"idempotency.storage_call", with("idempotency.storage.method", "complete", "idempotency.storage.duration", "1", "idempotency.storage.result", "timeout"),
 			nil},
-		{"not replayable, the key hidden", coordinator.Event{Kind: coordinator.EventNotReplayable, Key: k,
+		{"not replayable, the key hidden", idemevent.Event{Kind: idemevent.NotReplayable, Key: k,
 			Err: &coordinator.NotReplayableError{Operation: k.Operation, Key: k.Key, Reason: "the result is 2097152 bytes, more than the limit of 1048576"}},
 			"idempotency.not_replayable", with("exception.type", "*coordinator.NotReplayableError",
 				"exception.message", `idempotency: key "<key `+hash+`>" of operation "payment.charge" completed, but its result cannot be returned: the result is 2097152 bytes, more than the limit of 1048576`),
 			map[string]string{"idempotency.operation": "payment.charge", "idempotency.key_hash": hash, "idempotency.outcome": "not_replayable", "idempotency.replayed": "false"}},
-		{"an unknown kind", coordinator.Event{Kind: 200, Key: k}, "idempotency.unknown", common, nil},
+		{"an unknown kind", idemevent.Event{Kind: 200, Key: k}, "idempotency.unknown", common, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -117,9 +120,9 @@ func TestLaterOutcomeReplacesEarlier(t *testing.T) {
 	tp, sr := newProvider(t)
 	ctx, span := startSpan(t, tp)
 	o := idemotel.New()
-	o.Observe(ctx, coordinator.Event{Kind: coordinator.EventInFlight, Key: k, Mode: coordinator.InFlightWait})
-	o.Observe(ctx, coordinator.Event{Kind: coordinator.EventWaited, Key: k, Outcome: coordinator.WaitHit, Duration: 20 * time.Millisecond})
-	o.Observe(ctx, coordinator.Event{Kind: coordinator.EventHit, Key: k})
+	o.Observe(ctx, idemevent.Event{Kind: idemevent.InFlight, Key: k, Mode: string(coordinator.InFlightWait)})
+	o.Observe(ctx, idemevent.Event{Kind: idemevent.Waited, Key: k, Outcome: idemevent.WaitHit, Duration: 20 * time.Millisecond})
+	o.Observe(ctx, idemevent.Event{Kind: idemevent.Hit, Key: k})
 	span.End()
 	s := ended(t, sr, "request")
 	wantAttrs(t, "span", s.Attributes(), map[string]string{
@@ -136,12 +139,12 @@ func TestLaterOutcomeReplacesEarlier(t *testing.T) {
 // they carry its hash, and never the key.
 func TestKeyHashOrNothing(t *testing.T) {
 	reuse := &coordinator.KeyReuseError{Operation: k.Operation, Key: k.Key, Stored: "fp-a", Got: "fp-b"}
-	wrongType := &coordinator.StorageError{Method: coordinator.MethodGet, Err: errors.New("WRONGTYPE idempotency:payment.charge:order-42")}
-	events := []coordinator.Event{
-		{Kind: coordinator.EventMiss, Key: k},
-		{Kind: coordinator.EventError, Key: k, ErrorType: coordinator.ErrorKeyReuse, Err: reuse},
-		{Kind: coordinator.EventError, Key: k, ErrorType: coordinator.ErrorStorageGet, Method: coordinator.MethodGet, Err: wrongType},
-		{Kind: coordinator.EventStorageCall, Key: k, Method: coordinator.MethodGet, Err: wrongType},
+	wrongType := &coordinator.StorageError{Method: idemevent.MethodGet, Err: errors.New("WRONGTYPE idempotency:payment.charge:order-42")}
+	events := []idemevent.Event{
+		{Kind: idemevent.Miss, Key: k},
+		{Kind: idemevent.Error, Key: k, ErrorType: idemevent.ErrorKeyReuse, Err: reuse},
+		{Kind: idemevent.Error, Key: k, ErrorType: idemevent.ErrorStorageGet, Method: idemevent.MethodGet, Err: wrongType},
+		{Kind: idemevent.StorageCall, Key: k, Method: idemevent.MethodGet, Err: wrongType},
 	}
 	for _, hashed := range []bool{true, false} {
 		t.Run(fmt.Sprint("hashed=", hashed), func(t *testing.T) {
@@ -202,9 +205,9 @@ func TestStoreSpans(t *testing.T) {
 	ctx, span := startSpan(t, tp)
 	o := idemotel.New(idemotel.WithStoreSpans(true))
 	before := time.Now()
-	o.Observe(ctx, coordinator.Event{Kind: coordinator.EventStorageCall, Key: k, Method: coordinator.MethodReserve, Duration: 3 * time.Millisecond})
-	o.Observe(ctx, coordinator.Event{Kind: coordinator.EventStorageCall, Key: k, Method: coordinator.MethodComplete, Duration: 1234567 * time.Nanosecond,
-		Err: &coordinator.StorageError{Method: coordinator.MethodComplete, Err: errors.New("READONLY")}})
+	o.Observe(ctx, idemevent.Event{Kind: idemevent.StorageCall, Key: k, Method: idemevent.MethodReserve, Duration: 3 * time.Millisecond})
+	o.Observe(ctx, idemevent.Event{Kind: idemevent.StorageCall, Key: k, Method: idemevent.MethodComplete, Duration: 1234567 * time.Nanosecond,
+		Err: &coordinator.StorageError{Method: idemevent.MethodComplete, Err: errors.New("READONLY")}})
 	after := time.Now()
 	span.End()
 
@@ -257,7 +260,7 @@ func TestStoreSpansOfAnotherProvider(t *testing.T) {
 	own, ownSR := newProvider(t)
 	ctx, span := startSpan(t, tp)
 	idemotel.New(idemotel.WithStoreSpans(true), idemotel.WithTracerProvider(own)).
-		Observe(ctx, coordinator.Event{Kind: coordinator.EventStorageCall, Key: k, Method: coordinator.MethodGet, Duration: time.Millisecond})
+		Observe(ctx, idemevent.Event{Kind: idemevent.StorageCall, Key: k, Method: idemevent.MethodGet, Duration: time.Millisecond})
 	span.End()
 	if n := len(sr.Ended()); n != 1 {
 		t.Errorf("caller's provider has %d spans, want its own only: %v", n, names(sr.Ended()))
@@ -271,11 +274,11 @@ func TestStoreSpansOfAnotherProvider(t *testing.T) {
 // Nothing is recorded without a recording span: no span in the context, one
 // not sampled, or one that has ended; not even a store span.
 func TestNothingWithoutARecordingSpan(t *testing.T) {
-	all := []coordinator.Event{
-		{Kind: coordinator.EventMiss, Key: k},
-		{Kind: coordinator.EventStorageCall, Key: k, Method: coordinator.MethodRenew, Duration: time.Millisecond},
-		{Kind: coordinator.EventError, Key: k, ErrorType: coordinator.ErrorStorageRenew, Method: coordinator.MethodRenew, Err: errors.New("down")},
-		{Kind: coordinator.EventStored, Key: k},
+	all := []idemevent.Event{
+		{Kind: idemevent.Miss, Key: k},
+		{Kind: idemevent.StorageCall, Key: k, Method: idemevent.MethodRenew, Duration: time.Millisecond},
+		{Kind: idemevent.Error, Key: k, ErrorType: idemevent.ErrorStorageRenew, Method: idemevent.MethodRenew, Err: errors.New("down")},
+		{Kind: idemevent.Stored, Key: k},
 	}
 	o := idemotel.New(idemotel.WithStoreSpans(true))
 
@@ -346,16 +349,16 @@ func TestConcurrentEventsOnOneSpan(t *testing.T) {
 		go func() {
 			defer after.Done()
 			for range each {
-				o.Observe(ctx, coordinator.Event{Kind: coordinator.EventStored, Key: k})
-				o.Observe(ctx, coordinator.Event{Kind: coordinator.EventStorageCall, Key: k, Method: coordinator.MethodRenew, Duration: time.Microsecond})
+				o.Observe(ctx, idemevent.Event{Kind: idemevent.Stored, Key: k})
+				o.Observe(ctx, idemevent.Event{Kind: idemevent.StorageCall, Key: k, Method: idemevent.MethodRenew, Duration: time.Microsecond})
 			}
 			before.Done()
 			<-ended
 			for range each {
-				o.Observe(ctx, coordinator.Event{Kind: coordinator.EventError, Key: k, ErrorType: coordinator.ErrorStorageRenew, Method: coordinator.MethodRenew})
-				o.Observe(ctx, coordinator.Event{Kind: coordinator.EventStorageCall, Key: k, Method: coordinator.MethodRenew, Duration: time.Microsecond})
+				o.Observe(ctx, idemevent.Event{Kind: idemevent.Error, Key: k, ErrorType: idemevent.ErrorStorageRenew, Method: idemevent.MethodRenew})
+				o.Observe(ctx, idemevent.Event{Kind: idemevent.StorageCall, Key: k, Method: idemevent.MethodRenew, Duration: time.Microsecond})
 				if g%2 == 0 {
-					o.Observe(ctx, coordinator.Event{Kind: coordinator.EventHit, Key: k})
+					o.Observe(ctx, idemevent.Event{Kind: idemevent.Hit, Key: k})
 				}
 			}
 		}()

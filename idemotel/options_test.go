@@ -3,7 +3,8 @@ package idemotel_test
 import (
 	"testing"
 
-	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+
 	"github.com/idemkit/idempotency/idemotel"
 )
 
@@ -13,7 +14,7 @@ func TestNewSkipsNilOptions(t *testing.T) {
 	tp, sr := newProvider(t)
 	ctx, span := startSpan(t, tp)
 	o := idemotel.New(nil, idemotel.WithKeyHash(false), nil)
-	o.Observe(ctx, coordinator.Event{Kind: coordinator.EventMiss, Key: k})
+	o.Observe(ctx, idemevent.Event{Kind: idemevent.Miss, Key: k})
 	span.End()
 	s := ended(t, sr, "request")
 	if h, ok := attrs(s.Attributes())["idempotency.key_hash"]; ok {

@@ -9,7 +9,8 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/idemkit/idempotency/idemconsume"
 	"github.com/idemkit/idempotency/idemhttp"
 	"github.com/idemkit/idempotency/idempg"
@@ -69,7 +70,7 @@ func TestMiddlewareInsideTheTransaction(t *testing.T) {
 	if n := db.ledger(t, failing); n != 0 {
 		t.Errorf("a 5xx left %d ledger rows, want 0: rolled back", n)
 	}
-	if rec := record(t, db.store(t), idemhttp.DefaultOperation, failing); rec.State != coordinator.StateAbsent {
+	if rec := record(t, db.store(t), idemhttp.DefaultOperation, failing); rec.State != idemstore.StateAbsent {
 		t.Errorf("a 5xx left a record %v, want the key free", rec.State)
 	}
 	mu.Lock()

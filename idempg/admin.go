@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idempotency/coordinator"
@@ -15,11 +17,11 @@ import (
 // its record, without the result.
 type Info struct {
 	// Key is the key that was inspected.
-	Key coordinator.Key
-	// State is coordinator.StateAbsent (no live row), StatePending (a caller
+	Key idemstore.Key
+	// State is idemstore.StateAbsent (no live row), StatePending (a caller
 	// holds the key), StateCompleted, StateNotReplayable, or
 	// StateUnreadable (a state this package does not write).
-	State coordinator.State
+	State idemstore.State
 	// TTL is the time left before expires_at, on the database's clock, to
 	// the microsecond; 0 for an absent key.
 	TTL time.Duration
@@ -133,7 +135,7 @@ GROUP BY operation, state`
 
 // Inspect describes the records of keys, in their order, in one statement.
 // It returns an error for an invalid key, and the database's otherwise.
-func (s *Store) Inspect(ctx context.Context, keys ...coordinator.Key) ([]Info, error) {
+func (s *Store) Inspect(ctx context.Context, keys ...idemstore.Key) ([]Info, error) {
 	ops, ks, err := keyColumns("inspect", keys)
 	if err != nil {
 		return nil, err
@@ -199,7 +201,7 @@ func (s *Store) Inspect(ctx context.Context, keys ...coordinator.Key) ([]Info, e
 // expired row is deleted too, and not counted). A forgotten key lets the
 // next call with it run its action again, every step included. It returns an error for an invalid key, and the
 // database's otherwise (then nothing was deleted).
-func (s *Store) Forget(ctx context.Context, keys ...coordinator.Key) (int, error) {
+func (s *Store) Forget(ctx context.Context, keys ...idemstore.Key) (int, error) {
 	ops, ks, err := keyColumns("forget", keys)
 	if err != nil {
 		return 0, err
@@ -259,11 +261,11 @@ func (s *Store) Count(ctx context.Context, operations ...string) (map[string]Cou
 			}
 			c := counts[op]
 			switch stateOf(state) {
-			case coordinator.StatePending:
+			case idemstore.StatePending:
 				c.Pending += n
-			case coordinator.StateCompleted:
+			case idemstore.StateCompleted:
 				c.Completed += n
-			case coordinator.StateNotReplayable:
+			case idemstore.StateNotReplayable:
 				c.Completed += n
 				c.NotReplayable += n
 			default:
@@ -307,7 +309,7 @@ func (s *Store) deleteCounting(ctx context.Context, sql string, args ...any) (li
 
 // keyColumns returns the operations and the keys of keys as two arrays, or
 // an error that names the first invalid one.
-func keyColumns(method string, keys []coordinator.Key) (ops, ks []string, err error) {
+func keyColumns(method string, keys []idemstore.Key) (ops, ks []string, err error) {
 	ops, ks = make([]string, len(keys)), make([]string, len(keys))
 	for i, k := range keys {
 		if err := errors.Join(coordinator.ValidateOperation(k.Operation), coordinator.ValidateKey(k.Key)); err != nil {
@@ -319,15 +321,15 @@ func keyColumns(method string, keys []coordinator.Key) (ops, ks []string, err er
 }
 
 // stateOf returns the state a row's state column names; a name this
-// package does not write is coordinator.StateUnreadable.
-func stateOf(name string) coordinator.State {
+// package does not write is idemstore.StateUnreadable.
+func stateOf(name string) idemstore.State {
 	switch name {
 	case statePending:
-		return coordinator.StatePending
+		return idemstore.StatePending
 	case stateCompleted:
-		return coordinator.StateCompleted
+		return idemstore.StateCompleted
 	case stateNotReplayable:
-		return coordinator.StateNotReplayable
+		return idemstore.StateNotReplayable
 	}
-	return coordinator.StateUnreadable
+	return idemstore.StateUnreadable
 }

@@ -5,7 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/idemkit/idempotency/idempg"
 )
 
@@ -15,18 +16,18 @@ func TestAdmin(t *testing.T) {
 	db := newDB(t, 4)
 	s := db.store(t)
 	ctx := t.Context()
-	key := func(op, k string) coordinator.Key { return coordinator.Key{Operation: op, Key: k} }
+	key := func(op, k string) idemstore.Key { return idemstore.Key{Operation: op, Key: k} }
 	pending, done, gone, expired := key("pay", "p"), key("pay", "c"), key("pay", "n"), key("pay", "x")
 	other := key("ship", "s")
-	if _, ok, err := s.Reserve(ctx, pending, coordinator.Write{State: coordinator.StatePending, Token: "t1", Fingerprint: "fp", TTL: time.Minute}); err != nil || !ok {
+	if _, ok, err := s.Reserve(ctx, pending, idemstore.Write{State: idemstore.StatePending, Token: "t1", Fingerprint: "fp", TTL: time.Minute}); err != nil || !ok {
 		t.Fatalf("Reserve: %v %v", ok, err)
 	}
-	for _, k := range []coordinator.Key{done, other} {
-		if _, ok, err := s.Reserve(ctx, k, coordinator.Write{State: coordinator.StateCompleted, Token: "t2", Result: []byte("hello"), TTL: time.Hour}); err != nil || !ok {
+	for _, k := range []idemstore.Key{done, other} {
+		if _, ok, err := s.Reserve(ctx, k, idemstore.Write{State: idemstore.StateCompleted, Token: "t2", Result: []byte("hello"), TTL: time.Hour}); err != nil || !ok {
 			t.Fatalf("Reserve: %v %v", ok, err)
 		}
 	}
-	if _, ok, err := s.Reserve(ctx, gone, coordinator.Write{State: coordinator.StateNotReplayable, Token: "t3", Result: []byte("too big"), TTL: time.Hour}); err != nil || !ok {
+	if _, ok, err := s.Reserve(ctx, gone, idemstore.Write{State: idemstore.StateNotReplayable, Token: "t3", Result: []byte("too big"), TTL: time.Hour}); err != nil || !ok {
 		t.Fatalf("Reserve: %v %v", ok, err)
 	}
 	if _, err := db.pool.Exec(ctx, `INSERT INTO idempotency_records (operation, key, state, token, expires_at)
@@ -40,17 +41,17 @@ func TestAdmin(t *testing.T) {
 		t.Fatalf("Inspect: %v", err)
 	}
 	want := []struct {
-		state coordinator.State
+		state idemstore.State
 		fp    string
 		size  int
 		ttl   time.Duration
 	}{
-		{coordinator.StatePending, "fp", 0, time.Minute},
-		{coordinator.StateCompleted, "", 5, time.Hour},
-		{coordinator.StateNotReplayable, "", 7, time.Hour},
-		{coordinator.StateAbsent, "", 0, 0},
-		{coordinator.StateUnreadable, "", 0, time.Hour},
-		{coordinator.StateAbsent, "", 0, 0},
+		{idemstore.StatePending, "fp", 0, time.Minute},
+		{idemstore.StateCompleted, "", 5, time.Hour},
+		{idemstore.StateNotReplayable, "", 7, time.Hour},
+		{idemstore.StateAbsent, "", 0, 0},
+		{idemstore.StateUnreadable, "", 0, time.Hour},
+		{idemstore.StateAbsent, "", 0, 0},
 	}
 	if len(infos) != len(want) {
 		t.Fatalf("Inspect returned %d infos, want %d", len(infos), len(want))
@@ -116,7 +117,7 @@ func TestAdminRefusesInvalidInput(t *testing.T) {
 	db := newDB(t, 2)
 	s := db.store(t)
 	ctx := t.Context()
-	bad := coordinator.Key{Operation: "pay", Key: ""}
+	bad := idemstore.Key{Operation: "pay", Key: ""}
 	if _, err := s.Inspect(ctx, bad); err == nil || !strings.Contains(err.Error(), "inspect") {
 		t.Errorf("Inspect of an empty key = %v, want an error", err)
 	}

@@ -6,13 +6,16 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemkit/idempotency/coordinator"
 )
 
-var _ coordinator.BulkStore = (*Store)(nil)
+var _ idemstore.BulkStore = (*Store)(nil)
 
 // The SQL of the bulk methods: each takes a batch as parallel arrays, so
 // that its size changes the arguments, never the statements.
@@ -75,10 +78,10 @@ WHERE r.operation = k.operation AND r.key = k.key AND r.state = 'pending' AND r.
 	AND r.expires_at > clock_timestamp()`
 )
 
-// GetMany implements coordinator.BulkStore: it returns the live record
+// GetMany implements idemstore.BulkStore: it returns the live record
 // under each of keys, in their order, as Get does, in one statement.
-func (s *Store) GetMany(ctx context.Context, keys []coordinator.Key) ([]coordinator.Record, error) {
-	recs := make([]coordinator.Record, len(keys))
+func (s *Store) GetMany(ctx context.Context, keys []idemstore.Key) ([]idemstore.Record, error) {
+	recs := make([]idemstore.Record, len(keys))
 	if len(keys) == 0 {
 		return recs, nil
 	}
@@ -87,12 +90,12 @@ func (s *Store) GetMany(ctx context.Context, keys []coordinator.Key) ([]coordina
 		return scanRecords(rows, recs)
 	})
 	if err != nil {
-		return nil, bulkError(coordinator.MethodGet, "get", err)
+		return nil, bulkError(idemevent.MethodGet, "get", err)
 	}
 	return recs, nil
 }
 
-// ReserveMany implements coordinator.BulkStore: it is Reserve for each
+// ReserveMany implements idemstore.BulkStore: it is Reserve for each
 // entry, in one round trip, in one transaction at READ COMMITTED. The
 // entries of distinct keys go in one INSERT; a key given again goes in a
 // second INSERT after the first, and so on, so that every entry sees the
@@ -113,9 +116,9 @@ func (s *Store) GetMany(ctx context.Context, keys []coordinator.Key) ([]coordina
 // differ or an entry is not one Reserve takes. After an error that leaves
 // unknown whether the transaction committed (the connection, the context),
 // it releases, best effort, the pending records it may have written.
-func (s *Store) ReserveMany(ctx context.Context, keys []coordinator.Key, ws []coordinator.Write, allOrNothing bool) ([]coordinator.Record, []bool, error) {
+func (s *Store) ReserveMany(ctx context.Context, keys []idemstore.Key, ws []idemstore.Write, allOrNothing bool) ([]idemstore.Record, []bool, error) {
 	if err := checkWrites(keys, ws); err != nil {
-		return nil, nil, bulkError(coordinator.MethodReserve, "reserve", err)
+		return nil, nil, bulkError(idemevent.MethodReserve, "reserve", err)
 	}
 	b := newReservation(keys, ws)
 	if len(keys) == 0 {
@@ -131,19 +134,19 @@ func (s *Store) ReserveMany(ctx context.Context, keys []coordinator.Key, ws []co
 		if uncertain(err) {
 			s.releaseMany(ctx, keys, ws)
 		}
-		return nil, nil, bulkError(coordinator.MethodReserve, "reserve", lockConflict(err))
+		return nil, nil, bulkError(idemevent.MethodReserve, "reserve", lockConflict(err))
 	}
 	return b.existing, b.written, nil
 }
 
-// CompleteMany implements coordinator.BulkStore: it is Complete for each
+// CompleteMany implements idemstore.BulkStore: it is Complete for each
 // entry, in one statement. It returns an error, and sends nothing, when
 // the lengths of keys, tokens and cs differ or an entry is not one Complete
 // takes.
-func (s *Store) CompleteMany(ctx context.Context, keys []coordinator.Key, tokens []string, cs []coordinator.Completion) ([]bool, error) {
+func (s *Store) CompleteMany(ctx context.Context, keys []idemstore.Key, tokens []string, cs []idemstore.Completion) ([]bool, error) {
 	args, err := completionColumns(keys, tokens, cs)
 	if err != nil {
-		return nil, bulkError(coordinator.MethodComplete, "complete", err)
+		return nil, bulkError(idemevent.MethodComplete, "complete", err)
 	}
 	ok := make([]bool, len(keys))
 	if len(keys) == 0 {
@@ -156,21 +159,21 @@ func (s *Store) CompleteMany(ctx context.Context, keys []coordinator.Key, tokens
 		})
 	})
 	if err != nil {
-		return nil, bulkError(coordinator.MethodComplete, "complete", err)
+		return nil, bulkError(idemevent.MethodComplete, "complete", err)
 	}
 	return ok, nil
 }
 
-// DeleteMany implements coordinator.BulkStore: it is Forget, which also
+// DeleteMany implements idemstore.BulkStore: it is Forget, which also
 // deletes the keys' steps; n counts the live records it deleted. Its errors
-// carry coordinator.MethodRelease, the method that deletes a record.
-func (s *Store) DeleteMany(ctx context.Context, keys []coordinator.Key) (int, error) {
+// carry idemevent.MethodRelease, the method that deletes a record.
+func (s *Store) DeleteMany(ctx context.Context, keys []idemstore.Key) (int, error) {
 	if len(keys) == 0 {
 		return 0, nil
 	}
 	n, err := s.Forget(ctx, keys...)
 	if err != nil {
-		return 0, &coordinator.StorageError{Method: coordinator.MethodRelease, Err: err}
+		return 0, &coordinator.StorageError{Method: idemevent.MethodRelease, Err: err}
 	}
 	return n, nil
 }
@@ -179,18 +182,18 @@ func (s *Store) DeleteMany(ctx context.Context, keys []coordinator.Key) (int, er
 // passes (pass p holds the (p+1)th entry of each key), and what the
 // entries met.
 type reservation struct {
-	keys     []coordinator.Key
-	ws       []coordinator.Write
+	keys     []idemstore.Key
+	ws       []idemstore.Write
 	passes   [][]int
-	existing []coordinator.Record
+	existing []idemstore.Record
 	written  []bool
 }
 
 // newReservation splits the entries of keys and ws into passes of
 // distinct keys, in the order the entries of each key are given.
-func newReservation(keys []coordinator.Key, ws []coordinator.Write) *reservation {
-	b := &reservation{keys: keys, ws: ws, existing: make([]coordinator.Record, len(keys)), written: make([]bool, len(keys))}
-	seen := make(map[coordinator.Key]int, len(keys))
+func newReservation(keys []idemstore.Key, ws []idemstore.Write) *reservation {
+	b := &reservation{keys: keys, ws: ws, existing: make([]idemstore.Record, len(keys)), written: make([]bool, len(keys))}
+	seen := make(map[idemstore.Key]int, len(keys))
 	for i, k := range keys {
 		p := seen[k]
 		seen[k] = p + 1
@@ -237,7 +240,7 @@ func (b *reservation) writeColumns(pass []int) []any {
 	for j, i := range pass {
 		k, w := b.keys[i], b.ws[i]
 		ops[j], ks[j], states[j], tokens[j], fps[j] = k.Operation, k.Key, stateName(w.State), w.Token, w.Fingerprint
-		if w.State != coordinator.StatePending {
+		if w.State != idemstore.StatePending {
 			results[j] = nonNil(w.Result)
 		}
 		ttls[j], replace[j], replaceTokens[j] = w.TTL.Milliseconds(), w.Replace, w.ReplaceToken
@@ -247,12 +250,12 @@ func (b *reservation) writeColumns(pass []int) []any {
 
 // scanWritten marks the entries of pass whose keys insertRecords returned.
 func (b *reservation) scanWritten(rows pgx.Rows, pass []int) error {
-	at := make(map[coordinator.Key]int, len(pass))
+	at := make(map[idemstore.Key]int, len(pass))
 	for _, i := range pass {
 		at[b.keys[i]] = i
 	}
 	for rows.Next() {
-		var k coordinator.Key
+		var k idemstore.Key
 		if err := rows.Scan(&k.Operation, &k.Key); err != nil {
 			return err
 		}
@@ -268,7 +271,7 @@ func (b *reservation) scanWritten(rows pgx.Rows, pass []int) error {
 // scanMet reads the records that the entries of pass met: the record of
 // each entry that did not write.
 func (b *reservation) scanMet(rows pgx.Rows, pass []int) error {
-	recs := make([]coordinator.Record, len(pass))
+	recs := make([]idemstore.Record, len(pass))
 	if err := scanRecords(rows, recs); err != nil {
 		return err
 	}
@@ -333,7 +336,7 @@ func rollback(ctx context.Context, tx pgx.Tx) {
 
 // releaseMany releases, best effort and whatever ctx says, the pending
 // records that the entries of a failed ReserveMany may have written.
-func (s *Store) releaseMany(ctx context.Context, keys []coordinator.Key, ws []coordinator.Write) {
+func (s *Store) releaseMany(ctx context.Context, keys []idemstore.Key, ws []idemstore.Write) {
 	ops, ks := columns(keys)
 	tokens := make([]string, len(ws))
 	for i, w := range ws {
@@ -364,13 +367,13 @@ func lockConflict(err error) error {
 }
 
 // bulkError returns err as a *coordinator.StorageError of method m.
-func bulkError(m coordinator.Method, verb string, err error) *coordinator.StorageError {
+func bulkError(m idemevent.Method, verb string, err error) *coordinator.StorageError {
 	return &coordinator.StorageError{Method: m, Err: fmt.Errorf("idempg: %s many: %w", verb, err)}
 }
 
 // checkWrites returns an error when keys and ws differ in length or an
 // entry of ws is not one Reserve takes.
-func checkWrites(keys []coordinator.Key, ws []coordinator.Write) error {
+func checkWrites(keys []idemstore.Key, ws []idemstore.Write) error {
 	if len(keys) != len(ws) {
 		return fmt.Errorf("%d keys and %d writes", len(keys), len(ws))
 	}
@@ -388,7 +391,7 @@ func checkWrites(keys []coordinator.Key, ws []coordinator.Write) error {
 // completionColumns returns the arguments of completeRecords, or an error
 // when keys, tokens and cs differ in length or an entry of cs is not one
 // Complete takes.
-func completionColumns(keys []coordinator.Key, tokens []string, cs []coordinator.Completion) ([]any, error) {
+func completionColumns(keys []idemstore.Key, tokens []string, cs []idemstore.Completion) ([]any, error) {
 	if len(keys) != len(tokens) || len(keys) != len(cs) {
 		return nil, fmt.Errorf("%d keys, %d tokens and %d completions", len(keys), len(tokens), len(cs))
 	}
@@ -408,7 +411,7 @@ func completionColumns(keys []coordinator.Key, tokens []string, cs []coordinator
 }
 
 // columns returns the operations and the keys of keys as two arrays.
-func columns(keys []coordinator.Key) (ops, ks []string) {
+func columns(keys []idemstore.Key) (ops, ks []string) {
 	ops, ks = make([]string, len(keys)), make([]string, len(keys))
 	for i, k := range keys {
 		ops[i], ks[i] = k.Operation, k.Key
@@ -418,7 +421,7 @@ func columns(keys []coordinator.Key) (ops, ks []string) {
 
 // scanRecords reads the rows of selectRecords into recs, one per key, an
 // absent record for a row of NULLs.
-func scanRecords(rows pgx.Rows, recs []coordinator.Record) error {
+func scanRecords(rows pgx.Rows, recs []idemstore.Record) error {
 	clear(recs)
 	n := 0
 	for rows.Next() {

@@ -11,6 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -40,7 +43,7 @@ func TestBulkConformanceSetups(t *testing.T) {
 			storetest.TestStore(t, func(t *testing.T) storetest.Harness {
 				return storetest.Harness{
 					Store:   s,
-					Corrupt: func(t *testing.T, key coordinator.Key) { t.Helper(); corrupt(t, db, key) },
+					Corrupt: func(t *testing.T, key idemstore.Key) { t.Helper(); corrupt(t, db, key) },
 				}
 			})
 		})
@@ -70,9 +73,9 @@ func TestBulkConcurrentSetups(t *testing.T) {
 
 // attempt is one caller's ReserveMany in raceReserveMany.
 type attempt struct {
-	keys     []coordinator.Key
-	ws       []coordinator.Write
-	existing []coordinator.Record
+	keys     []idemstore.Key
+	ws       []idemstore.Write
+	existing []idemstore.Record
 	written  []bool
 	err      error
 }
@@ -102,7 +105,7 @@ func raceReserveMany(t *testing.T, s *idempg.Store, callers, n int, all bool) {
 	}
 	close(start)
 	wg.Wait()
-	winner := map[coordinator.Key]coordinator.Write{}
+	winner := map[idemstore.Key]idemstore.Write{}
 	for g, a := range att {
 		if a.err != nil {
 			t.Fatalf("caller %d: %s", g, fmtErr(a.err))
@@ -153,17 +156,17 @@ func TestBulkAllOrNothingRollsBack(t *testing.T) {
 	ctx := t.Context()
 	keys := bulkKeys("aon", 3)
 	old := completedWrite("old")
-	mustReserveMany(t, s, keys[:1], []coordinator.Write{old}, false)
+	mustReserveMany(t, s, keys[:1], []idemstore.Write{old}, false)
 	held := pendingWrite()
-	mustReserveMany(t, s, keys[2:], []coordinator.Write{held}, false)
+	mustReserveMany(t, s, keys[2:], []idemstore.Write{held}, false)
 
 	first := completedWrite("first")
 	second := completedWrite("second")
 	second.Replace, second.ReplaceToken = true, first.Token
 	replacing := pendingWrite()
 	replacing.Replace, replacing.ReplaceToken = true, old.Token
-	batch := []coordinator.Key{keys[0], keys[1], keys[1], keys[2]}
-	ws := []coordinator.Write{replacing, first, second, pendingWrite()}
+	batch := []idemstore.Key{keys[0], keys[1], keys[1], keys[2]}
+	ws := []idemstore.Write{replacing, first, second, pendingWrite()}
 	existing, written := mustReserveMany(t, s, batch, ws, true)
 	for i := range batch {
 		if written[i] {
@@ -172,7 +175,7 @@ func TestBulkAllOrNothingRollsBack(t *testing.T) {
 	}
 	checkRecord(t, "the refused entry", existing[3], held)
 	for i := range 3 {
-		if existing[i].State != coordinator.StateAbsent {
+		if existing[i].State != idemstore.StateAbsent {
 			t.Errorf("entry %d, which met no record, returned %+v", i, existing[i])
 		}
 	}
@@ -181,7 +184,7 @@ func TestBulkAllOrNothingRollsBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkRecord(t, "the replaced record after the rollback", recs[0], old)
-	if recs[1].State != coordinator.StateAbsent {
+	if recs[1].State != idemstore.StateAbsent {
 		t.Errorf("the key written twice after the rollback: %+v, want absent", recs[1])
 	}
 	checkRecord(t, "the held record", recs[2], held)
@@ -213,27 +216,27 @@ func TestBulkRefusedBatches(t *testing.T) {
 	zeroTTL.TTL = 0
 	cases := []struct {
 		name string
-		m    coordinator.Method
+		m    idemevent.Method
 		call func() error
 	}{
-		{"reserve_lengths", coordinator.MethodReserve, func() error {
-			_, _, err := s.ReserveMany(ctx, keys, []coordinator.Write{pendingWrite()}, false)
+		{"reserve_lengths", idemevent.MethodReserve, func() error {
+			_, _, err := s.ReserveMany(ctx, keys, []idemstore.Write{pendingWrite()}, false)
 			return err
 		}},
-		{"reserve_ttl", coordinator.MethodReserve, func() error {
-			_, _, err := s.ReserveMany(ctx, keys, []coordinator.Write{pendingWrite(), zeroTTL}, true)
+		{"reserve_ttl", idemevent.MethodReserve, func() error {
+			_, _, err := s.ReserveMany(ctx, keys, []idemstore.Write{pendingWrite(), zeroTTL}, true)
 			return err
 		}},
-		{"complete_lengths", coordinator.MethodComplete, func() error {
-			_, err := s.CompleteMany(ctx, keys, []string{"t"}, make([]coordinator.Completion, 2))
+		{"complete_lengths", idemevent.MethodComplete, func() error {
+			_, err := s.CompleteMany(ctx, keys, []string{"t"}, make([]idemstore.Completion, 2))
 			return err
 		}},
-		{"complete_pending", coordinator.MethodComplete, func() error {
-			_, err := s.CompleteMany(ctx, keys[:1], []string{"t"}, []coordinator.Completion{{State: coordinator.StatePending, TTL: time.Minute}})
+		{"complete_pending", idemevent.MethodComplete, func() error {
+			_, err := s.CompleteMany(ctx, keys[:1], []string{"t"}, []idemstore.Completion{{State: idemstore.StatePending, TTL: time.Minute}})
 			return err
 		}},
-		{"delete_invalid_key", coordinator.MethodRelease, func() error {
-			_, err := s.DeleteMany(ctx, []coordinator.Key{{Operation: "test.op", Key: ""}})
+		{"delete_invalid_key", idemevent.MethodRelease, func() error {
+			_, err := s.DeleteMany(ctx, []idemstore.Key{{Operation: "test.op", Key: ""}})
 			return err
 		}},
 	}
@@ -275,13 +278,13 @@ func TestBulkRoundTrips(t *testing.T) {
 	defer cancel()
 	const n = 500
 	keys := bulkKeys("trips", n)
-	ws := make([]coordinator.Write, n)
+	ws := make([]idemstore.Write, n)
 	tokens := make([]string, n)
-	cs := make([]coordinator.Completion, n)
+	cs := make([]idemstore.Completion, n)
 	for i := range ws {
 		ws[i] = pendingWrite()
 		tokens[i] = ws[i].Token
-		cs[i] = coordinator.Completion{State: coordinator.StateCompleted, Result: []byte(strconv.Itoa(i)), TTL: time.Minute}
+		cs[i] = idemstore.Completion{State: idemstore.StateCompleted, Result: []byte(strconv.Itoa(i)), TTL: time.Minute}
 	}
 	steps := []struct {
 		name               string
@@ -393,7 +396,7 @@ func allTrue(flags []bool, err error) error {
 	return err
 }
 
-func mustReserveMany(t *testing.T, s *idempg.Store, keys []coordinator.Key, ws []coordinator.Write, all bool) ([]coordinator.Record, []bool) {
+func mustReserveMany(t *testing.T, s *idempg.Store, keys []idemstore.Key, ws []idemstore.Write, all bool) ([]idemstore.Record, []bool) {
 	t.Helper()
 	existing, written, err := s.ReserveMany(t.Context(), keys, ws, all)
 	if err != nil {
@@ -404,10 +407,10 @@ func mustReserveMany(t *testing.T, s *idempg.Store, keys []coordinator.Key, ws [
 
 // checkRecord fails the test unless rec is the record that w wrote, with
 // a TTL within w's.
-func checkRecord(t *testing.T, what string, rec coordinator.Record, w coordinator.Write) {
+func checkRecord(t *testing.T, what string, rec idemstore.Record, w idemstore.Write) {
 	t.Helper()
-	want := coordinator.Record{State: w.State, Token: w.Token, Fingerprint: w.Fingerprint}
-	if w.State != coordinator.StatePending {
+	want := idemstore.Record{State: w.State, Token: w.Token, Fingerprint: w.Fingerprint}
+	if w.State != idemstore.StatePending {
 		want.Result = w.Result
 	}
 	if rec.State != want.State || rec.Token != want.Token || rec.Fingerprint != want.Fingerprint ||
@@ -417,21 +420,21 @@ func checkRecord(t *testing.T, what string, rec coordinator.Record, w coordinato
 }
 
 // bulkKeys returns n keys of operation "test.op" nobody else uses.
-func bulkKeys(name string, n int) []coordinator.Key {
+func bulkKeys(name string, n int) []idemstore.Key {
 	prefix := uniqueKey(name)
-	keys := make([]coordinator.Key, n)
+	keys := make([]idemstore.Key, n)
 	for i := range keys {
-		keys[i] = coordinator.Key{Operation: "test.op", Key: prefix + "." + strconv.Itoa(i)}
+		keys[i] = idemstore.Key{Operation: "test.op", Key: prefix + "." + strconv.Itoa(i)}
 	}
 	return keys
 }
 
-func pendingWrite() coordinator.Write {
-	return coordinator.Write{State: coordinator.StatePending, Token: rand.Text()[:16], Fingerprint: "fp", TTL: time.Minute}
+func pendingWrite() idemstore.Write {
+	return idemstore.Write{State: idemstore.StatePending, Token: rand.Text()[:16], Fingerprint: "fp", TTL: time.Minute}
 }
 
-func completedWrite(result string) coordinator.Write {
-	return coordinator.Write{State: coordinator.StateCompleted, Token: rand.Text()[:16], Fingerprint: "fp", Result: []byte(result), TTL: time.Minute}
+func completedWrite(result string) idemstore.Write {
+	return idemstore.Write{State: idemstore.StateCompleted, Token: rand.Text()[:16], Fingerprint: "fp", Result: []byte(result), TTL: time.Minute}
 }
 
 // A key that Do's open transaction holds: ReserveMany, with and without
@@ -458,15 +461,15 @@ func TestBulkReserveWhileDoHolds(t *testing.T) {
 	for _, all := range []bool{false, true} {
 		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
 		began := time.Now()
-		_, _, err := s.ReserveMany(ctx, keys, []coordinator.Write{pendingWrite(), pendingWrite(), pendingWrite()}, all)
+		_, _, err := s.ReserveMany(ctx, keys, []idemstore.Write{pendingWrite(), pendingWrite(), pendingWrite()}, all)
 		cancel()
 		within(t, "ReserveMany of a held key", time.Since(began), time.Second)
 		var se *coordinator.StorageError
-		if !errors.As(err, &se) || se.Method != coordinator.MethodReserve || !errors.Is(err, coordinator.ErrConflict) {
+		if !errors.As(err, &se) || se.Method != idemevent.MethodReserve || !errors.Is(err, coordinator.ErrConflict) {
 			t.Errorf("allOrNothing %v: %s, want a *StorageError of reserve matching ErrConflict", all, fmtErr(err))
 		}
-		for _, k := range []coordinator.Key{keys[0], keys[2]} {
-			if rec := record(t, s, k.Operation, k.Key); rec.State != coordinator.StateAbsent {
+		for _, k := range []idemstore.Key{keys[0], keys[2]} {
+			if rec := record(t, s, k.Operation, k.Key); rec.State != idemstore.StateAbsent {
 				t.Errorf("allOrNothing %v: %s after the failed call: %+v, want absent", all, k, rec)
 			}
 		}
@@ -483,14 +486,14 @@ func TestBulkCompleteManySameKey(t *testing.T) {
 	db := newDB(t, 4)
 	s := db.store(t)
 	keys := bulkKeys("complete-twice", 2)
-	ws := []coordinator.Write{pendingWrite(), pendingWrite()}
+	ws := []idemstore.Write{pendingWrite(), pendingWrite()}
 	mustReserveMany(t, s, keys, ws, false)
-	c := func(r string) coordinator.Completion {
-		return coordinator.Completion{State: coordinator.StateCompleted, Result: []byte(r), TTL: time.Minute}
+	c := func(r string) idemstore.Completion {
+		return idemstore.Completion{State: idemstore.StateCompleted, Result: []byte(r), TTL: time.Minute}
 	}
-	batch := []coordinator.Key{keys[0], keys[0], keys[1], keys[1]}
+	batch := []idemstore.Key{keys[0], keys[0], keys[1], keys[1]}
 	tokens := []string{ws[0].Token, ws[0].Token, "other", ws[1].Token}
-	ok, err := s.CompleteMany(t.Context(), batch, tokens, []coordinator.Completion{c("a1"), c("a2"), c("b1"), c("b2")})
+	ok, err := s.CompleteMany(t.Context(), batch, tokens, []idemstore.Completion{c("a1"), c("a2"), c("b1"), c("b2")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -503,7 +506,7 @@ func TestBulkCompleteManySameKey(t *testing.T) {
 	}
 	for i, want := range []string{"a1", "b2"} {
 		w := ws[i]
-		w.State, w.Result = coordinator.StateCompleted, []byte(want)
+		w.State, w.Result = idemstore.StateCompleted, []byte(want)
 		checkRecord(t, "the completed key", recs[i], w)
 	}
 }

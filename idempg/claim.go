@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -16,7 +18,7 @@ import (
 	"github.com/idemkit/idempotency/coordinator"
 )
 
-var _ coordinator.Transactor = (*Store)(nil)
+var _ idemstore.Transactor = (*Store)(nil)
 
 // Tunables of the transactional call.
 const (
@@ -133,7 +135,7 @@ WHERE r.token = $3 OR r.expires_at <= clock_timestamp()`
 // committed: the action never runs again for the key.
 var ErrTxEnded = errors.New("idempg: the action ended its transaction with SQL; return from the action to commit, or return an error to roll back")
 
-// Claim implements coordinator.Transactor: it claims key for w in a
+// Claim implements idemstore.Transactor: it claims key for w in a
 // transaction at READ COMMITTED and returns it open, or returns the record
 // that holds the key. A caller of this process that claims the key waits
 // for it here, without a connection, while another one holds it, so that
@@ -145,12 +147,12 @@ var ErrTxEnded = errors.New("idempg: the action ended its transaction with SQL; 
 // client_connection_check_interval and TCP keepalives, so that the database
 // ends the transaction of a holder that died or froze (see the package
 // documentation, "Dead and frozen holders").
-func (s *Store) Claim(ctx context.Context, key coordinator.Key, w coordinator.Write, wait time.Duration) (coordinator.Claim, coordinator.Record, error) {
-	if w.State != coordinator.StatePending {
-		return nil, coordinator.Record{}, fmt.Errorf("idempg: claim %s: write state is %s, want pending", key, w.State)
+func (s *Store) Claim(ctx context.Context, key idemstore.Key, w idemstore.Write, wait time.Duration) (idemstore.Claim, idemstore.Record, error) {
+	if w.State != idemstore.StatePending {
+		return nil, idemstore.Record{}, fmt.Errorf("idempg: claim %s: write state is %s, want pending", key, w.State)
 	}
 	if err := checkTTL("claim", key, w.TTL); err != nil {
-		return nil, coordinator.Record{}, err
+		return nil, idemstore.Record{}, err
 	}
 	until := time.Now().Add(wait)
 	leave, rec, settled, err := s.gates.enter(ctx, s, key, w, until)
@@ -162,7 +164,7 @@ func (s *Store) Claim(ctx context.Context, key coordinator.Key, w coordinator.Wr
 		switch {
 		case c != nil:
 			c.leave = leave
-			return c, coordinator.Record{}, nil
+			return c, idemstore.Record{}, nil
 		case err == nil:
 			leave()
 			return nil, rec, nil
@@ -171,19 +173,19 @@ func (s *Store) Claim(ctx context.Context, key coordinator.Key, w coordinator.Wr
 		}
 		leave()
 		if lockNotAvailable(err) {
-			return nil, coordinator.Record{}, &coordinator.InProgressError{Operation: key.Operation, Key: key.Key, RetryAfter: time.Second}
+			return nil, idemstore.Record{}, &coordinator.InProgressError{Operation: key.Operation, Key: key.Key, RetryAfter: time.Second}
 		}
-		return nil, coordinator.Record{}, fmt.Errorf("idempg: claim %s: %w", key, classify(err))
+		return nil, idemstore.Record{}, fmt.Errorf("idempg: claim %s: %w", key, classify(err))
 	}
 }
 
 // claimOnce is one attempt of Claim, in a transaction of its own: it
 // returns the open claim, or the record there with its transaction rolled
 // back, or the database's error with its transaction rolled back.
-func (s *Store) claimOnce(ctx context.Context, key coordinator.Key, w coordinator.Write, until time.Time) (*claim, coordinator.Record, error) {
+func (s *Store) claimOnce(ctx context.Context, key idemstore.Key, w idemstore.Write, until time.Time) (*claim, idemstore.Record, error) {
 	c, err := s.begin(ctx)
 	if err != nil {
-		return nil, coordinator.Record{}, err
+		return nil, idemstore.Record{}, err
 	}
 	c.key, c.token, c.fp = key, w.Token, w.Fingerprint
 	held := false
@@ -194,7 +196,7 @@ func (s *Store) claimOnce(ctx context.Context, key coordinator.Key, w coordinato
 	}()
 	written, rec, err := c.claim(ctx, w, time.Until(until))
 	if err != nil {
-		return nil, coordinator.Record{}, err
+		return nil, idemstore.Record{}, err
 	}
 	if !written {
 		if !takeable(rec, w) {
@@ -205,9 +207,9 @@ func (s *Store) claimOnce(ctx context.Context, key coordinator.Key, w coordinato
 		found, locked, err := c.lock(ctx, time.Until(until))
 		switch {
 		case err != nil:
-			return nil, coordinator.Record{}, err
+			return nil, idemstore.Record{}, err
 		case !found:
-			return nil, coordinator.Record{}, nil // deleted meanwhile (the sweeper)
+			return nil, idemstore.Record{}, nil // deleted meanwhile (the sweeper)
 		case !takeable(locked, w):
 			return nil, locked, nil
 		}
@@ -216,16 +218,16 @@ func (s *Store) claimOnce(ctx context.Context, key coordinator.Key, w coordinato
 			err = errors.New("the locked record is gone")
 		}
 		if err != nil {
-			return nil, coordinator.Record{}, err
+			return nil, idemstore.Record{}, err
 		}
 	}
 	held = true
-	return c, coordinator.Record{}, nil
+	return c, idemstore.Record{}, nil
 }
 
-// Begin implements coordinator.Transactor: a transaction at READ COMMITTED
+// Begin implements idemstore.Transactor: a transaction at READ COMMITTED
 // with no record, for a call made with the kill switch off.
-func (s *Store) Begin(ctx context.Context) (coordinator.Claim, error) {
+func (s *Store) Begin(ctx context.Context) (idemstore.Claim, error) {
 	c, err := s.begin(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("idempg: begin: %w", classify(err))
@@ -269,9 +271,9 @@ func (s *Store) begin(ctx context.Context) (*claim, error) {
 
 // takeable reports whether a claim may take over rec, a record that is
 // there: it expired (reported absent), or it is the record w heals.
-func takeable(rec coordinator.Record, w coordinator.Write) bool {
-	return rec.State == coordinator.StateAbsent ||
-		w.Replace && rec.State != coordinator.StatePending && rec.Token == w.ReplaceToken
+func takeable(rec idemstore.Record, w idemstore.Write) bool {
+	return rec.State == idemstore.StateAbsent ||
+		w.Replace && rec.State != idemstore.StatePending && rec.Token == w.ReplaceToken
 }
 
 // claim is a transaction that holds a key (or, from Begin, none: key is
@@ -287,11 +289,11 @@ type claim struct {
 	release  func()
 	released bool
 	closed   atomic.Bool
-	key      coordinator.Key
+	key      idemstore.Key
 	token    string
 	fp       string
 	leave    func() // lets the next caller of this process claim the key
-	read     coordinator.Record
+	read     idemstore.Record
 	ended    bool
 	steps    bool // the call is a Steps call: its steps live as long as its record
 }
@@ -300,7 +302,7 @@ type claim struct {
 // row, waiting for another transaction that inserted one up to wait; when
 // it does not write, it returns the record that is there (absent when it
 // expired), with no lock taken. It is one round trip.
-func (c *claim) claim(ctx context.Context, w coordinator.Write, wait time.Duration) (written bool, rec coordinator.Record, err error) {
+func (c *claim) claim(ctx context.Context, w idemstore.Write, wait time.Duration) (written bool, rec idemstore.Record, err error) {
 	b := &pgx.Batch{}
 	queueClaimSettings(b, c.tx, w.TTL, wait)
 	err = c.thenRead(ctx, b, &written, claimRecord,
@@ -342,7 +344,7 @@ func hasCheckInterval(tx pgx.Tx) bool {
 // lock locks the key's row, waiting for another transaction that holds it
 // up to wait, and returns the record there once locked; found is false
 // when there is no row. It is one round trip.
-func (c *claim) lock(ctx context.Context, wait time.Duration) (found bool, rec coordinator.Record, err error) {
+func (c *claim) lock(ctx context.Context, wait time.Duration) (found bool, rec idemstore.Record, err error) {
 	b := &pgx.Batch{}
 	b.Queue(setLockWait, lockTimeout(wait))
 	err = c.thenRead(ctx, b, &found, lockRow, c.key.Operation, c.key.Key)
@@ -353,7 +355,7 @@ func (c *claim) lock(ctx context.Context, wait time.Duration) (found bool, rec c
 // returns true or no row, into *flag), and readRestoring, which reads the
 // key's record into c.read and puts the session's timeouts back.
 func (c *claim) thenRead(ctx context.Context, b *pgx.Batch, flag *bool, sql string, args ...any) error {
-	*flag, c.read = false, coordinator.Record{}
+	*flag, c.read = false, idemstore.Record{}
 	b.Queue(sql, args...).QueryRow(func(row pgx.Row) error {
 		err := row.Scan(flag)
 		if errors.Is(err, pgx.ErrNoRows) {
@@ -375,15 +377,15 @@ func (c *claim) thenRead(ctx context.Context, b *pgx.Batch, flag *bool, sql stri
 	return c.tx.SendBatch(ctx, b).Close()
 }
 
-// Context implements coordinator.Claim: ctx with the transaction, which Tx
+// Context implements idemstore.Claim: ctx with the transaction, which Tx
 // returns.
 func (c *claim) Context(ctx context.Context) context.Context {
 	return context.WithValue(ctx, txKey{}, &ownedTx{Tx: c.tx, claim: c, closed: &c.closed})
 }
 
-// Commit implements coordinator.Claim: it writes the completed record in
+// Commit implements idemstore.Claim: it writes the completed record in
 // place of the claim and commits.
-func (c *claim) Commit(ctx context.Context, comp coordinator.Completion) error {
+func (c *claim) Commit(ctx context.Context, comp idemstore.Completion) error {
 	if c.ended {
 		return errors.New("idempg: the claim's transaction is already ended")
 	}
@@ -392,7 +394,7 @@ func (c *claim) Commit(ctx context.Context, comp coordinator.Completion) error {
 		return err
 	}
 	b := &pgx.Batch{}
-	if c.key != (coordinator.Key{}) {
+	if c.key != (idemstore.Key{}) {
 		st := stateName(comp.State)
 		if st == "" || st == statePending {
 			c.rollback(ctx)
@@ -458,7 +460,7 @@ func (c *claim) commitFailed(err error) error {
 // deleted does not commit.
 var errRecordChanged = errors.New("the action's transaction changed or deleted the key's record")
 
-// Rollback implements coordinator.Claim: it rolls the transaction back,
+// Rollback implements idemstore.Claim: it rolls the transaction back,
 // also when ctx has ended (the caller hung up).
 func (c *claim) Rollback(ctx context.Context) error {
 	if c.ended {
@@ -509,7 +511,7 @@ func (c *claim) endedBySQL(ctx context.Context) error {
 		return nil
 	}
 	c.rollback(ctx) // hands the connection back; the server has no transaction to end
-	if c.key == (coordinator.Key{}) {
+	if c.key == (idemstore.Key{}) {
 		return ErrTxEnded
 	}
 	reason := "the action ended its transaction with a COMMIT or ROLLBACK statement, so some of its writes may have committed; the key is kept so that it does not run again"

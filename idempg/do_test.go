@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -426,13 +429,13 @@ func TestDoNotReplayable(t *testing.T) {
 func TestDoHealsUnreadable(t *testing.T) {
 	db := newDB(t, 4)
 	s := db.coord(t)
-	k := coordinator.Key{Operation: "test.op", Key: uniqueKey("unreadable")}
+	k := idemstore.Key{Operation: "test.op", Key: uniqueKey("unreadable")}
 	corrupt(t, db, k)
 	v, err := idempg.Do(t.Context(), s, call(k.Key), func(context.Context, pgx.Tx) (int, error) { return 5, nil })
 	if err != nil || v != 5 {
 		t.Fatalf("Do over an unreadable record = %d, %v; want a fresh 5", v, err)
 	}
-	if rec := record(t, db.store(t), k.Operation, k.Key); rec.State != coordinator.StateCompleted || string(rec.Result) != "5" {
+	if rec := record(t, db.store(t), k.Operation, k.Key); rec.State != idemstore.StateCompleted || string(rec.Result) != "5" {
 		t.Fatalf("record after the heal = %+v, want completed 5", rec)
 	}
 	// As a string, "5" is not JSON it can decode: run again and replace.
@@ -519,8 +522,8 @@ func TestDoWithCoordinator(t *testing.T) {
 	// Raise mode refuses a coordinator's reservation at once.
 	raise := db.coord(t, coordinator.WithInFlight(coordinator.InFlightRaise))
 	key = uniqueKey("coordinator-holds-raise")
-	if _, _, err := db.store(t).Reserve(ctx, coordinator.Key{Operation: "test.op", Key: key},
-		coordinator.Write{State: coordinator.StatePending, Token: "someone", TTL: time.Minute}); err != nil {
+	if _, _, err := db.store(t).Reserve(ctx, idemstore.Key{Operation: "test.op", Key: key},
+		idemstore.Write{State: idemstore.StatePending, Token: "someone", TTL: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
 	_, err = idempg.Do(ctx, raise, call(key), func(context.Context, pgx.Tx) (string, error) { return "", nil })
@@ -531,8 +534,8 @@ func TestDoWithCoordinator(t *testing.T) {
 
 	// A reservation whose lease runs out is taken over.
 	key = uniqueKey("coordinator-expires")
-	if _, _, err := db.store(t).Reserve(ctx, coordinator.Key{Operation: "test.op", Key: key},
-		coordinator.Write{State: coordinator.StatePending, Token: "crashed", TTL: 300 * time.Millisecond}); err != nil {
+	if _, _, err := db.store(t).Reserve(ctx, idemstore.Key{Operation: "test.op", Key: key},
+		idemstore.Write{State: idemstore.StatePending, Token: "crashed", TTL: 300 * time.Millisecond}); err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()
@@ -657,7 +660,7 @@ func TestDoRecordExpires(t *testing.T) {
 		}
 	}
 	time.Sleep(300 * time.Millisecond)
-	if rec := record(t, db.store(t), c.Operation, key); rec.State != coordinator.StateAbsent {
+	if rec := record(t, db.store(t), c.Operation, key); rec.State != idemstore.StateAbsent {
 		t.Fatalf("record after its TTL = %+v, want absent", rec)
 	}
 	if v, err := idempg.Do(t.Context(), s, c, action); err != nil || v != 2 {
@@ -705,18 +708,18 @@ type eventLog struct {
 	kinds []string
 }
 
-func (l *eventLog) Observe(_ context.Context, e coordinator.Event) {
+func (l *eventLog) Observe(_ context.Context, e idemevent.Event) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	s := e.Kind.String()
 	switch e.Kind {
-	case coordinator.EventStorageCall:
+	case idemevent.StorageCall:
 		s += ":" + string(e.Method)
-	case coordinator.EventInFlight:
+	case idemevent.InFlight:
 		s += ":" + string(e.Mode)
-	case coordinator.EventWaited:
+	case idemevent.Waited:
 		s += ":" + string(e.Outcome)
-	case coordinator.EventError:
+	case idemevent.Error:
 		s += ":" + string(e.ErrorType)
 	}
 	l.kinds = append(l.kinds, s)
@@ -805,7 +808,7 @@ func TestDoReportsEvents(t *testing.T) {
 	if n := db.ledger(t, free); n != 2 {
 		t.Errorf("kill switch off: %d ledger rows, want 2 (every call runs)", n)
 	}
-	if rec := record(t, db.store(t), "test.op", free); rec.State != coordinator.StateAbsent {
+	if rec := record(t, db.store(t), "test.op", free); rec.State != idemstore.StateAbsent {
 		t.Errorf("kill switch off: record %+v, want none", rec)
 	}
 	if got := log.take(); got != "" {

@@ -3,7 +3,7 @@
 // database.
 //
 // [Store] keeps the records in one table, idempotency_records, and is a
-// [coordinator.Transactor]: a coordinator over it claims each key inside a
+// [idemstore.Transactor]: a coordinator over it claims each key inside a
 // database transaction, runs the action with that transaction, and commits
 // the action's writes through it with the completed record, or rolls both
 // back. Every way of calling the coordinator takes this one path: [Do] and

@@ -5,6 +5,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/idemkit/idempotency/coordinator"
 )
 
@@ -16,7 +18,7 @@ import (
 // one claimer waits on the lock.
 type gates struct {
 	mu sync.Mutex
-	m  map[coordinator.Key]chan struct{} // closed when the key's claimer leaves
+	m  map[idemstore.Key]chan struct{} // closed when the key's claimer leaves
 }
 
 // enter waits until no other caller of this process claims or holds key,
@@ -26,11 +28,11 @@ type gates struct {
 // over), it returns that record with settled true and no gate. It returns
 // a *coordinator.InProgressError when until passes first, and ctx's error
 // when ctx ends.
-func (g *gates) enter(ctx context.Context, s *Store, key coordinator.Key, w coordinator.Write, until time.Time) (leave func(), rec coordinator.Record, settled bool, err error) {
+func (g *gates) enter(ctx context.Context, s *Store, key idemstore.Key, w idemstore.Write, until time.Time) (leave func(), rec idemstore.Record, settled bool, err error) {
 	for waited := false; ; waited = true {
 		if waited {
 			if rec, err = s.Get(ctx, key); err != nil {
-				return nil, coordinator.Record{}, false, err
+				return nil, idemstore.Record{}, false, err
 			}
 			if !takeable(rec, w) {
 				return nil, rec, true, nil
@@ -40,7 +42,7 @@ func (g *gates) enter(ctx context.Context, s *Store, key coordinator.Key, w coor
 		busy, ok := g.m[key]
 		if !ok {
 			if g.m == nil {
-				g.m = make(map[coordinator.Key]chan struct{})
+				g.m = make(map[idemstore.Key]chan struct{})
 			}
 			free := make(chan struct{})
 			g.m[key] = free
@@ -50,22 +52,22 @@ func (g *gates) enter(ctx context.Context, s *Store, key coordinator.Key, w coor
 				delete(g.m, key)
 				g.mu.Unlock()
 				close(free)
-			}, coordinator.Record{}, false, nil
+			}, idemstore.Record{}, false, nil
 		}
 		g.mu.Unlock()
 		wait := time.Until(until)
 		if wait <= 0 {
-			return nil, coordinator.Record{}, false, &coordinator.InProgressError{Operation: key.Operation, Key: key.Key, RetryAfter: time.Second}
+			return nil, idemstore.Record{}, false, &coordinator.InProgressError{Operation: key.Operation, Key: key.Key, RetryAfter: time.Second}
 		}
 		t := time.NewTimer(wait)
 		select {
 		case <-busy:
 			t.Stop()
 		case <-t.C:
-			return nil, coordinator.Record{}, false, &coordinator.InProgressError{Operation: key.Operation, Key: key.Key, RetryAfter: time.Second}
+			return nil, idemstore.Record{}, false, &coordinator.InProgressError{Operation: key.Operation, Key: key.Key, RetryAfter: time.Second}
 		case <-ctx.Done():
 			t.Stop()
-			return nil, coordinator.Record{}, false, ctx.Err()
+			return nil, idemstore.Record{}, false, ctx.Err()
 		}
 	}
 }

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -117,9 +119,9 @@ func (db *testDB) rows(t *testing.T) int {
 }
 
 // record returns the live record of key as the Store reports it.
-func record(t *testing.T, s coordinator.Store, op, key string) coordinator.Record {
+func record(t *testing.T, s idemstore.Store, op, key string) idemstore.Record {
 	t.Helper()
-	rec, err := s.Get(context.Background(), coordinator.Key{Operation: op, Key: key})
+	rec, err := s.Get(context.Background(), idemstore.Key{Operation: op, Key: key})
 	if err != nil {
 		t.Fatalf("Get(%s:%s): %v", op, key, err)
 	}

@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
@@ -172,7 +174,7 @@ func TestModuleUsePool(t *testing.T) {
 	if err := db.pool.Ping(t.Context()); err != nil {
 		t.Errorf("the app's pool after stop: %v, want it open", err)
 	}
-	if rec := record(t, db.store(t), "test.op", "k"); rec.State != coordinator.StateCompleted {
+	if rec := record(t, db.store(t), "test.op", "k"); rec.State != idemstore.StateCompleted {
 		t.Errorf("record %+v, want completed in the app's database", rec)
 	}
 }

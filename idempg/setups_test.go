@@ -9,6 +9,9 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -57,8 +60,8 @@ func TestProductionSetups(t *testing.T) {
 			for _, path := range paths {
 				t.Run(path.name, func(t *testing.T) {
 					var unprotected, conflicts atomic.Int64
-					obs := coordinator.ObserverFunc(func(_ context.Context, e coordinator.Event) {
-						if e.Kind == coordinator.EventUnprotected {
+					obs := idemevent.ObserverFunc(func(_ context.Context, e idemevent.Event) {
+						if e.Kind == idemevent.Unprotected {
 							unprotected.Add(1)
 						}
 						if e.Err != nil && (errors.Is(e.Err, coordinator.ErrConflict) || errors.Is(e.Err, coordinator.ErrMisconfigured)) {
@@ -242,7 +245,7 @@ func TestStoreConflicts(t *testing.T) {
 				if err != nil || v != "ran" || runs != 1 {
 					t.Fatalf("Do = %q, %s after %d runs, want ran once", v, fmtErr(err), runs)
 				}
-				if got := record(t, db.store(t), "test.op", key); got.State != coordinator.StateCompleted {
+				if got := record(t, db.store(t), "test.op", key); got.State != idemstore.StateCompleted {
 					t.Fatalf("record %v, want completed", got.State)
 				}
 			} else {

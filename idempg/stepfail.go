@@ -6,9 +6,10 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/idemconsume"
 )
 
@@ -35,12 +36,12 @@ func (r *Run) fail(name, kind string, cause error) (step, bool, error) {
 		r.queueKept(b)
 	})
 	if err != nil {
-		return step{}, false, r.storageError(coordinator.MethodComplete, "keep the failure of step "+name, err)
+		return step{}, false, r.storageError(idemevent.MethodComplete, "keep the failure of step "+name, err)
 	}
 	r.kept = r.kept[:0]
 	if !inserted {
 		if st, err = r.read(ctx, r.s.db, name); err != nil {
-			return step{}, false, r.storageError(coordinator.MethodGet, "read step "+name, err)
+			return step{}, false, r.storageError(idemevent.MethodGet, "read step "+name, err)
 		}
 		return st, false, nil
 	}

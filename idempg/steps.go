@@ -8,6 +8,9 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idempotency/coordinator"
@@ -40,19 +43,19 @@ func StepsWithCodec[T any](ctx context.Context, c *coordinator.Coordinator, s *S
 		// The kill switch is off: the phases run and commit their writes,
 		// and nothing is kept, skipped or recorded.
 		ctx = coordinator.WithDownstream(ctx, call)
-		r := &Run{ctx: ctx, s: s, key: coordinator.Key{Operation: call.Operation, Key: call.Key}, seen: make(map[string]bool), off: true}
+		r := &Run{ctx: ctx, s: s, key: idemstore.Key{Operation: call.Operation, Key: call.Key}, seen: make(map[string]bool), off: true}
 		v, err := body(ctx, r)
 		return coordinator.Result[T]{Value: v}, err
 	}
-	key := coordinator.Key{Operation: call.Operation, Key: call.Key}
+	key := idemstore.Key{Operation: call.Operation, Key: call.Key}
 	// A key with a record replays it, or waits for its holder, through the
 	// coordinator, and body does not run: only if the record went away
 	// meanwhile does the coordinator's action run it, inside the claim.
 	rec, err := s.Get(ctx, key)
 	if err != nil {
-		return coordinator.Result[T]{}, &coordinator.StorageError{Method: coordinator.MethodGet, Operation: key.Operation, Key: key.Key, Err: err}
+		return coordinator.Result[T]{}, &coordinator.StorageError{Method: idemevent.MethodGet, Operation: key.Operation, Key: key.Key, Err: err}
 	}
-	if rec.State != coordinator.StateAbsent && rec.State != coordinator.StateUnreadable {
+	if rec.State != idemstore.StateAbsent && rec.State != idemstore.StateUnreadable {
 		return coordinator.DoWithCodec(ctx, c, call, codec, func(ctx context.Context) (T, error) {
 			v, r, err := runBody(ctx, s, call, body)
 			if err != nil {
@@ -115,7 +118,7 @@ func runBody[T any](ctx context.Context, s *Store, call coordinator.Call, body f
 type Run struct {
 	ctx  context.Context // the body's: carries the call's downstream key
 	s    *Store
-	key  coordinator.Key
+	key  idemstore.Key
 	fp   string
 	ttl  time.Duration   // of the steps' rows until the record completes
 	done map[string]step // the steps that committed, by name
@@ -191,7 +194,7 @@ const (
 
 // newRun reads the steps of call that committed.
 func (s *Store) newRun(ctx context.Context, call coordinator.Call) (*Run, error) {
-	key := coordinator.Key{Operation: call.Operation, Key: call.Key}
+	key := idemstore.Key{Operation: call.Operation, Key: call.Key}
 	r := &Run{
 		ctx: coordinator.WithDownstream(ctx, call), s: s, key: key, fp: call.Fingerprint,
 		ttl: max(call.TTL, unfinishedTTL), done: make(map[string]step), seen: make(map[string]bool),
@@ -212,7 +215,7 @@ func (s *Store) newRun(ctx context.Context, call coordinator.Call) (*Run, error)
 		return rows.Err()
 	})
 	if err != nil {
-		return nil, &coordinator.StorageError{Method: coordinator.MethodGet, Operation: key.Operation, Key: key.Key, Err: fmt.Errorf("idempg: read the steps of %s: %w", key, err)}
+		return nil, &coordinator.StorageError{Method: idemevent.MethodGet, Operation: key.Operation, Key: key.Key, Err: fmt.Errorf("idempg: read the steps of %s: %w", key, err)}
 	}
 	for _, st := range r.done {
 		if err := r.reused(st); err != nil {
@@ -310,7 +313,7 @@ func unkeptPhase[T any](r *Run, name string, fn func(ctx context.Context, tx pgx
 	tx, err := r.s.db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if err != nil {
 		var zero T
-		return zero, r.storageError(coordinator.MethodReserve, "begin phase "+name, err)
+		return zero, r.storageError(idemevent.MethodReserve, "begin phase "+name, err)
 	}
 	defer func() {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
@@ -322,7 +325,7 @@ func unkeptPhase[T any](r *Run, name string, fn func(ctx context.Context, tx pgx
 		return v, err
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return v, r.storageError(coordinator.MethodComplete, "commit phase "+name, err)
+		return v, r.storageError(idemevent.MethodComplete, "commit phase "+name, err)
 	}
 	return v, nil
 }
@@ -385,7 +388,7 @@ func (r *Run) phase(name string, fn func(ctx context.Context, tx pgx.Tx) ([]byte
 		}
 		return r.fail(name, stepPhase, failed.err)
 	}
-	return step{}, false, r.storageError(coordinator.MethodComplete, "phase "+name, err)
+	return step{}, false, r.storageError(idemevent.MethodComplete, "phase "+name, err)
 }
 
 // phaseFailed is the error of a phase's fn in phaseOnce.
@@ -479,7 +482,7 @@ func (r *Run) queueKept(b *pgx.Batch) {
 }
 
 // storageError is a *coordinator.StorageError of the run's key.
-func (r *Run) storageError(m coordinator.Method, what string, err error) error {
+func (r *Run) storageError(m idemevent.Method, what string, err error) error {
 	var kr *coordinator.KeyReuseError
 	if errors.As(err, &kr) {
 		return kr
@@ -506,7 +509,7 @@ func (r *Run) finish(ctx context.Context) error {
 	b := &pgx.Batch{}
 	r.queueKept(b)
 	if err := t.Tx.SendBatch(ctx, b).Close(); err != nil {
-		return r.storageError(coordinator.MethodComplete, "keep the outside answers", err)
+		return r.storageError(idemevent.MethodComplete, "keep the outside answers", err)
 	}
 	return nil
 }

@@ -11,6 +11,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idempotency/coordinator"
@@ -197,7 +199,7 @@ func TestStepsReplayAFailureForGood(t *testing.T) {
 	if got := ledgerOf(t, db, key); got["reserve"] != 1 || got["order"] != 0 {
 		t.Fatalf("ledger: %v, want the reserve only", got)
 	}
-	if rec := record(t, s, "test.op", key); rec.State != coordinator.StateAbsent {
+	if rec := record(t, s, "test.op", key); rec.State != idemstore.StateAbsent {
 		t.Fatalf("record after a failure for good: %v, want none", rec.State)
 	}
 	// A phase's failure for good rolls its writes back and is kept too.
@@ -446,7 +448,7 @@ func TestStepsReasonIsText(t *testing.T) {
 	if !errors.As(err, &sf) || len(sf.Reason) > 256 || len(sf.Reason) < 250 || !utf8.ValidString(sf.Reason) {
 		t.Fatalf("Steps: %v; want a reason of at most 256 bytes of UTF-8", err)
 	}
-	infos, err := s.Inspect(t.Context(), coordinator.Key{Operation: "test.op", Key: key})
+	infos, err := s.Inspect(t.Context(), idemstore.Key{Operation: "test.op", Key: key})
 	if err != nil || len(infos[0].Steps) != 1 || infos[0].Steps[0].Reason != sf.Reason || !infos[0].Steps[0].Failed || !infos[0].Steps[0].Outside {
 		t.Fatalf("Inspect: %+v, %v; want the charge's failure with its reason", infos, err)
 	}

@@ -7,6 +7,8 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -24,7 +26,7 @@ type DB interface {
 	BeginTx(ctx context.Context, txOptions pgx.TxOptions) (pgx.Tx, error)
 }
 
-// Store is a coordinator.Store on PostgreSQL, and the transactional call
+// Store is a idemstore.Store on PostgreSQL, and the transactional call
 // (Do) over the same table. Create one with New. It is safe for concurrent
 // use.
 //
@@ -52,7 +54,7 @@ type Store struct {
 	gates gates
 }
 
-var _ coordinator.Store = (*Store)(nil)
+var _ idemstore.Store = (*Store)(nil)
 
 // New returns a Store on db, which must hold the schema (Migrate,
 // CheckSchema). It does no I/O; it returns an error when db is nil. The
@@ -65,7 +67,7 @@ func New(db DB) (*Store, error) {
 	return &Store{db: db}, nil
 }
 
-// The states as the table spells them: coordinator.State's names.
+// The states as the table spells them: idemstore.State's names.
 const (
 	statePending       = "pending"
 	stateCompleted     = "completed"
@@ -74,13 +76,13 @@ const (
 
 // stateName returns the name the table keeps for st, or "" for a state no
 // record is written in.
-func stateName(st coordinator.State) string {
+func stateName(st idemstore.State) string {
 	switch st {
-	case coordinator.StatePending:
+	case idemstore.StatePending:
 		return statePending
-	case coordinator.StateCompleted:
+	case idemstore.StateCompleted:
 		return stateCompleted
-	case coordinator.StateNotReplayable:
+	case idemstore.StateNotReplayable:
 		return stateNotReplayable
 	}
 	return ""
@@ -132,10 +134,10 @@ WHERE ` + ownedPending
 	setLockWait = `SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', '0', true)`
 )
 
-// Reserve implements coordinator.Store: if the key is absent (no row, or an
+// Reserve implements idemstore.Store: if the key is absent (no row, or an
 // expired one), or w.Replace is set and the record is not pending and has
 // token w.ReplaceToken, it writes w with time to live w.TTL and returns
-// (coordinator.Record{}, true, nil); otherwise it returns the record under
+// (idemstore.Record{}, true, nil); otherwise it returns the record under
 // the key and false. It is one round trip: the INSERT ... ON CONFLICT and
 // the read of the record that stopped it run as one transaction at READ
 // COMMITTED, whatever the database's default isolation (a serialization
@@ -146,13 +148,13 @@ WHERE ` + ownedPending
 // ctx's deadline has passed (see Store). It returns an error for a Write
 // whose State is not pending, completed or not replayable, or whose TTL is
 // not positive.
-func (s *Store) Reserve(ctx context.Context, key coordinator.Key, w coordinator.Write) (coordinator.Record, bool, error) {
+func (s *Store) Reserve(ctx context.Context, key idemstore.Key, w idemstore.Write) (idemstore.Record, bool, error) {
 	st := stateName(w.State)
 	if st == "" {
-		return coordinator.Record{}, false, fmt.Errorf("idempg: reserve %s: write state is %s, want pending, completed or not_replayable", key, w.State)
+		return idemstore.Record{}, false, fmt.Errorf("idempg: reserve %s: write state is %s, want pending, completed or not_replayable", key, w.State)
 	}
 	if err := checkTTL("reserve", key, w.TTL); err != nil {
-		return coordinator.Record{}, false, err
+		return idemstore.Record{}, false, err
 	}
 	var result []byte
 	if st != statePending {
@@ -160,10 +162,10 @@ func (s *Store) Reserve(ctx context.Context, key coordinator.Key, w coordinator.
 	}
 	var (
 		written bool
-		rec     coordinator.Record
+		rec     idemstore.Record
 	)
 	err := s.send(ctx, func(b *pgx.Batch) {
-		written, rec = false, coordinator.Record{}
+		written, rec = false, idemstore.Record{}
 		if d, ok := ctx.Deadline(); ok {
 			// Waiting longer than the caller would only turn a held key into
 			// a timeout, which a coordinator takes for a storage failure.
@@ -185,23 +187,23 @@ func (s *Store) Reserve(ctx context.Context, key coordinator.Key, w coordinator.
 	})
 	switch {
 	case lockNotAvailable(err):
-		return coordinator.Record{State: coordinator.StatePending}, false, nil
+		return idemstore.Record{State: idemstore.StatePending}, false, nil
 	case err != nil:
-		return coordinator.Record{}, false, fmt.Errorf("idempg: reserve %s: %w", key, err)
+		return idemstore.Record{}, false, fmt.Errorf("idempg: reserve %s: %w", key, err)
 	case written:
-		return coordinator.Record{}, true, nil
+		return idemstore.Record{}, true, nil
 	}
 	return rec, false, nil
 }
 
-// Get implements coordinator.Store: it returns the live record under key, or
-// a Record with State coordinator.StateAbsent.
-func (s *Store) Get(ctx context.Context, key coordinator.Key) (coordinator.Record, error) {
+// Get implements idemstore.Store: it returns the live record under key, or
+// a Record with State idemstore.StateAbsent.
+func (s *Store) Get(ctx context.Context, key idemstore.Key) (idemstore.Record, error) {
 	// One statement, with no transaction of its own: a single SELECT sees
 	// one snapshot, taken when it starts, at every isolation level, so it
 	// reads what it would at READ COMMITTED; a serialization failure that
 	// SERIALIZABLE may still raise is read again, as send does.
-	var rec coordinator.Record
+	var rec idemstore.Record
 	var err error
 	for attempt := 0; ; attempt++ {
 		rec, err = scanRecord(s.db.QueryRow(ctx, selectRecord, key.Operation, key.Key))
@@ -211,17 +213,17 @@ func (s *Store) Get(ctx context.Context, key coordinator.Key) (coordinator.Recor
 		}
 	}
 	if err != nil {
-		return coordinator.Record{}, fmt.Errorf("idempg: get %s: %w", key, err)
+		return idemstore.Record{}, fmt.Errorf("idempg: get %s: %w", key, err)
 	}
 	return rec, nil
 }
 
-// Complete implements coordinator.Store: if key holds a live pending record
+// Complete implements idemstore.Store: if key holds a live pending record
 // owned by token, it makes it a record in state c.State with c.Result and
 // time to live c.TTL, keeping its token and fingerprint, and reports true.
 // It returns an error for a Completion whose State is not completed or not
 // replayable, or whose TTL is not positive.
-func (s *Store) Complete(ctx context.Context, key coordinator.Key, token string, c coordinator.Completion) (bool, error) {
+func (s *Store) Complete(ctx context.Context, key idemstore.Key, token string, c idemstore.Completion) (bool, error) {
 	st := stateName(c.State)
 	if st == "" || st == statePending {
 		return false, fmt.Errorf("idempg: complete %s: state is %s, want completed or not_replayable", key, c.State)
@@ -232,16 +234,16 @@ func (s *Store) Complete(ctx context.Context, key coordinator.Key, token string,
 	return s.exec(ctx, "complete", key, completeRecord, key.Operation, key.Key, token, st, nonNil(c.Result), c.TTL.Milliseconds())
 }
 
-// Release implements coordinator.Store: if key holds a live pending record
+// Release implements idemstore.Store: if key holds a live pending record
 // owned by token, it deletes it and reports true.
-func (s *Store) Release(ctx context.Context, key coordinator.Key, token string) (bool, error) {
+func (s *Store) Release(ctx context.Context, key idemstore.Key, token string) (bool, error) {
 	return s.exec(ctx, "release", key, releaseRecord, key.Operation, key.Key, token)
 }
 
-// Renew implements coordinator.Store: if key holds a live pending record
+// Renew implements idemstore.Store: if key holds a live pending record
 // owned by token, it sets its time to live to lease and reports true. It
 // returns an error for a lease that is not positive.
-func (s *Store) Renew(ctx context.Context, key coordinator.Key, token string, lease time.Duration) (bool, error) {
+func (s *Store) Renew(ctx context.Context, key idemstore.Key, token string, lease time.Duration) (bool, error) {
 	if err := checkTTL("renew", key, lease); err != nil {
 		return false, err
 	}
@@ -250,7 +252,7 @@ func (s *Store) Renew(ctx context.Context, key coordinator.Key, token string, le
 
 // exec runs a statement that changes at most one row and reports whether it
 // did.
-func (s *Store) exec(ctx context.Context, method string, key coordinator.Key, sql string, args ...any) (bool, error) {
+func (s *Store) exec(ctx context.Context, method string, key idemstore.Key, sql string, args ...any) (bool, error) {
 	var n int64
 	err := s.send(ctx, func(b *pgx.Batch) {
 		b.Queue(sql, args...).Exec(func(tag pgconn.CommandTag) error {
@@ -357,7 +359,7 @@ func classify(err error) error {
 }
 
 // scanRecord reads a row of selectRecord; no row is an absent record.
-func scanRecord(row pgx.Row) (coordinator.Record, error) {
+func scanRecord(row pgx.Row) (idemstore.Record, error) {
 	var (
 		state, token, fp string
 		result           []byte
@@ -365,12 +367,12 @@ func scanRecord(row pgx.Row) (coordinator.Record, error) {
 	)
 	if err := row.Scan(&state, &token, &fp, &result, &ttl); err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {
-			return coordinator.Record{}, nil
+			return idemstore.Record{}, nil
 		}
-		return coordinator.Record{}, err
+		return idemstore.Record{}, err
 	}
-	rec := coordinator.Record{State: stateOf(state), Token: token, Fingerprint: fp, TTL: time.Duration(ttl) * time.Microsecond}
-	if rec.State != coordinator.StatePending {
+	rec := idemstore.Record{State: stateOf(state), Token: token, Fingerprint: fp, TTL: time.Duration(ttl) * time.Microsecond}
+	if rec.State != idemstore.StatePending {
 		rec.Result = result
 	}
 	return rec, nil
@@ -385,12 +387,12 @@ type nullRecord struct {
 }
 
 // record returns the record of n's columns, absent when they are NULL.
-func (n nullRecord) record() coordinator.Record {
+func (n nullRecord) record() idemstore.Record {
 	if n.state == nil || n.token == nil || n.fp == nil || n.ttl == nil {
-		return coordinator.Record{}
+		return idemstore.Record{}
 	}
-	rec := coordinator.Record{State: stateOf(*n.state), Token: *n.token, Fingerprint: *n.fp, TTL: time.Duration(*n.ttl) * time.Microsecond}
-	if rec.State != coordinator.StatePending {
+	rec := idemstore.Record{State: stateOf(*n.state), Token: *n.token, Fingerprint: *n.fp, TTL: time.Duration(*n.ttl) * time.Microsecond}
+	if rec.State != idemstore.StatePending {
 		rec.Result = n.result
 	}
 	return rec
@@ -418,7 +420,7 @@ func lockNotAvailable(err error) bool {
 	return errors.As(err, &pe) && pe.Code == "55P03"
 }
 
-func checkTTL(method string, key coordinator.Key, ttl time.Duration) error {
+func checkTTL(method string, key idemstore.Key, ttl time.Duration) error {
 	if ttl <= 0 {
 		return fmt.Errorf("idempg: %s %s: time to live %v is not positive", method, key, ttl)
 	}

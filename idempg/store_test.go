@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idempotency/coordinator"
@@ -25,7 +27,7 @@ func TestConformance(t *testing.T) {
 	storetest.TestStore(t, func(t *testing.T) storetest.Harness {
 		return storetest.Harness{
 			Store: s,
-			Corrupt: func(t *testing.T, key coordinator.Key) {
+			Corrupt: func(t *testing.T, key idemstore.Key) {
 				t.Helper()
 				corrupt(t, db, key)
 			},
@@ -35,7 +37,7 @@ func TestConformance(t *testing.T) {
 
 // corrupt plants a row under key that the Store cannot read: a state of a
 // format it does not know, alive for a minute.
-func corrupt(t *testing.T, db *testDB, key coordinator.Key) {
+func corrupt(t *testing.T, db *testDB, key idemstore.Key) {
 	t.Helper()
 	_, err := db.pool.Exec(context.Background(), `INSERT INTO idempotency_records
 		(operation, key, state, token, fingerprint, result, expires_at)
@@ -175,17 +177,17 @@ func TestExpiredRowIsAbsent(t *testing.T) {
 	db := newDB(t, 4)
 	s := db.store(t)
 	ctx := t.Context()
-	key := coordinator.Key{Operation: "test.op", Key: uniqueKey("expired")}
+	key := idemstore.Key{Operation: "test.op", Key: uniqueKey("expired")}
 	if _, err := db.pool.Exec(ctx, `INSERT INTO idempotency_records (operation, key, state, token, result, expires_at)
 		VALUES ($1, $2, 'completed', 'old', 'x', clock_timestamp() - interval '1 second')`, key.Operation, key.Key); err != nil {
 		t.Fatal(err)
 	}
-	if rec := record(t, s, key.Operation, key.Key); rec.State != coordinator.StateAbsent {
+	if rec := record(t, s, key.Operation, key.Key); rec.State != idemstore.StateAbsent {
 		t.Fatalf("Get of an expired row = %+v, want absent", rec)
 	}
 	for name, f := range map[string]func() (bool, error){
 		"Complete": func() (bool, error) {
-			return s.Complete(ctx, key, "old", coordinator.Completion{State: coordinator.StateCompleted, TTL: time.Minute})
+			return s.Complete(ctx, key, "old", idemstore.Completion{State: idemstore.StateCompleted, TTL: time.Minute})
 		},
 		"Release": func() (bool, error) { return s.Release(ctx, key, "old") },
 		"Renew":   func() (bool, error) { return s.Renew(ctx, key, "old", time.Minute) },
@@ -194,11 +196,11 @@ func TestExpiredRowIsAbsent(t *testing.T) {
 			t.Errorf("%s of an expired row = %v, %v; want false, nil", name, ok, err)
 		}
 	}
-	rec, ok, err := s.Reserve(ctx, key, coordinator.Write{State: coordinator.StatePending, Token: "new", TTL: time.Minute})
+	rec, ok, err := s.Reserve(ctx, key, idemstore.Write{State: idemstore.StatePending, Token: "new", TTL: time.Minute})
 	if err != nil || !ok {
 		t.Fatalf("Reserve over an expired row = %+v, %v, %v; want written", rec, ok, err)
 	}
-	if rec := record(t, s, key.Operation, key.Key); rec.State != coordinator.StatePending || rec.Token != "new" {
+	if rec := record(t, s, key.Operation, key.Key); rec.State != idemstore.StatePending || rec.Token != "new" {
 		t.Fatalf("Get after Reserve = %+v, want pending with token new", rec)
 	}
 }
@@ -330,7 +332,7 @@ func TestReserveWhileDoHolds(t *testing.T) {
 	c := db.coord(t)
 	s := db.store(t)
 	key := uniqueKey("held")
-	k := coordinator.Key{Operation: "test.op", Key: key}
+	k := idemstore.Key{Operation: "test.op", Key: key}
 	inside := make(chan struct{})
 	release, open := gate(t)
 	done := make(chan error, 1)
@@ -344,21 +346,21 @@ func TestReserveWhileDoHolds(t *testing.T) {
 	}()
 	<-inside
 
-	if rec := record(t, s, k.Operation, k.Key); rec.State != coordinator.StateAbsent {
+	if rec := record(t, s, k.Operation, k.Key); rec.State != idemstore.StateAbsent {
 		t.Errorf("Get while Do holds the key = %+v, want absent (the claim is not committed)", rec)
 	}
 	// The lock wait ends at three quarters of the deadline, 1.5s: the answer
 	// comes before the deadline, or the call fails with ctx's error.
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
-	rec, ok, err := s.Reserve(ctx, k, coordinator.Write{State: coordinator.StatePending, Token: "plain", TTL: time.Minute})
+	rec, ok, err := s.Reserve(ctx, k, idemstore.Write{State: idemstore.StatePending, Token: "plain", TTL: time.Minute})
 	cancel()
-	if err != nil || ok || rec.State != coordinator.StatePending || rec.Token != "" {
+	if err != nil || ok || rec.State != idemstore.StatePending || rec.Token != "" {
 		t.Fatalf("Reserve while Do holds the key = %+v, %v, %v; want pending with no token, not written", rec, ok, err)
 	}
 
 	// A Reserve that is waiting when Do commits gets the completed record.
 	type out struct {
-		rec coordinator.Record
+		rec idemstore.Record
 		ok  bool
 		err error
 	}
@@ -366,7 +368,7 @@ func TestReserveWhileDoHolds(t *testing.T) {
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		rec, ok, err := s.Reserve(ctx, k, coordinator.Write{State: coordinator.StatePending, Token: "plain", TTL: time.Minute})
+		rec, ok, err := s.Reserve(ctx, k, idemstore.Write{State: idemstore.StatePending, Token: "plain", TTL: time.Minute})
 		got <- out{rec, ok, err}
 	}()
 	time.Sleep(100 * time.Millisecond)
@@ -375,7 +377,7 @@ func TestReserveWhileDoHolds(t *testing.T) {
 		t.Fatalf("Do: %v", err)
 	}
 	o := <-got
-	if o.err != nil || o.ok || o.rec.State != coordinator.StateCompleted || string(o.rec.Result) != `"held result"` {
+	if o.err != nil || o.ok || o.rec.State != idemstore.StateCompleted || string(o.rec.Result) != `"held result"` {
 		t.Fatalf("Reserve that waited for Do's commit = %+v, %v, %v; want the completed record", o.rec, o.ok, o.err)
 	}
 }

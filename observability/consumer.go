@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
@@ -128,7 +130,7 @@ func (o *ConsumerObserver) OnDecision(_ context.Context, msg idemconsume.Message
 		zap.String("reason", string(d.Reason)),
 		zap.Int64("deliveries", msg.Deliveries),
 	}
-	k := coordinator.Key{Operation: o.operation, Key: d.Key}
+	k := idemstore.Key{Operation: o.operation, Key: d.Key}
 	hidden := ""
 	switch {
 	case d.Key == "":

@@ -1,7 +1,7 @@
 // Package observability turns the events of the idempotency coordinator into
 // Prometheus metrics and zap log lines.
 //
-// An Observer implements coordinator.Observer. Build one with New and hand it
+// An Observer implements idemevent.Observer. Build one with New and hand it
 // to the coordinator:
 //
 //	obs, err := observability.New(
@@ -35,8 +35,8 @@
 // breaker_open).
 //
 // The labels are small fixed sets, never the idempotency key. The values of
-// error_type, method and the wait outcome come from coordinator.ErrorTypes,
-// coordinator.Methods and coordinator.WaitOutcomes, and New creates every
+// error_type, method and the wait outcome come from idemevent.ErrorTypes,
+// idemevent.Methods and idemevent.WaitOutcomes, and New creates every
 // combination at zero. Operations are not known in advance: New creates the
 // series of those given to WithOperations, and any other operation gets its
 // series on its first event, up to the limit of WithOperationLimit; beyond

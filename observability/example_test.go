@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/prometheus/common/expfmt"
@@ -72,12 +75,12 @@ func ExampleWithLogKeys() {
 			fmt.Println(err)
 			return
 		}
-		obs.Observe(context.Background(), coordinator.Event{
-			Kind:      coordinator.EventError,
-			Key:       coordinator.Key{Operation: "payment.charge", Key: "order-42"},
-			ErrorType: coordinator.ErrorStorageReserve,
-			Method:    coordinator.MethodReserve,
-			Err:       &coordinator.StorageError{Method: coordinator.MethodReserve, Err: fmt.Errorf("dial tcp: connection refused")},
+		obs.Observe(context.Background(), idemevent.Event{
+			Kind:      idemevent.Error,
+			Key:       idemstore.Key{Operation: "payment.charge", Key: "order-42"},
+			ErrorType: idemevent.ErrorStorageReserve,
+			Method:    idemevent.MethodReserve,
+			Err:       &coordinator.StorageError{Method: idemevent.MethodReserve, Err: fmt.Errorf("dial tcp: connection refused")},
 		})
 	}
 	// Output:
@@ -94,8 +97,8 @@ func ExampleMulti() {
 		return
 	}
 	replays := 0
-	mine := coordinator.ObserverFunc(func(_ context.Context, e coordinator.Event) {
-		if e.Kind == coordinator.EventHit {
+	mine := idemevent.ObserverFunc(func(_ context.Context, e idemevent.Event) {
+		if e.Kind == idemevent.Hit {
 			replays++
 		}
 	})

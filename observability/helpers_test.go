@@ -4,11 +4,13 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/goleak"
 
-	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/observability"
 )
 
@@ -26,7 +28,7 @@ func newObserver(t *testing.T, opts ...observability.Option) (*observability.Obs
 }
 
 // feed passes events to o.
-func feed(t *testing.T, o coordinator.Observer, events ...coordinator.Event) {
+func feed(t *testing.T, o idemevent.Observer, events ...idemevent.Event) {
 	t.Helper()
 	for _, e := range events {
 		o.Observe(t.Context(), e)
@@ -34,7 +36,7 @@ func feed(t *testing.T, o coordinator.Observer, events ...coordinator.Event) {
 }
 
 // key is the Key of the events of the tests.
-func key(op string) coordinator.Key { return coordinator.Key{Operation: op, Key: "order-42"} }
+func key(op string) idemstore.Key { return idemstore.Key{Operation: op, Key: "order-42"} }
 
 // family returns the metric family name gathered from g, or nil.
 func family(t *testing.T, g prometheus.Gatherer, name string) *dto.MetricFamily {

@@ -4,10 +4,11 @@ import (
 	"errors"
 	"strings"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
-	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/internal/breaker"
 	"github.com/idemkit/idempotency/internal/telemetry"
 )
@@ -40,7 +41,7 @@ type eventLogger struct {
 }
 
 // logEvent writes e, if its level is enabled.
-func (l *eventLogger) logEvent(e coordinator.Event) {
+func (l *eventLogger) logEvent(e idemevent.Event) {
 	level, msg := lineOf(e)
 	ce := l.log.Check(level, msg)
 	if ce == nil {
@@ -62,15 +63,15 @@ func (l *eventLogger) logEvent(e coordinator.Event) {
 		hidden = "<key " + h + ">"
 	}
 	switch e.Kind {
-	case coordinator.EventInFlight:
-		fields = append(fields, zap.String("in_flight_mode", e.Mode.String()))
-	case coordinator.EventWaited:
+	case idemevent.InFlight:
+		fields = append(fields, zap.String("in_flight_mode", e.Mode))
+	case idemevent.Waited:
 		fields = append(fields, zap.String("wait_outcome", string(e.Outcome)), zap.Duration("duration", e.Duration))
-	case coordinator.EventError:
+	case idemevent.Error:
 		fields = append(fields, zap.String("error_type", string(e.ErrorType)))
-	case coordinator.EventStorageCall:
+	case idemevent.StorageCall:
 		fields = append(fields, zap.Duration("duration", e.Duration))
-	case coordinator.EventBulkHit, coordinator.EventBulkMiss:
+	case idemevent.BulkHit, idemevent.BulkMiss:
 		fields = append(fields, zap.Int("count", e.Count))
 	}
 	if e.Method != "" {
@@ -87,47 +88,47 @@ func (l *eventLogger) logEvent(e coordinator.Event) {
 }
 
 // lineOf returns the level and message of e's log line.
-func lineOf(e coordinator.Event) (zapcore.Level, string) {
+func lineOf(e idemevent.Event) (zapcore.Level, string) {
 	switch e.Kind {
-	case coordinator.EventHit:
+	case idemevent.Hit:
 		return zap.DebugLevel, msgHit
-	case coordinator.EventMiss:
+	case idemevent.Miss:
 		return zap.DebugLevel, msgMiss
-	case coordinator.EventInFlight:
+	case idemevent.InFlight:
 		return zap.DebugLevel, msgInFlight
-	case coordinator.EventWaited:
-		if e.Outcome == coordinator.WaitTimeout {
+	case idemevent.Waited:
+		if e.Outcome == idemevent.WaitTimeout {
 			return zap.WarnLevel, msgWaited
 		}
 		return zap.DebugLevel, msgWaited
-	case coordinator.EventStored:
+	case idemevent.Stored:
 		return zap.DebugLevel, msgStored
-	case coordinator.EventUnprotected:
-		if e.Method == coordinator.MethodNone {
+	case idemevent.Unprotected:
+		if e.Method == idemevent.MethodNone {
 			return zap.DebugLevel, msgNoKey // routine where a key is optional
 		}
 		return zap.WarnLevel, msgUnprotected
-	case coordinator.EventStorageCall:
+	case idemevent.StorageCall:
 		return zap.DebugLevel, msgStorageCall
-	case coordinator.EventNotReplayable:
+	case idemevent.NotReplayable:
 		// Handled (the action did not run twice), but the caller got an
 		// error instead of its result; the cause was logged at Error when
 		// the record was written (record_validation_error).
 		return zap.WarnLevel, msgNotReplay
-	case coordinator.EventError:
+	case idemevent.Error:
 		switch e.ErrorType {
-		case coordinator.ErrorStorageGet, coordinator.ErrorStorageReserve,
-			coordinator.ErrorStorageSave, coordinator.ErrorStorageRelease:
+		case idemevent.ErrorStorageGet, idemevent.ErrorStorageReserve,
+			idemevent.ErrorStorageSave, idemevent.ErrorStorageRelease:
 			return zap.ErrorLevel, storageErrorLine(e.Err)
-		case coordinator.ErrorStorageRenew:
+		case idemevent.ErrorStorageRenew:
 			return zap.WarnLevel, storageErrorLine(e.Err)
-		case coordinator.ErrorDecode:
+		case idemevent.ErrorDecode:
 			return zap.ErrorLevel, msgDecodeError
-		case coordinator.ErrorRecordValidation:
+		case idemevent.ErrorRecordValidation:
 			return zap.ErrorLevel, msgValidationError
-		case coordinator.ErrorKeyReuse:
+		case idemevent.ErrorKeyReuse:
 			return zap.WarnLevel, msgKeyReuse
-		case coordinator.ErrorLeaseLost:
+		case idemevent.ErrorLeaseLost:
 			return zap.ErrorLevel, msgLeaseLost
 		}
 		return zap.ErrorLevel, msgUnknownErrorType

@@ -7,6 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
@@ -39,63 +42,61 @@ func only(t *testing.T, logs *observer.ObservedLogs) observer.LoggedEntry {
 
 func TestLogLines(t *testing.T) {
 	k := key("payment.charge")
-	down := &coordinator.StorageError{Method: coordinator.MethodReserve, Err: errors.New("connection refused")}
-	storageErr := func(t coordinator.ErrorType, m coordinator.Method) coordinator.Event {
-		return coordinator.Event{Kind: coordinator.EventError, Key: k, ErrorType: t, Method: m, Err: down}
+	down := &coordinator.StorageError{Method: idemevent.MethodReserve, Err: errors.New("connection refused")}
+	storageErr := func(t idemevent.ErrorType, m idemevent.Method) idemevent.Event {
+		return idemevent.Event{Kind: idemevent.Error, Key: k, ErrorType: t, Method: m, Err: down}
 	}
 	tests := []struct {
 		name   string
-		event  coordinator.Event
+		event  idemevent.Event
 		level  zapcore.Level
 		msg    string
 		fields map[string]any // beyond operation and key_hash
 	}{
-		{"hit", coordinator.Event{Kind: coordinator.EventHit, Key: k},
+		{"hit", idemevent.Event{Kind: idemevent.Hit, Key: k},
 			zap.DebugLevel, "replayed stored result", nil},
-		{"miss", coordinator.Event{Kind: coordinator.EventMiss, Key: k},
+		{"miss", idemevent.Event{Kind: idemevent.Miss, Key: k},
 			zap.DebugLevel, "running action", nil},
-		{"stored", coordinator.Event{Kind: coordinator.EventStored, Key: k},
+		{"stored", idemevent.Event{Kind: idemevent.Stored, Key: k},
 			zap.DebugLevel, "stored result", nil},
-		{"in flight", coordinator.Event{Kind: coordinator.EventInFlight, Key: k, Mode: coordinator.InFlightRaise},
+		{"in flight", idemevent.Event{Kind: idemevent.InFlight, Key: k, Mode: string(coordinator.InFlightRaise)},
 			zap.DebugLevel, "key in flight", map[string]any{"in_flight_mode": "raise"}},
-		{"in flight, zero mode", coordinator.Event{Kind: coordinator.EventInFlight, Key: k},
-			zap.DebugLevel, "key in flight", map[string]any{"in_flight_mode": "wait"}},
-		{"waited, hit", coordinator.Event{Kind: coordinator.EventWaited, Key: k, Outcome: coordinator.WaitHit, Duration: 50 * time.Millisecond},
+		{"waited, hit", idemevent.Event{Kind: idemevent.Waited, Key: k, Outcome: idemevent.WaitHit, Duration: 50 * time.Millisecond},
 			zap.DebugLevel, "stopped waiting for in-flight key", map[string]any{"wait_outcome": "hit", "duration": 50 * time.Millisecond}},
-		{"waited, timeout", coordinator.Event{Kind: coordinator.EventWaited, Key: k, Outcome: coordinator.WaitTimeout, Duration: 30 * time.Second},
+		{"waited, timeout", idemevent.Event{Kind: idemevent.Waited, Key: k, Outcome: idemevent.WaitTimeout, Duration: 30 * time.Second},
 			zap.WarnLevel, "stopped waiting for in-flight key", map[string]any{"wait_outcome": "timeout", "duration": 30 * time.Second}},
-		{"unprotected", coordinator.Event{Kind: coordinator.EventUnprotected, Key: k, Method: coordinator.MethodReserve},
+		{"unprotected", idemevent.Event{Kind: idemevent.Unprotected, Key: k, Method: idemevent.MethodReserve},
 			zap.WarnLevel, "running action unprotected: store failed", map[string]any{"method": "reserve"}},
-		{"unprotected, no key", coordinator.Event{Kind: coordinator.EventUnprotected, Key: k, Method: coordinator.MethodNone},
+		{"unprotected, no key", idemevent.Event{Kind: idemevent.Unprotected, Key: k, Method: idemevent.MethodNone},
 			zap.DebugLevel, "running action unprotected: no idempotency key", map[string]any{"method": "none"}},
-		{"not replayable, the key hidden", coordinator.Event{Kind: coordinator.EventNotReplayable, Key: k,
+		{"not replayable, the key hidden", idemevent.Event{Kind: idemevent.NotReplayable, Key: k,
 			Err: &coordinator.NotReplayableError{Operation: k.Operation, Key: k.Key, Reason: "the result is 2097152 bytes, more than the limit of 1048576"}},
 			zap.WarnLevel, "key completed, result not replayable: action not run again", map[string]any{
 				"error": `idempotency: key "<key ` + hashOf("order-42") + `>" of operation "payment.charge" completed, but its result cannot be returned: the result is 2097152 bytes, more than the limit of 1048576`}},
-		{"storage call", coordinator.Event{Kind: coordinator.EventStorageCall, Key: k, Method: coordinator.MethodGet, Duration: time.Millisecond},
+		{"storage call", idemevent.Event{Kind: idemevent.StorageCall, Key: k, Method: idemevent.MethodGet, Duration: time.Millisecond},
 			zap.DebugLevel, "storage call", map[string]any{"method": "get", "duration": time.Millisecond}},
-		{"failed storage call", coordinator.Event{Kind: coordinator.EventStorageCall, Key: k, Method: coordinator.MethodGet, Duration: time.Second, Err: down},
+		{"failed storage call", idemevent.Event{Kind: idemevent.StorageCall, Key: k, Method: idemevent.MethodGet, Duration: time.Second, Err: down},
 			zap.DebugLevel, "storage call", map[string]any{"method": "get", "duration": time.Second, "error": down.Error()}},
 
-		{"storage_reserve_error", storageErr(coordinator.ErrorStorageReserve, coordinator.MethodReserve),
+		{"storage_reserve_error", storageErr(idemevent.ErrorStorageReserve, idemevent.MethodReserve),
 			zap.ErrorLevel, "storage call failed", map[string]any{"error_type": "storage_reserve_error", "method": "reserve", "error": down.Error()}},
-		{"storage_get_error", storageErr(coordinator.ErrorStorageGet, coordinator.MethodGet),
+		{"storage_get_error", storageErr(idemevent.ErrorStorageGet, idemevent.MethodGet),
 			zap.ErrorLevel, "storage call failed", map[string]any{"error_type": "storage_get_error", "method": "get", "error": down.Error()}},
-		{"storage_save_error", storageErr(coordinator.ErrorStorageSave, coordinator.MethodComplete),
+		{"storage_save_error", storageErr(idemevent.ErrorStorageSave, idemevent.MethodComplete),
 			zap.ErrorLevel, "storage call failed", map[string]any{"error_type": "storage_save_error", "method": "complete", "error": down.Error()}},
-		{"storage_release_error", storageErr(coordinator.ErrorStorageRelease, coordinator.MethodRelease),
+		{"storage_release_error", storageErr(idemevent.ErrorStorageRelease, idemevent.MethodRelease),
 			zap.ErrorLevel, "storage call failed", map[string]any{"error_type": "storage_release_error", "method": "release", "error": down.Error()}},
-		{"storage_renew_error", storageErr(coordinator.ErrorStorageRenew, coordinator.MethodRenew),
+		{"storage_renew_error", storageErr(idemevent.ErrorStorageRenew, idemevent.MethodRenew),
 			zap.WarnLevel, "storage call failed", map[string]any{"error_type": "storage_renew_error", "method": "renew", "error": down.Error()}},
-		{"decode_error", coordinator.Event{Kind: coordinator.EventError, Key: k, ErrorType: coordinator.ErrorDecode, Err: errors.New("bad json")},
+		{"decode_error", idemevent.Event{Kind: idemevent.Error, Key: k, ErrorType: idemevent.ErrorDecode, Err: errors.New("bad json")},
 			zap.ErrorLevel, "cannot decode stored record", map[string]any{"error_type": "decode_error", "error": "bad json"}},
-		{"record_validation_error", coordinator.Event{Kind: coordinator.EventError, Key: k, ErrorType: coordinator.ErrorRecordValidation, Err: errors.New("too large")},
+		{"record_validation_error", idemevent.Event{Kind: idemevent.Error, Key: k, ErrorType: idemevent.ErrorRecordValidation, Err: errors.New("too large")},
 			zap.ErrorLevel, "cannot store result", map[string]any{"error_type": "record_validation_error", "error": "too large"}},
-		{"key_reuse", coordinator.Event{Kind: coordinator.EventError, Key: k, ErrorType: coordinator.ErrorKeyReuse, Err: coordinator.ErrKeyReuse},
+		{"key_reuse", idemevent.Event{Kind: idemevent.Error, Key: k, ErrorType: idemevent.ErrorKeyReuse, Err: coordinator.ErrKeyReuse},
 			zap.WarnLevel, "key reused for a different request", map[string]any{"error_type": "key_reuse", "error": coordinator.ErrKeyReuse.Error()}},
-		{"lease_lost", coordinator.Event{Kind: coordinator.EventError, Key: k, ErrorType: coordinator.ErrorLeaseLost, Err: coordinator.ErrLeaseLost},
+		{"lease_lost", idemevent.Event{Kind: idemevent.Error, Key: k, ErrorType: idemevent.ErrorLeaseLost, Err: coordinator.ErrLeaseLost},
 			zap.ErrorLevel, "lease lost", map[string]any{"error_type": "lease_lost", "error": coordinator.ErrLeaseLost.Error()}},
-		{"unknown error type", coordinator.Event{Kind: coordinator.EventError, Key: k, ErrorType: "new_kind", Err: errors.New("boom")},
+		{"unknown error type", idemevent.Event{Kind: idemevent.Error, Key: k, ErrorType: "new_kind", Err: errors.New("boom")},
 			zap.ErrorLevel, "idempotency error", map[string]any{"error_type": "new_kind", "error": "boom"}},
 	}
 	for _, tt := range tests {
@@ -143,8 +144,8 @@ func TestKeyLogging(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.mode.String(), func(t *testing.T) {
 			o, logs := logged(t, observability.WithLogKeys(tt.mode))
-			feed(t, o, coordinator.Event{Kind: coordinator.EventError, Key: key("payment.charge"),
-				ErrorType: coordinator.ErrorKeyReuse, Err: coordinator.ErrKeyReuse})
+			feed(t, o, idemevent.Event{Kind: idemevent.Error, Key: key("payment.charge"),
+				ErrorType: idemevent.ErrorKeyReuse, Err: coordinator.ErrKeyReuse})
 			f := only(t, logs).ContextMap()
 			if f["operation"] != "payment.charge" {
 				t.Errorf("operation = %v, want payment.charge", f["operation"])
@@ -189,10 +190,10 @@ func TestLevelsBelowTheLoggersAreNotBuilt(t *testing.T) {
 	}
 	k := key("payment.charge")
 	feed(t, o,
-		coordinator.Event{Kind: coordinator.EventHit, Key: k},
-		coordinator.Event{Kind: coordinator.EventStorageCall, Key: k, Method: coordinator.MethodReserve},
-		coordinator.Event{Kind: coordinator.EventInFlight, Key: k},
-		coordinator.Event{Kind: coordinator.EventUnprotected, Key: k, Method: coordinator.MethodReserve},
+		idemevent.Event{Kind: idemevent.Hit, Key: k},
+		idemevent.Event{Kind: idemevent.StorageCall, Key: k, Method: idemevent.MethodReserve},
+		idemevent.Event{Kind: idemevent.InFlight, Key: k},
+		idemevent.Event{Kind: idemevent.Unprotected, Key: k, Method: idemevent.MethodReserve},
 	)
 	if got := logs.Len(); got != 1 {
 		t.Fatalf("%d lines at Warn, want 1 (the unprotected run): %v", got, logs.All())
@@ -204,17 +205,17 @@ func TestNilLoggerLogsNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	feed(t, o, coordinator.Event{Kind: coordinator.EventError, Key: key("op"), ErrorType: coordinator.ErrorLeaseLost})
+	feed(t, o, idemevent.Event{Kind: idemevent.Error, Key: key("op"), ErrorType: idemevent.ErrorLeaseLost})
 }
 
 func TestErrorMessagesDoNotLeakTheKey(t *testing.T) {
-	k := coordinator.Key{Operation: "payment.charge", Key: "order-42"}
-	short := coordinator.Key{Operation: "payment.charge", Key: "42"}
+	k := idemstore.Key{Operation: "payment.charge", Key: "order-42"}
+	short := idemstore.Key{Operation: "payment.charge", Key: "42"}
 	hidden := "<key " + hashOf("order-42") + ">"
 	tests := []struct {
 		name string
 		mode observability.LogKeysMode
-		key  coordinator.Key
+		key  idemstore.Key
 		err  error
 		want string
 	}{
@@ -225,7 +226,7 @@ func TestErrorMessagesDoNotLeakTheKey(t *testing.T) {
 			&coordinator.KeyReuseError{Operation: k.Operation, Key: k.Key, Stored: "fp-a", Got: "fp-b"},
 			`idempotency: key "<key>" of operation "payment.charge" reused for a different request (stored fingerprint "fp-a", got "fp-b")`},
 		{"redis key name in a driver error", observability.LogKeysHashed, k,
-			&coordinator.StorageError{Method: coordinator.MethodGet, Err: errors.New("WRONGTYPE idempotency:payment.charge:order-42")},
+			&coordinator.StorageError{Method: idemevent.MethodGet, Err: errors.New("WRONGTYPE idempotency:payment.charge:order-42")},
 			"idempotency: storage get: WRONGTYPE idempotency:payment.charge:" + hidden},
 		{"plain key anywhere", observability.LogKeysOmitted, k,
 			errors.New("record order-42 is corrupt"),
@@ -240,7 +241,7 @@ func TestErrorMessagesDoNotLeakTheKey(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			o, logs := logged(t, observability.WithLogKeys(tt.mode))
-			feed(t, o, coordinator.Event{Kind: coordinator.EventError, Key: tt.key, ErrorType: coordinator.ErrorKeyReuse, Err: tt.err})
+			feed(t, o, idemevent.Event{Kind: idemevent.Error, Key: tt.key, ErrorType: idemevent.ErrorKeyReuse, Err: tt.err})
 			if got := only(t, logs).ContextMap()["error"]; got != tt.want {
 				t.Fatalf("error = %q\n          want %q", got, tt.want)
 			}

@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
@@ -61,7 +63,7 @@ type metrics struct {
 	bulk        *prometheus.CounterVec
 
 	// storageSeries holds the storage_duration_seconds series by method.
-	storageSeries map[coordinator.Method]*[telemetry.NumResults]prometheus.Observer
+	storageSeries map[idemevent.Method]*[telemetry.NumResults]prometheus.Observer
 
 	// ops maps an operation label value to its series. It is copied on
 	// write under mu, so that the hot path reads it without a lock.
@@ -79,9 +81,9 @@ type opSeries struct {
 	notReplayable       prometheus.Counter
 	stored              prometheus.Counter
 	bulkHit, bulkMiss   prometheus.Counter
-	errors              map[coordinator.ErrorType]prometheus.Counter
-	unprotected         map[coordinator.Method]prometheus.Counter
-	waits               map[coordinator.WaitOutcome]prometheus.Observer
+	errors              map[idemevent.ErrorType]prometheus.Counter
+	unprotected         map[idemevent.Method]prometheus.Counter
+	waits               map[idemevent.WaitOutcome]prometheus.Observer
 	refusals            [len(refusalReasons)]prometheus.Counter // by refusalReasons' index
 	op                  string
 }
@@ -152,8 +154,8 @@ func newMetrics(reg prometheus.Registerer, namespace string, ops []string, limit
 		return nil, err
 	}
 
-	m.storageSeries = make(map[coordinator.Method]*[telemetry.NumResults]prometheus.Observer, len(coordinator.Methods()))
-	for _, method := range coordinator.Methods() {
+	m.storageSeries = make(map[idemevent.Method]*[telemetry.NumResults]prometheus.Observer, len(idemevent.Methods()))
+	for _, method := range idemevent.Methods() {
 		var s [telemetry.NumResults]prometheus.Observer
 		for r := range s {
 			s[r] = m.storage.WithLabelValues(string(method), telemetry.Result(r).String())
@@ -203,18 +205,18 @@ func (m *metrics) newOpSeries(op string) *opSeries {
 		stored:        m.stored.WithLabelValues(op),
 		bulkHit:       m.bulk.WithLabelValues(op, outcomeHit),
 		bulkMiss:      m.bulk.WithLabelValues(op, outcomeMiss),
-		errors:        make(map[coordinator.ErrorType]prometheus.Counter, len(coordinator.ErrorTypes())),
-		unprotected:   make(map[coordinator.Method]prometheus.Counter, len(coordinator.Methods())+1),
-		waits:         make(map[coordinator.WaitOutcome]prometheus.Observer, len(coordinator.WaitOutcomes())),
+		errors:        make(map[idemevent.ErrorType]prometheus.Counter, len(idemevent.ErrorTypes())),
+		unprotected:   make(map[idemevent.Method]prometheus.Counter, len(idemevent.Methods())+1),
+		waits:         make(map[idemevent.WaitOutcome]prometheus.Observer, len(idemevent.WaitOutcomes())),
 		op:            op,
 	}
-	for _, t := range coordinator.ErrorTypes() {
+	for _, t := range idemevent.ErrorTypes() {
 		s.errors[t] = m.errors.WithLabelValues(op, string(t))
 	}
-	for _, method := range append(coordinator.Methods(), coordinator.MethodNone) {
+	for _, method := range append(idemevent.Methods(), idemevent.MethodNone) {
 		s.unprotected[method] = m.unprotected.WithLabelValues(op, string(method))
 	}
-	for _, o := range coordinator.WaitOutcomes() {
+	for _, o := range idemevent.WaitOutcomes() {
 		s.waits[o] = m.wait.WithLabelValues(op, string(o))
 	}
 	for i, r := range refusalReasons {
@@ -266,30 +268,30 @@ func (m *metrics) otherSeries() *opSeries {
 
 // observe records e. It does not allocate on the paths the coordinator
 // takes on every call.
-func (m *metrics) observe(e coordinator.Event) {
+func (m *metrics) observe(e idemevent.Event) {
 	switch e.Kind {
-	case coordinator.EventHit:
+	case idemevent.Hit:
 		m.series(e.Key.Operation).hit.Inc()
-	case coordinator.EventMiss:
+	case idemevent.Miss:
 		m.series(e.Key.Operation).miss.Inc()
-	case coordinator.EventInFlight:
+	case idemevent.InFlight:
 		m.series(e.Key.Operation).inFlight.Inc()
-	case coordinator.EventNotReplayable:
+	case idemevent.NotReplayable:
 		m.series(e.Key.Operation).notReplayable.Inc()
-	case coordinator.EventStored:
+	case idemevent.Stored:
 		m.series(e.Key.Operation).stored.Inc()
-	case coordinator.EventBulkHit:
+	case idemevent.BulkHit:
 		m.series(e.Key.Operation).bulkHit.Add(float64(e.Count))
-	case coordinator.EventBulkMiss:
+	case idemevent.BulkMiss:
 		m.series(e.Key.Operation).bulkMiss.Add(float64(e.Count))
-	case coordinator.EventWaited:
+	case idemevent.Waited:
 		s := m.series(e.Key.Operation)
 		o, ok := s.waits[e.Outcome]
 		if !ok {
 			o = m.wait.WithLabelValues(s.op, unknownLabel)
 		}
 		o.Observe(seconds(e.Duration))
-	case coordinator.EventError:
+	case idemevent.Error:
 		s := m.series(e.Key.Operation)
 		c, ok := s.errors[e.ErrorType]
 		if !ok {
@@ -301,14 +303,14 @@ func (m *metrics) observe(e coordinator.Event) {
 				s.refusals[r].Inc()
 			}
 		}
-	case coordinator.EventUnprotected:
+	case idemevent.Unprotected:
 		s := m.series(e.Key.Operation)
 		c, ok := s.unprotected[e.Method]
 		if !ok {
 			c = m.unprotected.WithLabelValues(s.op, unknownLabel)
 		}
 		c.Inc()
-	case coordinator.EventStorageCall:
+	case idemevent.StorageCall:
 		r := telemetry.StorageResult(e.Err)
 		if s, ok := m.storageSeries[e.Method]; ok {
 			s[r].Observe(seconds(e.Duration))
@@ -320,11 +322,11 @@ func (m *metrics) observe(e coordinator.Event) {
 
 // isStorageErrorType reports whether t is the error type of a failed store
 // call: the events storage_refusals_total looks at.
-func isStorageErrorType(t coordinator.ErrorType) bool {
+func isStorageErrorType(t idemevent.ErrorType) bool {
 	switch t {
-	case coordinator.ErrorStorageGet, coordinator.ErrorStorageReserve,
-		coordinator.ErrorStorageSave, coordinator.ErrorStorageRelease,
-		coordinator.ErrorStorageRenew:
+	case idemevent.ErrorStorageGet, idemevent.ErrorStorageReserve,
+		idemevent.ErrorStorageSave, idemevent.ErrorStorageRelease,
+		idemevent.ErrorStorageRenew:
 		return true
 	}
 	return false

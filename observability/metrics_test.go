@@ -11,6 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
@@ -27,14 +30,14 @@ var documented = []struct {
 	name   string
 	series int
 }{
-	{"idempotency_requests_total", 4},                                                                           // hit, miss, in_flight, not_replayable
-	{"idempotency_errors_total", len(coordinator.ErrorTypes())},                                                 // 9
-	{"idempotency_stored_total", 1},                                                                             //
-	{"idempotency_unprotected_total", len(coordinator.Methods()) + 1},                                           // 7 store methods and none
-	{"idempotency_wait_duration_seconds", len(coordinator.WaitOutcomes())},                                      // 6
-	{"idempotency_storage_duration_seconds", len(coordinator.Methods()) * 4 /* ok, error, timeout, canceled */}, // 28
-	{"idempotency_storage_refusals_total", 4},                                                                   // credentials, permission, database, breaker_open
-	{"idempotency_bulk_keys_total", 2},                                                                          // hit, miss
+	{"idempotency_requests_total", 4},                                                                         // hit, miss, in_flight, not_replayable
+	{"idempotency_errors_total", len(idemevent.ErrorTypes())},                                                 // 9
+	{"idempotency_stored_total", 1},                                                                           //
+	{"idempotency_unprotected_total", len(idemevent.Methods()) + 1},                                           // 7 store methods and none
+	{"idempotency_wait_duration_seconds", len(idemevent.WaitOutcomes())},                                      // 6
+	{"idempotency_storage_duration_seconds", len(idemevent.Methods()) * 4 /* ok, error, timeout, canceled */}, // 28
+	{"idempotency_storage_refusals_total", 4},                                                                 // credentials, permission, database, breaker_open
+	{"idempotency_bulk_keys_total", 2},                                                                        // hit, miss
 }
 
 func TestFreshRegistryHasEveryMetricAtZero(t *testing.T) {
@@ -77,13 +80,13 @@ func TestZeroSeriesOfKnownOperations(t *testing.T) {
 				t.Errorf("requests_total{%s,%s} = %v, want 0", op, outcome, got)
 			}
 		}
-		for _, et := range coordinator.ErrorTypes() {
+		for _, et := range idemevent.ErrorTypes() {
 			counter(t, reg, "idempotency_errors_total", "operation", op, "error_type", string(et))
 		}
-		for _, m := range coordinator.Methods() {
+		for _, m := range idemevent.Methods() {
 			counter(t, reg, "idempotency_unprotected_total", "operation", op, "method", string(m))
 		}
-		for _, w := range coordinator.WaitOutcomes() {
+		for _, w := range idemevent.WaitOutcomes() {
 			histogram(t, reg, "idempotency_wait_duration_seconds", "operation", op, "outcome", string(w))
 		}
 		counter(t, reg, "idempotency_stored_total", "operation", op)
@@ -101,14 +104,14 @@ idempotency_stored_total{operation="payment.charge"} 0
 
 func TestWithoutOperationsOnlyStorageSeriesExist(t *testing.T) {
 	_, reg := newObserver(t)
-	if n, err := testutil.GatherAndCount(reg); err != nil || n != 4*len(coordinator.Methods()) {
-		t.Fatalf("GatherAndCount = %d, %v; want the %d storage series", n, err, 4*len(coordinator.Methods()))
+	if n, err := testutil.GatherAndCount(reg); err != nil || n != 4*len(idemevent.Methods()) {
+		t.Fatalf("GatherAndCount = %d, %v; want the %d storage series", n, err, 4*len(idemevent.Methods()))
 	}
 }
 
 func TestMetricsPassLint(t *testing.T) {
 	o, reg := newObserver(t, observability.WithOperations("payment.charge"))
-	feed(t, o, coordinator.Event{Kind: coordinator.EventHit, Key: key("payment.charge")})
+	feed(t, o, idemevent.Event{Kind: idemevent.Hit, Key: key("payment.charge")})
 	problems, err := testutil.GatherAndLint(reg)
 	if err != nil {
 		t.Fatal(err)
@@ -121,35 +124,35 @@ func TestMetricsPassLint(t *testing.T) {
 func TestEventsCount(t *testing.T) {
 	const op = "payment.charge"
 	k := key(op)
-	storeDown := &coordinator.StorageError{Method: coordinator.MethodReserve, Err: errors.New("connection refused")}
+	storeDown := &coordinator.StorageError{Method: idemevent.MethodReserve, Err: errors.New("connection refused")}
 	tests := []struct {
 		name   string
-		event  coordinator.Event
+		event  idemevent.Event
 		metric string
 		labels []string
 	}{
-		{"hit", coordinator.Event{Kind: coordinator.EventHit, Key: k},
+		{"hit", idemevent.Event{Kind: idemevent.Hit, Key: k},
 			"idempotency_requests_total", []string{"operation", op, "outcome", "hit"}},
-		{"miss", coordinator.Event{Kind: coordinator.EventMiss, Key: k},
+		{"miss", idemevent.Event{Kind: idemevent.Miss, Key: k},
 			"idempotency_requests_total", []string{"operation", op, "outcome", "miss"}},
-		{"in flight", coordinator.Event{Kind: coordinator.EventInFlight, Key: k, Mode: coordinator.InFlightWait},
+		{"in flight", idemevent.Event{Kind: idemevent.InFlight, Key: k, Mode: string(coordinator.InFlightWait)},
 			"idempotency_requests_total", []string{"operation", op, "outcome", "in_flight"}},
-		{"not replayable", coordinator.Event{Kind: coordinator.EventNotReplayable, Key: k,
+		{"not replayable", idemevent.Event{Kind: idemevent.NotReplayable, Key: k,
 			Err: &coordinator.NotReplayableError{Operation: op, Key: k.Key, Reason: "too large"}},
 			"idempotency_requests_total", []string{"operation", op, "outcome", "not_replayable"}},
-		{"stored", coordinator.Event{Kind: coordinator.EventStored, Key: k},
+		{"stored", idemevent.Event{Kind: idemevent.Stored, Key: k},
 			"idempotency_stored_total", []string{"operation", op}},
-		{"storage error", coordinator.Event{Kind: coordinator.EventError, Key: k, ErrorType: coordinator.ErrorStorageReserve, Method: coordinator.MethodReserve, Err: storeDown},
+		{"storage error", idemevent.Event{Kind: idemevent.Error, Key: k, ErrorType: idemevent.ErrorStorageReserve, Method: idemevent.MethodReserve, Err: storeDown},
 			"idempotency_errors_total", []string{"operation", op, "error_type", "storage_reserve_error"}},
-		{"lease lost", coordinator.Event{Kind: coordinator.EventError, Key: k, ErrorType: coordinator.ErrorLeaseLost, Err: coordinator.ErrLeaseLost},
+		{"lease lost", idemevent.Event{Kind: idemevent.Error, Key: k, ErrorType: idemevent.ErrorLeaseLost, Err: coordinator.ErrLeaseLost},
 			"idempotency_errors_total", []string{"operation", op, "error_type", "lease_lost"}},
-		{"unknown error type", coordinator.Event{Kind: coordinator.EventError, Key: k, ErrorType: "new_kind_of_error"},
+		{"unknown error type", idemevent.Event{Kind: idemevent.Error, Key: k, ErrorType: "new_kind_of_error"},
 			"idempotency_errors_total", []string{"operation", op, "error_type", "unknown"}},
-		{"unprotected", coordinator.Event{Kind: coordinator.EventUnprotected, Key: k, Method: coordinator.MethodGet},
+		{"unprotected", idemevent.Event{Kind: idemevent.Unprotected, Key: k, Method: idemevent.MethodGet},
 			"idempotency_unprotected_total", []string{"operation", op, "method", "get"}},
-		{"unprotected, no key", coordinator.Event{Kind: coordinator.EventUnprotected, Key: coordinator.Key{Operation: op}, Method: coordinator.MethodNone},
+		{"unprotected, no key", idemevent.Event{Kind: idemevent.Unprotected, Key: idemstore.Key{Operation: op}, Method: idemevent.MethodNone},
 			"idempotency_unprotected_total", []string{"operation", op, "method", "none"}},
-		{"unprotected, unknown method", coordinator.Event{Kind: coordinator.EventUnprotected, Key: k, Method: "scan"},
+		{"unprotected, unknown method", idemevent.Event{Kind: idemevent.Unprotected, Key: k, Method: "scan"},
 			"idempotency_unprotected_total", []string{"operation", op, "method", "unknown"}},
 	}
 	for _, tt := range tests {
@@ -167,10 +170,10 @@ func TestWaitDurations(t *testing.T) {
 	o, reg := newObserver(t)
 	k := key("payment.charge")
 	feed(t, o,
-		coordinator.Event{Kind: coordinator.EventWaited, Key: k, Outcome: coordinator.WaitHit, Duration: 40 * time.Millisecond},
-		coordinator.Event{Kind: coordinator.EventWaited, Key: k, Outcome: coordinator.WaitHit, Duration: 60 * time.Millisecond},
-		coordinator.Event{Kind: coordinator.EventWaited, Key: k, Outcome: coordinator.WaitTimeout, Duration: 30 * time.Second},
-		coordinator.Event{Kind: coordinator.EventWaited, Key: k, Outcome: "eternity", Duration: time.Second},
+		idemevent.Event{Kind: idemevent.Waited, Key: k, Outcome: idemevent.WaitHit, Duration: 40 * time.Millisecond},
+		idemevent.Event{Kind: idemevent.Waited, Key: k, Outcome: idemevent.WaitHit, Duration: 60 * time.Millisecond},
+		idemevent.Event{Kind: idemevent.Waited, Key: k, Outcome: idemevent.WaitTimeout, Duration: 30 * time.Second},
+		idemevent.Event{Kind: idemevent.Waited, Key: k, Outcome: "eternity", Duration: time.Second},
 	)
 	for _, tt := range []struct {
 		outcome string
@@ -210,13 +213,13 @@ func TestStorageCallResults(t *testing.T) {
 		{fmt.Errorf("reserve: %w", context.DeadlineExceeded), "timeout"},
 		{&net.OpError{Op: "read", Net: "tcp", Err: timeoutError{}}, "timeout"},
 		{context.Canceled, "canceled"},
-		{&coordinator.StorageError{Method: coordinator.MethodGet, Err: context.Canceled}, "canceled"},
+		{&coordinator.StorageError{Method: idemevent.MethodGet, Err: context.Canceled}, "canceled"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.result+"/"+fmt.Sprint(tt.err), func(t *testing.T) {
 			o, reg := newObserver(t)
-			feed(t, o, coordinator.Event{Kind: coordinator.EventStorageCall, Key: key("payment.charge"),
-				Method: coordinator.MethodGet, Duration: 300 * time.Microsecond, Err: tt.err})
+			feed(t, o, idemevent.Event{Kind: idemevent.StorageCall, Key: key("payment.charge"),
+				Method: idemevent.MethodGet, Duration: 300 * time.Microsecond, Err: tt.err})
 			n, sum := histogram(t, reg, "idempotency_storage_duration_seconds", "method", "get", "result", tt.result)
 			if n != 1 || !near(sum, 0.0003) {
 				t.Fatalf("storage{get,%s}: count %d sum %v, want 1 and 0.0003", tt.result, n, sum)
@@ -227,7 +230,7 @@ func TestStorageCallResults(t *testing.T) {
 
 func TestStorageBucketsResolveSubMillisecondCalls(t *testing.T) {
 	o, reg := newObserver(t)
-	feed(t, o, coordinator.Event{Kind: coordinator.EventStorageCall, Key: key("op"), Method: coordinator.MethodReserve, Duration: 80 * time.Microsecond})
+	feed(t, o, idemevent.Event{Kind: idemevent.StorageCall, Key: key("op"), Method: idemevent.MethodReserve, Duration: 80 * time.Microsecond})
 	h := series(t, reg, "idempotency_storage_duration_seconds", "method", "reserve", "result", "ok").GetHistogram()
 	var bounds []float64
 	for _, b := range h.GetBucket() {
@@ -272,9 +275,9 @@ func TestTwoObserversOnOneRegistryShareSeries(t *testing.T) {
 	}
 	for _, o := range obs {
 		feed(t, o,
-			coordinator.Event{Kind: coordinator.EventHit, Key: key("payment.charge")},
-			coordinator.Event{Kind: coordinator.EventMiss, Key: key("order.create")},
-			coordinator.Event{Kind: coordinator.EventStorageCall, Key: key("order.create"), Method: coordinator.MethodReserve, Duration: time.Millisecond},
+			idemevent.Event{Kind: idemevent.Hit, Key: key("payment.charge")},
+			idemevent.Event{Kind: idemevent.Miss, Key: key("order.create")},
+			idemevent.Event{Kind: idemevent.StorageCall, Key: key("order.create"), Method: idemevent.MethodReserve, Duration: time.Millisecond},
 		)
 	}
 	if got := counter(t, reg, "idempotency_requests_total", "operation", "payment.charge", "outcome", "hit"); got != 2 {
@@ -301,7 +304,7 @@ func TestTwoObserversOnWrappedDefaultStyleRegisterer(t *testing.T) {
 		if err != nil {
 			t.Fatalf("New: %v", err)
 		}
-		feed(t, o, coordinator.Event{Kind: coordinator.EventStored, Key: key("payment.charge")})
+		feed(t, o, idemevent.Event{Kind: idemevent.Stored, Key: key("payment.charge")})
 	}
 	if got := counter(t, reg, "idempotency_stored_total", "operation", "payment.charge", "service", "shop"); got != 2 {
 		t.Fatalf("stored = %v, want 2", got)
@@ -348,8 +351,8 @@ func TestNilRegistererRecordsNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Nothing to gather: the test is that every kind of event is accepted.
-	for k := coordinator.EventHit; k <= coordinator.EventUnprotected+1; k++ {
-		feed(t, o, coordinator.Event{Kind: k, Key: key("payment.charge")})
+	for k := idemevent.Hit; k <= idemevent.Unprotected+1; k++ {
+		feed(t, o, idemevent.Event{Kind: k, Key: key("payment.charge")})
 	}
 }
 
@@ -360,7 +363,7 @@ func TestOperationLimit(t *testing.T) {
 		observability.WithOperationLimit(2),
 		observability.WithLogger(zap.New(core)))
 	for _, op := range []string{"payment.charge", "order.create", "order.cancel", "refund.create", "order.create"} {
-		feed(t, o, coordinator.Event{Kind: coordinator.EventMiss, Key: key(op)})
+		feed(t, o, idemevent.Event{Kind: idemevent.Miss, Key: key(op)})
 	}
 	for _, tt := range []struct {
 		op   string
@@ -388,7 +391,7 @@ func TestOperationLimit(t *testing.T) {
 
 func TestOperationsBeyondTheLimitAreKept(t *testing.T) {
 	o, reg := newObserver(t, observability.WithOperations("a", "b", "c"), observability.WithOperationLimit(1))
-	feed(t, o, coordinator.Event{Kind: coordinator.EventHit, Key: key("c")}, coordinator.Event{Kind: coordinator.EventHit, Key: key("d")})
+	feed(t, o, idemevent.Event{Kind: idemevent.Hit, Key: key("c")}, idemevent.Event{Kind: idemevent.Hit, Key: key("d")})
 	if got := counter(t, reg, "idempotency_requests_total", "operation", "c", "outcome", "hit"); got != 1 {
 		t.Errorf("hits of c = %v, want 1", got)
 	}
@@ -400,7 +403,7 @@ func TestOperationsBeyondTheLimitAreKept(t *testing.T) {
 func TestInvalidOperationIsCountedAsOther(t *testing.T) {
 	o, reg := newObserver(t)
 	for _, op := range []string{"", "bad op", "caf\xe9", strings.Repeat("x", coordinator.MaxOperationLen+1)} {
-		feed(t, o, coordinator.Event{Kind: coordinator.EventHit, Key: key(op)})
+		feed(t, o, idemevent.Event{Kind: idemevent.Hit, Key: key(op)})
 	}
 	if got := counter(t, reg, "idempotency_requests_total", "operation", observability.OtherOperation, "outcome", "hit"); got != 4 {
 		t.Fatalf("hits of %s = %v, want 4", observability.OtherOperation, got)
@@ -446,8 +449,8 @@ func TestConcurrentObserve(t *testing.T) {
 			for i := range 500 {
 				op := fmt.Sprintf("op%d", (g+i)%12) // 12 operations, limit 10
 				feed(t, o,
-					coordinator.Event{Kind: coordinator.EventMiss, Key: key(op)},
-					coordinator.Event{Kind: coordinator.EventStorageCall, Key: key(op), Method: coordinator.MethodComplete, Duration: time.Millisecond},
+					idemevent.Event{Kind: idemevent.Miss, Key: key(op)},
+					idemevent.Event{Kind: idemevent.StorageCall, Key: key(op), Method: idemevent.MethodComplete, Duration: time.Millisecond},
 				)
 			}
 		})
@@ -485,13 +488,13 @@ func labelOf(m *dto.Metric, name string) string {
 func TestObserveDoesNotAllocate(t *testing.T) {
 	o, _ := newObserver(t, observability.WithOperations("payment.charge"))
 	k := key("payment.charge")
-	events := []coordinator.Event{
-		{Kind: coordinator.EventHit, Key: k},
-		{Kind: coordinator.EventMiss, Key: k},
-		{Kind: coordinator.EventStored, Key: k},
-		{Kind: coordinator.EventStorageCall, Key: k, Method: coordinator.MethodReserve, Duration: time.Millisecond},
-		{Kind: coordinator.EventWaited, Key: k, Outcome: coordinator.WaitHit, Duration: time.Millisecond},
-		{Kind: coordinator.EventError, Key: k, ErrorType: coordinator.ErrorKeyReuse, Err: coordinator.ErrKeyReuse},
+	events := []idemevent.Event{
+		{Kind: idemevent.Hit, Key: k},
+		{Kind: idemevent.Miss, Key: k},
+		{Kind: idemevent.Stored, Key: k},
+		{Kind: idemevent.StorageCall, Key: k, Method: idemevent.MethodReserve, Duration: time.Millisecond},
+		{Kind: idemevent.Waited, Key: k, Outcome: idemevent.WaitHit, Duration: time.Millisecond},
+		{Kind: idemevent.Error, Key: k, ErrorType: idemevent.ErrorKeyReuse, Err: coordinator.ErrKeyReuse},
 	}
 	ctx := t.Context()
 	for _, e := range events {
@@ -523,8 +526,8 @@ func BenchmarkObserve(b *testing.B) {
 		b.Fatal(err)
 	}
 	ctx := b.Context()
-	hit := coordinator.Event{Kind: coordinator.EventHit, Key: key("payment.charge")}
-	call := coordinator.Event{Kind: coordinator.EventStorageCall, Key: key("payment.charge"), Method: coordinator.MethodReserve, Duration: 300 * time.Microsecond}
+	hit := idemevent.Event{Kind: idemevent.Hit, Key: key("payment.charge")}
+	call := idemevent.Event{Kind: idemevent.StorageCall, Key: key("payment.charge"), Method: idemevent.MethodReserve, Duration: 300 * time.Microsecond}
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {

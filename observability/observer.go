@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+
 	"go.uber.org/zap"
 
 	"github.com/idemkit/idempotency/coordinator"
@@ -20,7 +22,7 @@ type Observer struct {
 	log     *eventLogger
 }
 
-var _ coordinator.Observer = (*Observer)(nil)
+var _ idemevent.Observer = (*Observer)(nil)
 
 // New returns an Observer configured by opts. Without WithRegisterer it
 // records no metrics; without WithLogger it logs nothing.
@@ -102,7 +104,7 @@ func newConfig(opts []Option) (config, error) {
 // calls it on the caller's goroutine; recording the metrics does not allocate
 // once an operation's series exist, and a log line is only built when its
 // level is enabled.
-func (o *Observer) Observe(ctx context.Context, e coordinator.Event) {
+func (o *Observer) Observe(ctx context.Context, e idemevent.Event) {
 	if o == nil {
 		return
 	}
@@ -115,13 +117,13 @@ func (o *Observer) Observe(ctx context.Context, e coordinator.Event) {
 }
 
 // Multi returns an Observer that passes every event to each of observers in
-// turn. Nil observers and coordinator.NopObserver values are dropped; with
-// none left it returns coordinator.NopObserver{}, with one that one.
-func Multi(observers ...coordinator.Observer) coordinator.Observer {
+// turn. Nil observers and idemevent.NopObserver values are dropped; with
+// none left it returns idemevent.NopObserver{}, with one that one.
+func Multi(observers ...idemevent.Observer) idemevent.Observer {
 	var list multi
 	for _, o := range observers {
 		switch o := o.(type) {
-		case nil, coordinator.NopObserver, *coordinator.NopObserver:
+		case nil, idemevent.NopObserver, *idemevent.NopObserver:
 			continue
 		case multi:
 			list = append(list, o...)
@@ -131,16 +133,16 @@ func Multi(observers ...coordinator.Observer) coordinator.Observer {
 	}
 	switch len(list) {
 	case 0:
-		return coordinator.NopObserver{}
+		return idemevent.NopObserver{}
 	case 1:
 		return list[0]
 	}
 	return list
 }
 
-type multi []coordinator.Observer
+type multi []idemevent.Observer
 
-func (m multi) Observe(ctx context.Context, e coordinator.Event) {
+func (m multi) Observe(ctx context.Context, e idemevent.Event) {
 	for _, o := range m {
 		o.Observe(ctx, e)
 	}

@@ -7,6 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
@@ -18,28 +21,28 @@ import (
 func TestZeroAndNilObserverDiscard(t *testing.T) {
 	var zero observability.Observer
 	var nilObs *observability.Observer
-	for _, o := range []coordinator.Observer{&zero, nilObs} {
-		feed(t, o, coordinator.Event{Kind: coordinator.EventHit, Key: key("op")})
+	for _, o := range []idemevent.Observer{&zero, nilObs} {
+		feed(t, o, idemevent.Event{Kind: idemevent.Hit, Key: key("op")})
 	}
 }
 
 // counting is an Observer that counts its events.
 type counting struct{ n atomic.Int64 }
 
-func (c *counting) Observe(context.Context, coordinator.Event) { c.n.Add(1) }
+func (c *counting) Observe(context.Context, idemevent.Event) { c.n.Add(1) }
 
 func TestMulti(t *testing.T) {
 	a, b := &counting{}, &counting{}
 	var nilObs *observability.Observer
-	m := observability.Multi(a, nil, coordinator.NopObserver{}, observability.Multi(b, a), nilObs)
-	feed(t, m, coordinator.Event{Kind: coordinator.EventHit}, coordinator.Event{Kind: coordinator.EventMiss})
+	m := observability.Multi(a, nil, idemevent.NopObserver{}, observability.Multi(b, a), nilObs)
+	feed(t, m, idemevent.Event{Kind: idemevent.Hit}, idemevent.Event{Kind: idemevent.Miss})
 	if a.n.Load() != 4 || b.n.Load() != 2 {
 		t.Fatalf("a saw %d events, b %d; want 4 and 2", a.n.Load(), b.n.Load())
 	}
-	if got := observability.Multi(nil, coordinator.NopObserver{}); got != (coordinator.NopObserver{}) {
+	if got := observability.Multi(nil, idemevent.NopObserver{}); got != (idemevent.NopObserver{}) {
 		t.Errorf("Multi of nothing = %#v, want NopObserver", got)
 	}
-	if got := observability.Multi(a); got != coordinator.Observer(a) {
+	if got := observability.Multi(a); got != idemevent.Observer(a) {
 		t.Errorf("Multi(a) = %#v, want a itself", got)
 	}
 }
@@ -50,9 +53,9 @@ type flakyStore struct {
 	down atomic.Bool
 }
 
-func (s *flakyStore) Reserve(ctx context.Context, k coordinator.Key, w coordinator.Write) (coordinator.Record, bool, error) {
+func (s *flakyStore) Reserve(ctx context.Context, k idemstore.Key, w idemstore.Write) (idemstore.Record, bool, error) {
 	if s.down.Load() {
-		return coordinator.Record{}, false, errors.New("connection refused")
+		return idemstore.Record{}, false, errors.New("connection refused")
 	}
 	return s.Store.Reserve(ctx, k, w)
 }

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
@@ -90,9 +92,9 @@ func notRefusals() []error {
 	}
 }
 
-func storageErrorEvent(t coordinator.ErrorType, err error) coordinator.Event {
-	return coordinator.Event{Kind: coordinator.EventError, Key: key("payment.charge"), ErrorType: t,
-		Method: coordinator.MethodReserve, Err: &coordinator.StorageError{Method: coordinator.MethodReserve, Err: err}}
+func storageErrorEvent(t idemevent.ErrorType, err error) idemevent.Event {
+	return idemevent.Event{Kind: idemevent.Error, Key: key("payment.charge"), ErrorType: t,
+		Method: idemevent.MethodReserve, Err: &coordinator.StorageError{Method: idemevent.MethodReserve, Err: err}}
 }
 
 func TestStorageRefusalsAreCountedByReason(t *testing.T) {
@@ -103,8 +105,8 @@ func TestStorageRefusalsAreCountedByReason(t *testing.T) {
 			t.Fatalf("storage_refusals_total{%s} = %v before any event, want 0", r, got)
 		}
 	}
-	storageTypes := []coordinator.ErrorType{coordinator.ErrorStorageGet, coordinator.ErrorStorageReserve,
-		coordinator.ErrorStorageSave, coordinator.ErrorStorageRelease, coordinator.ErrorStorageRenew}
+	storageTypes := []idemevent.ErrorType{idemevent.ErrorStorageGet, idemevent.ErrorStorageReserve,
+		idemevent.ErrorStorageSave, idemevent.ErrorStorageRelease, idemevent.ErrorStorageRenew}
 	want := map[string]float64{}
 	for r, errs := range byReason {
 		for _, err := range errs {
@@ -113,15 +115,15 @@ func TestStorageRefusalsAreCountedByReason(t *testing.T) {
 				want[r]++
 			}
 			// Not a store call's error type: not a refusal of the store.
-			feed(t, o, storageErrorEvent(coordinator.ErrorDecode, err))
+			feed(t, o, storageErrorEvent(idemevent.ErrorDecode, err))
 		}
 	}
 	for _, err := range notRefusals() {
-		feed(t, o, storageErrorEvent(coordinator.ErrorStorageReserve, err))
+		feed(t, o, storageErrorEvent(idemevent.ErrorStorageReserve, err))
 	}
 	// A storage call event carries the same error; only the error event counts.
-	feed(t, o, coordinator.Event{Kind: coordinator.EventStorageCall, Key: key("payment.charge"),
-		Method: coordinator.MethodReserve, Err: byReason["credentials"][0]})
+	feed(t, o, idemevent.Event{Kind: idemevent.StorageCall, Key: key("payment.charge"),
+		Method: idemevent.MethodReserve, Err: byReason["credentials"][0]})
 	for _, r := range refusalReasons {
 		if got := counter(t, reg, "idempotency_storage_refusals_total", "operation", "payment.charge", "reason", r); got != want[r] {
 			t.Errorf("storage_refusals_total{%s} = %v, want %v", r, got, want[r])
@@ -150,18 +152,18 @@ func TestStorageRefusalLogLines(t *testing.T) {
 	o, logs := logged(t)
 	for r, errs := range byReason {
 		for _, err := range errs {
-			feed(t, o, storageErrorEvent(coordinator.ErrorStorageReserve, err))
+			feed(t, o, storageErrorEvent(idemevent.ErrorStorageReserve, err))
 			if e := only(t, logs); e.Message != msgs[r] || e.Level != zap.ErrorLevel {
 				t.Errorf("%v: %s %q, want error %q", err, e.Level, e.Message, msgs[r])
 			}
-			feed(t, o, storageErrorEvent(coordinator.ErrorStorageRenew, err))
+			feed(t, o, storageErrorEvent(idemevent.ErrorStorageRenew, err))
 			if e := only(t, logs); e.Message != msgs[r] || e.Level != zap.WarnLevel {
 				t.Errorf("%v (renew): %s %q, want warn %q", err, e.Level, e.Message, msgs[r])
 			}
 		}
 	}
 	for _, err := range notRefusals() {
-		feed(t, o, storageErrorEvent(coordinator.ErrorStorageReserve, err))
+		feed(t, o, storageErrorEvent(idemevent.ErrorStorageReserve, err))
 		if e := only(t, logs); e.Message != "storage call failed" {
 			t.Errorf("%v: %q, want %q", err, e.Message, "storage call failed")
 		}

@@ -7,6 +7,9 @@ import (
 	"slices"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idempotency/coordinator"
@@ -174,7 +177,7 @@ func (s *Store) acknowledgeOnce(ctx context.Context, rkey string, touch *redis.C
 // that is gone by then) is a storage error, and is taken back when it is a
 // pending record: the caller's own reservation, under which nothing runs.
 // A collision or a replay wrote nothing, and costs nothing more.
-func (s *Store) reserveAcked(ctx context.Context, key coordinator.Key, w coordinator.Write) (coordinator.Record, bool, error) {
+func (s *Store) reserveAcked(ctx context.Context, key idemstore.Key, w idemstore.Write) (idemstore.Record, bool, error) {
 	rec, written, err := s.reserve(ctx, key, w)
 	if err != nil || !written {
 		return rec, written, err
@@ -188,12 +191,12 @@ func (s *Store) reserveAcked(ctx context.Context, key coordinator.Key, w coordin
 	if err == nil {
 		err = fmt.Errorf("%w (the record was gone before the WAIT)", ErrNotAcknowledged)
 	}
-	if w.State == coordinator.StatePending {
+	if w.State == idemstore.StatePending {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 		_, _ = s.Release(rctx, key, w.Token)
 		cancel()
 	}
-	return coordinator.Record{}, false, storageError(coordinator.MethodReserve, err)
+	return idemstore.Record{}, false, storageError(idemevent.MethodReserve, err)
 }
 
 // releaseTimeout bounds the release of a reservation that was not
@@ -205,7 +208,7 @@ const releaseTimeout = 500 * time.Millisecond
 // acknowledge with confirm.lua as the touch, which touches the record only
 // if it is the owner's in the completion's state: a completion sent again
 // after one that went through but was not acknowledged.
-func (s *Store) completeAcked(ctx context.Context, key coordinator.Key, token string, c coordinator.Completion) (bool, error) {
+func (s *Store) completeAcked(ctx context.Context, key idemstore.Key, token string, c idemstore.Completion) (bool, error) {
 	ok, err := s.complete(ctx, key, token, c)
 	if err != nil {
 		return false, err
@@ -215,14 +218,14 @@ func (s *Store) completeAcked(ctx context.Context, key coordinator.Key, token st
 	touch := redis.NewCmd(ctx, "pexpire", rkey, ms)
 	if !ok {
 		state := argStateCompleted
-		if c.State == coordinator.StateNotReplayable {
+		if c.State == idemstore.StateNotReplayable {
 			state = argStateNotReplayable
 		}
 		touch = redis.NewCmd(ctx, "eval", confirmSrc, 1, rkey, storedToken(token), state, ms)
 	}
 	acked, err := s.acknowledge(ctx, rkey, touch)
 	if err != nil {
-		return false, storageError(coordinator.MethodComplete, err)
+		return false, storageError(idemevent.MethodComplete, err)
 	}
 	return acked, nil
 }

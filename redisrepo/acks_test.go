@@ -13,6 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idempotency/coordinator"
@@ -87,7 +90,7 @@ func TestReplicaAcks(t *testing.T) {
 	// A call's deadline: a WAIT takes three quarters of it, and the rest
 	// is margin for its reply on a busy machine.
 	call := func() (context.Context, context.CancelFunc) { return context.WithTimeout(t.Context(), 2*time.Second) }
-	onReplica := func(key coordinator.Key) string {
+	onReplica := func(key idemstore.Key) string {
 		t.Helper()
 		v, err := replica.Get(t.Context(), s.Key(key)).Result()
 		if err != nil && !errors.Is(err, redis.Nil) {
@@ -105,7 +108,7 @@ func TestReplicaAcks(t *testing.T) {
 	if onReplica(key) == "" {
 		t.Fatal("an acknowledged reservation is not on the replica when Reserve returns")
 	}
-	done := coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("charged"), TTL: time.Hour}
+	done := idemstore.Completion{State: idemstore.StateCompleted, Result: []byte("charged"), TTL: time.Hour}
 	ctx, cancel = call()
 	if ok, err := s.Complete(ctx, key, tok, done); err != nil || !ok {
 		t.Fatalf("Complete with the replica up: %v, %v", ok, err)
@@ -140,7 +143,7 @@ func TestReplicaAcks(t *testing.T) {
 	if ok || !errors.Is(err, redisrepo.ErrNotAcknowledged) {
 		t.Fatalf("Complete with the replica frozen: %v, %v; want a storage error matching ErrNotAcknowledged", ok, err)
 	}
-	other := coordinator.Key{Operation: "other.op", Key: second.Key}
+	other := idemstore.Key{Operation: "other.op", Key: second.Key}
 	ctx, cancel = call()
 	if _, ok, err := s.Reserve(ctx, other, pendingWrite(token(), "", time.Minute)); err != nil || !ok {
 		t.Errorf("Reserve of an operation that is not acknowledged, with the replica frozen: %v, %v; want written", ok, err)
@@ -160,17 +163,17 @@ func TestReplicaAcks(t *testing.T) {
 		t.Fatalf("the completion sent again is not on the replica: %q", v)
 	}
 	rec, err := s.Get(t.Context(), second)
-	if err != nil || rec.State != coordinator.StateCompleted || string(rec.Result) != "charged" || rec.Token == "" {
+	if err != nil || rec.State != idemstore.StateCompleted || string(rec.Result) != "charged" || rec.Token == "" {
 		t.Fatalf("Get after the resend: %+v, %v", rec, err)
 	}
 	// Another owner's resend is not done, and neither is the owner's of
 	// another state.
 	for _, tc := range []struct {
 		tok string
-		c   coordinator.Completion
+		c   idemstore.Completion
 	}{
 		{token(), done},
-		{tok2, coordinator.Completion{State: coordinator.StateNotReplayable, Result: []byte("too big"), TTL: time.Hour}},
+		{tok2, idemstore.Completion{State: idemstore.StateNotReplayable, Result: []byte("too big"), TTL: time.Hour}},
 	} {
 		ctx, cancel = call()
 		ok, err := s.Complete(ctx, second, tc.tok, tc.c)
@@ -423,7 +426,7 @@ func offRequestPathContext(t *testing.T) context.Context {
 		renewal context.Context
 		renewed = make(chan struct{})
 	)
-	fs.Before(coordinator.MethodRenew, func(ctx context.Context, _ coordinator.Key) error {
+	fs.Before(idemevent.MethodRenew, func(ctx context.Context, _ idemstore.Key) error {
 		once.Do(func() { renewal = context.WithoutCancel(ctx); close(renewed) })
 		return nil
 	})
@@ -445,7 +448,7 @@ func offRequestPathContext(t *testing.T) context.Context {
 // reserveAll reserves keys on s at once, each within a deadline, and
 // returns how many were acknowledged and refused (ErrNotAcknowledged), and
 // how long the slowest took; any other outcome fails t.
-func reserveAll(t *testing.T, s *redisrepo.Store, keys []coordinator.Key, within time.Duration) (acked, refused int, slowest time.Duration) {
+func reserveAll(t *testing.T, s *redisrepo.Store, keys []idemstore.Key, within time.Duration) (acked, refused int, slowest time.Duration) {
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	for _, k := range keys {
@@ -473,8 +476,8 @@ func reserveAll(t *testing.T, s *redisrepo.Store, keys []coordinator.Key, within
 }
 
 // manyKeys returns n keys named prefix0, prefix1, ...
-func manyKeys(prefix string, n int) []coordinator.Key {
-	var out []coordinator.Key
+func manyKeys(prefix string, n int) []idemstore.Key {
+	var out []idemstore.Key
 	for i := range n {
 		out = append(out, newKey(prefix+strconv.Itoa(i)))
 	}
@@ -568,14 +571,14 @@ func BenchmarkReplicaAcks(b *testing.B) {
 		if err := s.LoadScripts(context.Background()); err != nil {
 			b.Fatal(err)
 		}
-		done := coordinator.Completion{State: coordinator.StateCompleted, Result: result, TTL: time.Minute}
+		done := idemstore.Completion{State: idemstore.StateCompleted, Result: result, TTL: time.Minute}
 		b.Run("flow=first-run/impl="+impl.name, func(b *testing.B) {
 			ctx := context.Background()
 			b.ReportAllocs()
 			run, i := token()[:8], 0
 			for b.Loop() {
 				i++
-				key := coordinator.Key{Operation: "payment.charge", Key: "order-" + run + "-" + strconv.Itoa(i)}
+				key := idemstore.Key{Operation: "payment.charge", Key: "order-" + run + "-" + strconv.Itoa(i)}
 				tok := token()
 				if _, ok, err := s.Reserve(ctx, key, pendingWrite(tok, "", time.Minute)); err != nil || !ok {
 					b.Fatal(ok, err)
@@ -593,7 +596,7 @@ func BenchmarkReplicaAcks(b *testing.B) {
 			b.SetParallelism(max(1, 64/runtime.GOMAXPROCS(0)))
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
-					key := coordinator.Key{Operation: "payment.charge", Key: "par-" + run + "-" + strconv.FormatInt(n.Add(1), 10)}
+					key := idemstore.Key{Operation: "payment.charge", Key: "par-" + run + "-" + strconv.FormatInt(n.Add(1), 10)}
 					tok := token()
 					if _, ok, err := s.Reserve(ctx, key, pendingWrite(tok, "", time.Minute)); err != nil || !ok {
 						b.Error(ok, err)
@@ -608,11 +611,11 @@ func BenchmarkReplicaAcks(b *testing.B) {
 		})
 		b.Run("flow=replay/impl="+impl.name, func(b *testing.B) {
 			ctx := context.Background()
-			key := coordinator.Key{Operation: "payment.charge", Key: "replayed-" + token()}
+			key := idemstore.Key{Operation: "payment.charge", Key: "replayed-" + token()}
 			mustReserve(b, s, key, completedWrite(token(), "", result, time.Hour))
 			b.ReportAllocs()
 			for b.Loop() {
-				if rec, ok, err := s.Reserve(ctx, key, pendingWrite(token(), "", time.Minute)); err != nil || ok || rec.State != coordinator.StateCompleted {
+				if rec, ok, err := s.Reserve(ctx, key, pendingWrite(token(), "", time.Minute)); err != nil || ok || rec.State != idemstore.StateCompleted {
 					b.Fatal(rec, ok, err)
 				}
 			}

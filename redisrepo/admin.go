@@ -7,26 +7,26 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/redis/go-redis/v9"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
 
-	"github.com/idemkit/idempotency/coordinator"
+	"github.com/redis/go-redis/v9"
 )
 
 // Info describes the record under one key, for an operator; see
 // Store.Inspect.
 type Info struct {
 	// Key is the key that was inspected.
-	Key coordinator.Key
+	Key idemstore.Key
 	// RedisKey is the name of the Redis key that holds the record.
 	RedisKey string
-	// State is coordinator.StateAbsent (no record), coordinator.StatePending
-	// (a caller holds the key: in flight), coordinator.StateCompleted (a
-	// result is stored and replayed), coordinator.StateNotReplayable (the
+	// State is idemstore.StateAbsent (no record), idemstore.StatePending
+	// (a caller holds the key: in flight), idemstore.StateCompleted (a
+	// result is stored and replayed), idemstore.StateNotReplayable (the
 	// action completed but its result could not be kept: calls get
-	// coordinator.ErrNotReplayable) or coordinator.StateUnreadable
+	// coordinator.ErrNotReplayable) or idemstore.StateUnreadable
 	// (something this package cannot read, which the coordinator replaces at
 	// the next call).
-	State coordinator.State
+	State idemstore.State
 	// TTL is the remaining time to live: when Redis removes the record. It
 	// is 0 for an absent key, and negative for a key without an expiry,
 	// which Redis never removes by itself (this package never writes one).
@@ -48,7 +48,7 @@ const maxBatch = 512
 // Inspect describes the records under keys, in their order and without their
 // results, and changes nothing; on Redis Cluster it takes one round trip per
 // node. It returns an error, and no Info, when a call to Redis fails.
-func (s *Store) Inspect(ctx context.Context, keys ...coordinator.Key) ([]Info, error) {
+func (s *Store) Inspect(ctx context.Context, keys ...idemstore.Key) ([]Info, error) {
 	if len(keys) == 0 {
 		return nil, nil
 	}
@@ -111,7 +111,7 @@ func decodeInfo(in *Info, a []any) error {
 // first still runs (whose completion is then refused as a lost lease). It
 // returns an error when a call to Redis fails; the batches sent before stay
 // deleted.
-func (s *Store) Forget(ctx context.Context, keys ...coordinator.Key) (int, error) {
+func (s *Store) Forget(ctx context.Context, keys ...idemstore.Key) (int, error) {
 	if len(keys) == 0 {
 		return 0, nil
 	}

@@ -7,9 +7,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/internal/redistest"
 	"github.com/idemkit/idempotency/redisrepo"
 )
@@ -48,7 +49,7 @@ func testInspectAndForget(t *testing.T, c redis.UniversalClient, client redisrep
 	mustReserve(t, s, persistent, completedWrite(token(), "", nil, time.Hour))
 	c.Persist(ctx, s.Key(persistent))
 
-	keys := []coordinator.Key{absent, pending, completed, unreadable, persistent, completed}
+	keys := []idemstore.Key{absent, pending, completed, unreadable, persistent, completed}
 	infos, err := s.Inspect(ctx, keys...)
 	if err != nil {
 		t.Fatalf("Inspect: %v", err)
@@ -61,7 +62,7 @@ func testInspectAndForget(t *testing.T, c redis.UniversalClient, client redisrep
 			t.Errorf("infos[%d] is of %v (%q), want %v: the order of the keys", i, in.Key, in.RedisKey, keys[i])
 		}
 	}
-	check := func(in redisrepo.Info, state coordinator.State, fp string, size int, ttlMin, ttlMax time.Duration, created bool) {
+	check := func(in redisrepo.Info, state idemstore.State, fp string, size int, ttlMin, ttlMax time.Duration, created bool) {
 		t.Helper()
 		if in.State != state || in.Fingerprint != fp || in.ResultSize != size {
 			t.Errorf("%s: %+v, want state %s, fingerprint %q, result size %d", in.Key.Key, in, state, fp, size)
@@ -75,14 +76,14 @@ func testInspectAndForget(t *testing.T, c redis.UniversalClient, client redisrep
 			t.Errorf("%s: CreatedAt %v, want about %v", in.Key.Key, in.CreatedAt, before)
 		}
 	}
-	check(infos[0], coordinator.StateAbsent, "", 0, 0, 0, false)
+	check(infos[0], idemstore.StateAbsent, "", 0, 0, 0, false)
 	// Format 2 records carry no creation time (format 1 records do; see
 	// TestInspectReadsAsGet).
-	check(infos[1], coordinator.StatePending, "fp-p", 0, 25*time.Second, 30*time.Second, false)
-	check(infos[2], coordinator.StateCompleted, "fp-c", 10, 59*time.Minute, time.Hour, false)
-	check(infos[3], coordinator.StateUnreadable, "", 0, time.Minute, 2*time.Minute, false)
-	check(infos[4], coordinator.StateCompleted, "", 0, -1, -1, false)
-	check(infos[5], coordinator.StateCompleted, "fp-c", 10, 59*time.Minute, time.Hour, false)
+	check(infos[1], idemstore.StatePending, "fp-p", 0, 25*time.Second, 30*time.Second, false)
+	check(infos[2], idemstore.StateCompleted, "fp-c", 10, 59*time.Minute, time.Hour, false)
+	check(infos[3], idemstore.StateUnreadable, "", 0, time.Minute, 2*time.Minute, false)
+	check(infos[4], idemstore.StateCompleted, "", 0, -1, -1, false)
+	check(infos[5], idemstore.StateCompleted, "fp-c", 10, 59*time.Minute, time.Hour, false)
 
 	// Forget deletes whatever is there, whoever owns it.
 	n, err := s.Forget(ctx, keys...)
@@ -94,7 +95,7 @@ func testInspectAndForget(t *testing.T, c redis.UniversalClient, client redisrep
 		t.Fatal(err)
 	}
 	for _, in := range infos {
-		if in.State != coordinator.StateAbsent || in.TTL != 0 {
+		if in.State != idemstore.StateAbsent || in.TTL != 0 {
 			t.Errorf("after Forget: %+v, want absent", in)
 		}
 	}
@@ -121,10 +122,10 @@ func TestForgetPendingLosesLease(t *testing.T) {
 	if n, err := s.Forget(ctx, key); n != 1 || err != nil {
 		t.Fatalf("Forget = %d, %v", n, err)
 	}
-	if ok, err := s.Complete(ctx, key, tok, coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("late"), TTL: time.Minute}); ok || err != nil {
+	if ok, err := s.Complete(ctx, key, tok, idemstore.Completion{State: idemstore.StateCompleted, Result: []byte("late"), TTL: time.Minute}); ok || err != nil {
 		t.Errorf("Complete after Forget = %v, %v; want false", ok, err)
 	}
-	if rec := mustGet(t, s, key); rec.State != coordinator.StateAbsent {
+	if rec := mustGet(t, s, key); rec.State != idemstore.StateAbsent {
 		t.Errorf("Get after Forget = %+v, want absent", rec)
 	}
 }
@@ -144,7 +145,7 @@ func TestBulkAcrossSlots(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	var keys []coordinator.Key
+	var keys []idemstore.Key
 	for i := range 1500 {
 		k := newKey(fmt.Sprint("bulk-", i))
 		if i%3 == 0 {
@@ -177,9 +178,9 @@ func TestBulkAcrossSlots(t *testing.T) {
 		t.Fatalf("Inspect of %d keys: %v, %d round trips; want no error and one per node", len(keys), err, n)
 	}
 	for i, in := range infos {
-		want := coordinator.StateAbsent
+		want := idemstore.StateAbsent
 		if i%2 == 0 {
-			want = coordinator.StateCompleted
+			want = idemstore.StateCompleted
 		}
 		if in.Key != keys[i] || in.State != want {
 			t.Fatalf("infos[%d] = %+v, want %s of %v", i, in, want, keys[i])
@@ -202,7 +203,7 @@ func TestBulkStandaloneOneRoundTrip(t *testing.T) {
 	if err := s.LoadScripts(ctx); err != nil {
 		t.Fatal(err)
 	}
-	keys := make([]coordinator.Key, 1300) // three batches
+	keys := make([]idemstore.Key, 1300) // three batches
 	for i := range keys {
 		keys[i] = newKey(strings.Repeat("k", i%7))
 		mustReserve(t, s, keys[i], pendingWrite(token(), "", time.Minute))

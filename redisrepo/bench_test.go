@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idempotency/coordinator"
@@ -40,7 +42,7 @@ func benchStore(b *testing.B) (*redisrepo.Store, *redis.Client) {
 func BenchmarkGet(b *testing.B) {
 	ctx := context.Background()
 	s, c := benchStore(b)
-	key := coordinator.Key{Operation: "payment.charge", Key: "order-42"}
+	key := idemstore.Key{Operation: "payment.charge", Key: "order-42"}
 	tok := token()
 	mustReserve(b, s, key, completedWrite(tok, "fp", result, time.Hour))
 	name := s.Key(key)
@@ -49,7 +51,7 @@ func BenchmarkGet(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
 			rec, err := s.Get(ctx, key)
-			if err != nil || rec.State != coordinator.StateCompleted {
+			if err != nil || rec.State != idemstore.StateCompleted {
 				b.Fatal(rec, err)
 			}
 		}
@@ -70,7 +72,7 @@ func BenchmarkGet(b *testing.B) {
 func BenchmarkReserve(b *testing.B) {
 	ctx := context.Background()
 	s, c := benchStore(b)
-	key := coordinator.Key{Operation: "payment.charge", Key: "order-42"}
+	key := idemstore.Key{Operation: "payment.charge", Key: "order-42"}
 	tok := token()
 	mustReserve(b, s, key, completedWrite(tok, "fp", result, time.Hour))
 	name := s.Key(key)
@@ -80,7 +82,7 @@ func BenchmarkReserve(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
 			rec, ok, err := s.Reserve(ctx, key, w)
-			if err != nil || ok || rec.State != coordinator.StateCompleted {
+			if err != nil || ok || rec.State != idemstore.StateCompleted {
 				b.Fatal(rec, ok, err)
 			}
 		}
@@ -94,10 +96,10 @@ func BenchmarkReserve(b *testing.B) {
 		}
 	})
 
-	keys := func(n int) []coordinator.Key {
-		ks := make([]coordinator.Key, n)
+	keys := func(n int) []idemstore.Key {
+		ks := make([]idemstore.Key, n)
 		for i := range ks {
-			ks[i] = coordinator.Key{Operation: "payment.charge", Key: "new-" + strconv.Itoa(i) + "-" + token()}
+			ks[i] = idemstore.Key{Operation: "payment.charge", Key: "new-" + strconv.Itoa(i) + "-" + token()}
 		}
 		return ks
 	}
@@ -134,9 +136,9 @@ func BenchmarkComplete(b *testing.B) {
 	ctx := context.Background()
 	s, _ := benchStore(b)
 	b.Run("impl=redisrepo", func(b *testing.B) {
-		ks := make([]coordinator.Key, b.N)
+		ks := make([]idemstore.Key, b.N)
 		for i := range ks {
-			ks[i] = coordinator.Key{Operation: "payment.charge", Key: "complete-" + strconv.Itoa(i) + "-" + token()}
+			ks[i] = idemstore.Key{Operation: "payment.charge", Key: "complete-" + strconv.Itoa(i) + "-" + token()}
 		}
 		tok := token()
 		b.ReportAllocs()
@@ -145,7 +147,7 @@ func BenchmarkComplete(b *testing.B) {
 			if _, ok, err := s.Reserve(ctx, ks[i], pendingWrite(tok, "fp", 30*time.Second)); err != nil || !ok {
 				b.Fatal(ok, err)
 			}
-			if ok, err := s.Complete(ctx, ks[i], tok, coordinator.Completion{State: coordinator.StateCompleted, Result: result, TTL: time.Minute}); err != nil || !ok {
+			if ok, err := s.Complete(ctx, ks[i], tok, idemstore.Completion{State: idemstore.StateCompleted, Result: result, TTL: time.Minute}); err != nil || !ok {
 				b.Fatal(ok, err)
 			}
 		}

@@ -7,12 +7,13 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/redis/go-redis/v9"
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
 
-	"github.com/idemkit/idempotency/coordinator"
+	"github.com/redis/go-redis/v9"
 )
 
-// This file is coordinator.BulkStore: the single-key methods for many keys
+// This file is idemstore.BulkStore: the single-key methods for many keys
 // at once. A bulk call sends its entries' commands (the ones the single-key
 // methods send: GET, SET NX GET, the same scripts with EVALSHA) in one
 // pipeline, which a *redis.ClusterClient splits into one per node, sent at
@@ -27,22 +28,22 @@ import (
 // or wrote nothing. A Client without a Pipeline method does every entry with
 // the single-key method.
 
-var _ coordinator.BulkStore = (*Store)(nil)
+var _ idemstore.BulkStore = (*Store)(nil)
 
 // maxSingles bounds the single-key calls that one bulk call runs at once.
 // Calls of acknowledged writes that run together share their WAITs (see
 // ackQueue).
 const maxSingles = 16
 
-// GetMany implements coordinator.BulkStore: records[i] is what Get returns
+// GetMany implements idemstore.BulkStore: records[i] is what Get returns
 // for keys[i]. It takes one round trip per node. It returns a
-// *coordinator.StorageError of coordinator.MethodGet, and no records, when
+// *coordinator.StorageError of idemevent.MethodGet, and no records, when
 // Redis fails.
-func (s *Store) GetMany(ctx context.Context, keys []coordinator.Key) ([]coordinator.Record, error) {
+func (s *Store) GetMany(ctx context.Context, keys []idemstore.Key) ([]idemstore.Record, error) {
 	names := s.names(keys)
-	recs := make([]coordinator.Record, len(keys))
+	recs := make([]idemstore.Record, len(keys))
 	err := s.runBulk(ctx, names, bulkOp{
-		method: coordinator.MethodGet,
+		method: idemevent.MethodGet,
 		cmd: func(ctx context.Context, i int) *redis.Cmd {
 			if s.format == Format1 { // as Get: legacy.lua reads a HASH or a STRING
 				return redis.NewCmd(ctx, argEvalSha, legacyScript.Hash(), argOneKey, names[i])
@@ -63,7 +64,7 @@ func (s *Store) GetMany(ctx context.Context, keys []coordinator.Key) ([]coordina
 			return false, err
 		},
 		single: func(ctx context.Context, i int) (err error) {
-			recs[i], err = s.get(ctx, coordinator.MethodGet, names[i], false)
+			recs[i], err = s.get(ctx, idemevent.MethodGet, names[i], false)
 			return err
 		},
 	})
@@ -74,14 +75,14 @@ func (s *Store) GetMany(ctx context.Context, keys []coordinator.Key) ([]coordina
 }
 
 // getReply reads the reply of GET (a STRING) or of legacy.lua.
-func getReply(v any) (coordinator.Record, error) {
+func getReply(v any) (idemstore.Record, error) {
 	if n, ok := v.(int64); ok && n == 0 {
-		return coordinator.Record{}, nil
+		return idemstore.Record{}, nil
 	}
 	return decodeReply(v)
 }
 
-// ReserveMany implements coordinator.BulkStore: entry i is Reserve of
+// ReserveMany implements idemstore.BulkStore: entry i is Reserve of
 // keys[i] with ws[i]. It takes one round trip per node (one more for each
 // repeat of a key), plus what Reserve takes for each entry it does with
 // Reserve: those of operations whose writes are acknowledged, and those
@@ -95,19 +96,19 @@ func getReply(v any) (coordinator.Record, error) {
 // records that prevented the writes. A take-back runs on ctx without its
 // cancellation, for at most releaseTimeout.
 //
-// It returns a *coordinator.StorageError of coordinator.MethodReserve, and
+// It returns a *coordinator.StorageError of idemevent.MethodReserve, and
 // sends nothing, when the slices' lengths differ or a write is one Reserve
 // refuses; and one when Redis fails, with the outcomes known so far: the
 // entries that wrote (with allOrNothing, taken back best effort; written
 // still reports them, as they may not have been).
-func (s *Store) ReserveMany(ctx context.Context, keys []coordinator.Key, ws []coordinator.Write, allOrNothing bool) ([]coordinator.Record, []bool, error) {
+func (s *Store) ReserveMany(ctx context.Context, keys []idemstore.Key, ws []idemstore.Write, allOrNothing bool) ([]idemstore.Record, []bool, error) {
 	if len(ws) != len(keys) {
-		return nil, nil, storageError(coordinator.MethodReserve,
+		return nil, nil, storageError(idemevent.MethodReserve,
 			fmt.Errorf("redisrepo: ReserveMany of %d keys with %d writes", len(keys), len(ws)))
 	}
 	r, err := s.newReserves(keys, ws)
 	if err != nil {
-		return nil, nil, storageError(coordinator.MethodReserve, err)
+		return nil, nil, storageError(idemevent.MethodReserve, err)
 	}
 	err = s.runBulk(ctx, r.names, r.op(s))
 	if !allOrNothing || (err == nil && !r.anyRefused()) {
@@ -117,7 +118,7 @@ func (s *Store) ReserveMany(ctx context.Context, keys []coordinator.Key, ws []co
 	defer cancel()
 	if terr := s.takeBack(tctx, r); terr != nil {
 		if err == nil {
-			err = storageError(coordinator.MethodReserve,
+			err = storageError(idemevent.MethodReserve,
 				fmt.Errorf("redisrepo: take back the writes of an all-or-nothing ReserveMany: %w", terr))
 		}
 		return r.existing, r.written, err
@@ -128,22 +129,22 @@ func (s *Store) ReserveMany(ctx context.Context, keys []coordinator.Key, ws []co
 
 // reserves is one ReserveMany: its entries, encoded, and their outcomes.
 type reserves struct {
-	keys     []coordinator.Key
-	ws       []coordinator.Write
+	keys     []idemstore.Key
+	ws       []idemstore.Write
 	names    []string // the Redis keys
 	vals     []string // the records to write, in format 2
 	ttls     []int64  // the times to live, in milliseconds
-	existing []coordinator.Record
+	existing []idemstore.Record
 	written  []bool
 	due      []bool // the pending record met is due a check for a wedge
 }
 
 // newReserves checks and encodes the writes of a ReserveMany, as Reserve
 // does, and returns an error for the first one that Reserve refuses.
-func (s *Store) newReserves(keys []coordinator.Key, ws []coordinator.Write) (*reserves, error) {
+func (s *Store) newReserves(keys []idemstore.Key, ws []idemstore.Write) (*reserves, error) {
 	n := len(keys)
 	r := &reserves{keys: keys, ws: ws, names: s.names(keys), vals: make([]string, n), ttls: make([]int64, n),
-		existing: make([]coordinator.Record, n), written: make([]bool, n), due: make([]bool, n)}
+		existing: make([]idemstore.Record, n), written: make([]bool, n), due: make([]bool, n)}
 	for i, w := range ws {
 		ttl, err := checkWrite(w)
 		if err != nil {
@@ -177,7 +178,7 @@ func (r *reserves) anyRefused() bool {
 // for the entries of acknowledged operations and those a reply sends there.
 func (r *reserves) op(s *Store) bulkOp {
 	return bulkOp{
-		method: coordinator.MethodReserve,
+		method: idemevent.MethodReserve,
 		cmd: func(ctx context.Context, i int) *redis.Cmd {
 			w, name := r.ws[i], r.names[i]
 			switch {
@@ -230,7 +231,7 @@ func (r *reserves) read(s *Store, i int, cmd *redis.Cmd) (bool, error) {
 		return false, err
 	}
 	r.existing[i] = rec
-	if plain && rec.State == coordinator.StatePending && s.seen.due(r.names[i], rec.Token, checkEvery(r.ws[i])) {
+	if plain && rec.State == idemstore.StatePending && s.seen.due(r.names[i], rec.Token, checkEvery(r.ws[i])) {
 		r.due[i] = true
 		return true, nil
 	}
@@ -250,11 +251,11 @@ func (s *Store) takeBack(ctx context.Context, r *reserves) error {
 	}
 	done := make([]bool, len(at))
 	return s.runBulk(ctx, names, bulkOp{
-		method: coordinator.MethodRelease,
+		method: idemevent.MethodRelease,
 		cmd: func(ctx context.Context, j int) *redis.Cmd {
 			w, name := r.ws[at[j]], names[j]
 			switch {
-			case w.State != coordinator.StatePending:
+			case w.State != idemstore.StatePending:
 				return redis.NewCmd(ctx, argEvalSha, unwriteScript.Hash(), argOneKey, name, storedToken(w.Token), w.Token)
 			case s.format == Format1:
 				return redis.NewCmd(ctx, argEvalSha, owner1Script.Hash(), argOneKey, name, "release", w.Token, "", 0)
@@ -265,31 +266,31 @@ func (s *Store) takeBack(ctx context.Context, r *reserves) error {
 		read: s.ownerRead(done),
 		single: func(ctx context.Context, j int) (err error) {
 			i := at[j]
-			if r.ws[i].State == coordinator.StatePending {
+			if r.ws[i].State == idemstore.StatePending {
 				done[j], err = s.Release(ctx, r.keys[i], r.ws[i].Token)
 				return err
 			}
 			v, err := unwriteScript.Run(ctx, s.client, []string{names[j]}, storedToken(r.ws[i].Token), r.ws[i].Token).Result()
-			done[j], err = ownerReply(coordinator.MethodRelease, v, err)
+			done[j], err = ownerReply(idemevent.MethodRelease, v, err)
 			return err
 		},
 	})
 }
 
-// CompleteMany implements coordinator.BulkStore: ok[i] is what Complete of
+// CompleteMany implements idemstore.BulkStore: ok[i] is what Complete of
 // keys[i] with tokens[i] and cs[i] reports, and each completion wakes the
 // key's waiters as Complete does. It takes one round trip per node (one
 // more for each repeat of a key), plus what Complete takes for each entry
 // of an operation whose writes are acknowledged, which it does with
 // Complete.
 //
-// It returns a *coordinator.StorageError of coordinator.MethodComplete, and
+// It returns a *coordinator.StorageError of idemevent.MethodComplete, and
 // sends nothing, when the slices' lengths differ or a completion is one
 // Complete refuses; and one when Redis fails, with the entries known to
 // have completed so far.
-func (s *Store) CompleteMany(ctx context.Context, keys []coordinator.Key, tokens []string, cs []coordinator.Completion) ([]bool, error) {
+func (s *Store) CompleteMany(ctx context.Context, keys []idemstore.Key, tokens []string, cs []idemstore.Completion) ([]bool, error) {
 	if len(tokens) != len(keys) || len(cs) != len(keys) {
-		return nil, storageError(coordinator.MethodComplete,
+		return nil, storageError(idemevent.MethodComplete,
 			fmt.Errorf("redisrepo: CompleteMany of %d keys with %d tokens and %d completions", len(keys), len(tokens), len(cs)))
 	}
 	ttls := make([]int64, len(cs))
@@ -299,14 +300,14 @@ func (s *Store) CompleteMany(ctx context.Context, keys []coordinator.Key, tokens
 			_, _, err = completionStates(c.State)
 		}
 		if err != nil {
-			return nil, storageError(coordinator.MethodComplete, fmt.Errorf("%s: %w", keys[i], err))
+			return nil, storageError(idemevent.MethodComplete, fmt.Errorf("%s: %w", keys[i], err))
 		}
 		ttls[i] = ms
 	}
 	names := s.names(keys)
 	ok := make([]bool, len(keys))
 	err := s.runBulk(ctx, names, bulkOp{
-		method: coordinator.MethodComplete,
+		method: idemevent.MethodComplete,
 		cmd: func(ctx context.Context, i int) *redis.Cmd {
 			if s.acking(keys[i].Operation) {
 				return nil
@@ -328,19 +329,19 @@ func (s *Store) CompleteMany(ctx context.Context, keys []coordinator.Key, tokens
 	return ok, err
 }
 
-// DeleteMany implements coordinator.BulkStore: it is Forget, and returns a
-// *coordinator.StorageError of coordinator.MethodRelease when Redis fails,
+// DeleteMany implements idemstore.BulkStore: it is Forget, and returns a
+// *coordinator.StorageError of idemevent.MethodRelease when Redis fails,
 // with the number of keys deleted by the batches that went through.
-func (s *Store) DeleteMany(ctx context.Context, keys []coordinator.Key) (int, error) {
+func (s *Store) DeleteMany(ctx context.Context, keys []idemstore.Key) (int, error) {
 	n, err := s.Forget(ctx, keys...)
 	if err != nil {
-		return n, storageError(coordinator.MethodRelease, err)
+		return n, storageError(idemevent.MethodRelease, err)
 	}
 	return n, nil
 }
 
 // names returns the Redis keys of keys.
-func (s *Store) names(keys []coordinator.Key) []string {
+func (s *Store) names(keys []idemstore.Key) []string {
 	names := make([]string, len(keys))
 	for i, k := range keys {
 		names[i] = s.Key(k)
@@ -371,7 +372,7 @@ func (s *Store) ownerRead(ok []bool) func(i int, cmd *redis.Cmd) (bool, error) {
 // A bulkOp is the steps of one bulk call, entry by entry.
 type bulkOp struct {
 	// method is the method named by the call's storage errors.
-	method coordinator.Method
+	method idemevent.Method
 	// cmd returns the command that entry i sends in the call's pipeline,
 	// or nil when single does entry i.
 	cmd func(ctx context.Context, i int) *redis.Cmd

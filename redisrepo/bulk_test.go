@@ -9,6 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idempotency/coordinator"
@@ -118,7 +121,7 @@ func TestBulkBoundsPipelines(t *testing.T) {
 		{"GetMany", 3, func() error {
 			recs, err := s.GetMany(ctx, keys)
 			for i, r := range recs {
-				if err == nil && (r.State != coordinator.StateCompleted || string(r.Result) != fmt.Sprint(i)) {
+				if err == nil && (r.State != idemstore.StateCompleted || string(r.Result) != fmt.Sprint(i)) {
 					err = fmt.Errorf("entry %d: %+v", i, r)
 				}
 			}
@@ -147,15 +150,15 @@ func TestBulkBoundsPipelines(t *testing.T) {
 
 // bulkInputs returns n keys named after prefix, a pending write of each
 // with its token, and a completion of each whose result is its index.
-func bulkInputs(prefix string, n int) ([]coordinator.Key, []coordinator.Write, []string, []coordinator.Completion) {
+func bulkInputs(prefix string, n int) ([]idemstore.Key, []idemstore.Write, []string, []idemstore.Completion) {
 	keys := manyKeys(prefix, n)
-	ws := make([]coordinator.Write, n)
+	ws := make([]idemstore.Write, n)
 	tokens := make([]string, n)
-	cs := make([]coordinator.Completion, n)
+	cs := make([]idemstore.Completion, n)
 	for i := range keys {
 		ws[i] = pendingWrite(token(), "fp", time.Minute)
 		tokens[i] = ws[i].Token
-		cs[i] = coordinator.Completion{State: coordinator.StateCompleted, Result: []byte(fmt.Sprint(i)), TTL: time.Minute}
+		cs[i] = idemstore.Completion{State: idemstore.StateCompleted, Result: []byte(fmt.Sprint(i)), TTL: time.Minute}
 	}
 	return keys, ws, tokens, cs
 }
@@ -182,38 +185,38 @@ func (p pipelineSizes) ProcessPipelineHook(next redis.ProcessPipelineHook) redis
 // and returns the token that owns it ("" for none).
 type scenario struct {
 	name  string
-	plant func(t *testing.T, f1, f2 *redisrepo.Store, c redis.Cmdable, key coordinator.Key) string
+	plant func(t *testing.T, f1, f2 *redisrepo.Store, c redis.Cmdable, key idemstore.Key) string
 }
 
 var scenarios = []scenario{
-	{"absent", func(*testing.T, *redisrepo.Store, *redisrepo.Store, redis.Cmdable, coordinator.Key) string { return "" }},
-	{"format 2 completed", func(t *testing.T, _, f2 *redisrepo.Store, _ redis.Cmdable, key coordinator.Key) string {
+	{"absent", func(*testing.T, *redisrepo.Store, *redisrepo.Store, redis.Cmdable, idemstore.Key) string { return "" }},
+	{"format 2 completed", func(t *testing.T, _, f2 *redisrepo.Store, _ redis.Cmdable, key idemstore.Key) string {
 		w := completedWrite(token(), "fp", []byte("done"), time.Minute)
 		mustReserve(t, f2, key, w)
 		return w.Token
 	}},
-	{"format 2 pending", func(t *testing.T, _, f2 *redisrepo.Store, c redis.Cmdable, key coordinator.Key) string {
+	{"format 2 pending", func(t *testing.T, _, f2 *redisrepo.Store, c redis.Cmdable, key idemstore.Key) string {
 		return plantPending(t, f2, c, key, false)
 	}},
-	{"format 2 pending, wedged", func(t *testing.T, _, f2 *redisrepo.Store, c redis.Cmdable, key coordinator.Key) string {
+	{"format 2 pending, wedged", func(t *testing.T, _, f2 *redisrepo.Store, c redis.Cmdable, key idemstore.Key) string {
 		return plantPending(t, f2, c, key, true)
 	}},
-	{"format 1 completed", func(t *testing.T, f1, _ *redisrepo.Store, _ redis.Cmdable, key coordinator.Key) string {
+	{"format 1 completed", func(t *testing.T, f1, _ *redisrepo.Store, _ redis.Cmdable, key idemstore.Key) string {
 		w := completedWrite(token(), "fp", []byte("done in format 1"), time.Minute)
 		mustReserve(t, f1, key, w)
 		return w.Token
 	}},
-	{"format 1 pending", func(t *testing.T, f1, _ *redisrepo.Store, c redis.Cmdable, key coordinator.Key) string {
+	{"format 1 pending", func(t *testing.T, f1, _ *redisrepo.Store, c redis.Cmdable, key idemstore.Key) string {
 		return plantPending(t, f1, c, key, false)
 	}},
-	{"format 1 pending, wedged", func(t *testing.T, f1, _ *redisrepo.Store, c redis.Cmdable, key coordinator.Key) string {
+	{"format 1 pending, wedged", func(t *testing.T, f1, _ *redisrepo.Store, c redis.Cmdable, key idemstore.Key) string {
 		return plantPending(t, f1, c, key, true)
 	}},
-	{"list", func(t *testing.T, _, f2 *redisrepo.Store, c redis.Cmdable, key coordinator.Key) string {
+	{"list", func(t *testing.T, _, f2 *redisrepo.Store, c redis.Cmdable, key idemstore.Key) string {
 		plant(t, c, f2.Key(key), unreadableNamed(t, "list"))
 		return ""
 	}},
-	{"unreadable string", func(t *testing.T, _, f2 *redisrepo.Store, c redis.Cmdable, key coordinator.Key) string {
+	{"unreadable string", func(t *testing.T, _, f2 *redisrepo.Store, c redis.Cmdable, key idemstore.Key) string {
 		plant(t, c, f2.Key(key), unreadableNamed(t, "string"))
 		return ""
 	}},
@@ -233,7 +236,7 @@ func unreadableNamed(t *testing.T, name string) unreadable {
 
 // plantPending reserves key with s, and makes the record wedged (PERSIST)
 // when asked; it returns the holder's token.
-func plantPending(t *testing.T, s *redisrepo.Store, c redis.Cmdable, key coordinator.Key, wedged bool) string {
+func plantPending(t *testing.T, s *redisrepo.Store, c redis.Cmdable, key idemstore.Key, wedged bool) string {
 	t.Helper()
 	w := pendingWrite(token(), "fp-held", time.Minute)
 	mustReserve(t, s, key, w)
@@ -254,12 +257,12 @@ func plantPending(t *testing.T, s *redisrepo.Store, c redis.Cmdable, key coordin
 func TestBulkLikeSingle(t *testing.T) {
 	eachFormat(t, func(t *testing.T, c redis.UniversalClient, s *redisrepo.Store) {
 		ctx := t.Context()
-		prefix := strings.TrimSuffix(s.Key(coordinator.Key{}), ":") // s's own
+		prefix := strings.TrimSuffix(s.Key(idemstore.Key{}), ":") // s's own
 		f1 := redisrepo.New(c, redisrepo.WithKeyPrefix(prefix), redisrepo.WithRecordFormat(redisrepo.Format1))
 		f2 := redisrepo.New(c, redisrepo.WithKeyPrefix(prefix))
 		clock := newFakeClock(s)
 		n := len(scenarios)
-		bulk, twins := make([]coordinator.Key, n), make([]coordinator.Key, n)
+		bulk, twins := make([]idemstore.Key, n), make([]idemstore.Key, n)
 		owners := make([]string, n)
 		for i, sc := range scenarios {
 			bulk[i], twins[i] = newKey("bulk"), newKey("twin")
@@ -273,7 +276,7 @@ func TestBulkLikeSingle(t *testing.T) {
 			if round == 1 {
 				clock.advance(time.Minute)
 			}
-			ws := make([]coordinator.Write, n)
+			ws := make([]idemstore.Write, n)
 			for i := range ws {
 				ws[i] = pendingWrite(token(), "fp-new", time.Minute)
 			}
@@ -300,9 +303,9 @@ func TestBulkLikeSingle(t *testing.T) {
 			}
 		}
 
-		cs := make([]coordinator.Completion, n)
+		cs := make([]idemstore.Completion, n)
 		for i := range cs {
-			cs[i] = coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("completed"), TTL: time.Minute}
+			cs[i] = idemstore.Completion{State: idemstore.StateCompleted, Result: []byte("completed"), TTL: time.Minute}
 		}
 		ok, err := s.CompleteMany(ctx, bulk, owners, cs)
 		if err != nil {
@@ -335,20 +338,20 @@ func TestBulkLikeSingle(t *testing.T) {
 // TestBulkLikeSingle whose keys are not STRINGs: the format 1 records are
 // read, the list is unreadable, and none of them is written over, but the
 // wedged one.
-func checkWrongTypes(t *testing.T, s *redisrepo.Store, existing []coordinator.Record, written []bool) {
+func checkWrongTypes(t *testing.T, s *redisrepo.Store, existing []idemstore.Record, written []bool) {
 	t.Helper()
 	for i, sc := range scenarios {
-		var want coordinator.State
+		var want idemstore.State
 		switch sc.name {
 		case "format 1 completed":
-			want = coordinator.StateCompleted
+			want = idemstore.StateCompleted
 			if r := existing[i].Result; string(r) != "done in format 1" {
 				t.Errorf("ReserveMany over a completed format 1 HASH (a Store of format %d): result %q", s.Format(), r)
 			}
 		case "format 1 pending":
-			want = coordinator.StatePending
+			want = idemstore.StatePending
 		case "list":
-			want = coordinator.StateUnreadable
+			want = idemstore.StateUnreadable
 		case "format 1 pending, wedged":
 			if !written[i] {
 				t.Errorf("ReserveMany over a wedged format 1 record: not written, existing %s", show(existing[i]))
@@ -386,12 +389,12 @@ func copyKey(t *testing.T, c redis.UniversalClient, from, to string) {
 
 // sameRecord reports whether a and b are the same record, but for their
 // TTLs, which format 1 reports to the millisecond.
-func sameRecord(a, b coordinator.Record) bool {
+func sameRecord(a, b idemstore.Record) bool {
 	return a.State == b.State && a.Token == b.Token && a.Fingerprint == b.Fingerprint && string(a.Result) == string(b.Result)
 }
 
 // show formats rec for a failure message.
-func show(rec coordinator.Record) string {
+func show(rec idemstore.Record) string {
 	return fmt.Sprintf("{%s token %q fp %q result %q}", rec.State, rec.Token, rec.Fingerprint, rec.Result)
 }
 
@@ -414,10 +417,10 @@ func TestBulkFormat1(t *testing.T) {
 			s := redisrepo.New(c, redisrepo.WithKeyPrefix(prefix), redisrepo.WithRecordFormat(redisrepo.Format1))
 			f2 := redisrepo.New(c, redisrepo.WithKeyPrefix(prefix))
 			keys := manyKeys("format1-", 4)
-			ws := []coordinator.Write{
+			ws := []idemstore.Write{
 				pendingWrite(token(), "fp0", time.Minute),
 				completedWrite(token(), "fp1", []byte("one"), time.Minute),
-				{State: coordinator.StateNotReplayable, Token: token(), Fingerprint: "fp2", Result: []byte("why"), TTL: time.Minute},
+				{State: idemstore.StateNotReplayable, Token: token(), Fingerprint: "fp2", Result: []byte("why"), TTL: time.Minute},
 			}
 			old := completedWrite(token(), "fp3", []byte("format 2"), time.Minute)
 			mustReserve(t, f2, keys[3], old)
@@ -435,7 +438,7 @@ func TestBulkFormat1(t *testing.T) {
 				t.Fatalf("GetMany: %v", err)
 			}
 			for i, w := range append(ws, old) {
-				want := coordinator.Record{State: w.State, Token: w.Token, Fingerprint: w.Fingerprint, Result: w.Result}
+				want := idemstore.Record{State: w.State, Token: w.Token, Fingerprint: w.Fingerprint, Result: w.Result}
 				if !sameRecord(recs[i], want) {
 					t.Errorf("GetMany entry %d = %s, want %s", i, show(recs[i]), show(want))
 				}
@@ -443,21 +446,21 @@ func TestBulkFormat1(t *testing.T) {
 					t.Errorf("GetMany entry %d of a format 1 record: TTL %v, want the record's", i, recs[i].TTL)
 				}
 			}
-			done := coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("zero"), TTL: time.Minute}
-			ok, err := s.CompleteMany(ctx, keys[:2], []string{ws[0].Token, ws[1].Token}, []coordinator.Completion{done, done})
+			done := idemstore.Completion{State: idemstore.StateCompleted, Result: []byte("zero"), TTL: time.Minute}
+			ok, err := s.CompleteMany(ctx, keys[:2], []string{ws[0].Token, ws[1].Token}, []idemstore.Completion{done, done})
 			if err != nil || !ok[0] || ok[1] {
 				t.Errorf("CompleteMany of a pending and a completed HASH: %v, %v; want [true false]", ok, err)
 			}
-			if rec := mustGet(t, s, keys[0]); rec.State != coordinator.StateCompleted || string(rec.Result) != "zero" || rec.Token != ws[0].Token {
+			if rec := mustGet(t, s, keys[0]); rec.State != idemstore.StateCompleted || string(rec.Result) != "zero" || rec.Token != ws[0].Token {
 				t.Errorf("Get after CompleteMany: %s", show(rec))
 			}
 
 			// All or nothing: keys[0] is taken; the two others are taken back.
 			fresh := manyKeys("format1-fresh-", 2)
-			aon := []coordinator.Key{fresh[0], keys[0], fresh[1]}
-			aws := []coordinator.Write{pendingWrite(token(), "", time.Minute), pendingWrite(token(), "", time.Minute), completedWrite(token(), "", []byte("r"), time.Minute)}
+			aon := []idemstore.Key{fresh[0], keys[0], fresh[1]}
+			aws := []idemstore.Write{pendingWrite(token(), "", time.Minute), pendingWrite(token(), "", time.Minute), completedWrite(token(), "", []byte("r"), time.Minute)}
 			existing, written, err = s.ReserveMany(ctx, aon, aws, true)
-			if err != nil || written[0] || written[1] || written[2] || existing[1].State != coordinator.StateCompleted {
+			if err != nil || written[0] || written[1] || written[2] || existing[1].State != idemstore.StateCompleted {
 				t.Fatalf("all-or-nothing ReserveMany that collides: %v, %v, %v", existing, written, err)
 			}
 			if n, err := c.Exists(ctx, s.Key(fresh[0])).Result(); err != nil || n != 0 {
@@ -479,7 +482,7 @@ func TestBulkReplicaAcks(t *testing.T) {
 	s := redisrepo.New(master, redisrepo.WithKeyPrefix(redistest.Prefix(t)),
 		redisrepo.WithReplicaAcks(redisrepo.ReplicaAcks{Replicas: 1, Operations: []string{"test.op"}}))
 	call := func() (context.Context, context.CancelFunc) { return context.WithTimeout(t.Context(), 2*time.Second) }
-	onReplica := func(key coordinator.Key) string {
+	onReplica := func(key idemstore.Key) string {
 		t.Helper()
 		v, err := replica.Get(t.Context(), s.Key(key)).Result()
 		if err != nil && !errors.Is(err, redis.Nil) {
@@ -487,12 +490,12 @@ func TestBulkReplicaAcks(t *testing.T) {
 		}
 		return v
 	}
-	other := func(name string) coordinator.Key {
-		return coordinator.Key{Operation: "other.op", Key: newKey(name).Key}
+	other := func(name string) idemstore.Key {
+		return idemstore.Key{Operation: "other.op", Key: newKey(name).Key}
 	}
 
 	keys := append(manyKeys("acked-", 4), other("not-acked"))
-	ws := make([]coordinator.Write, len(keys))
+	ws := make([]idemstore.Write, len(keys))
 	tokens := make([]string, len(keys))
 	for i := range ws {
 		ws[i] = pendingWrite(token(), "", time.Minute)
@@ -513,9 +516,9 @@ func TestBulkReplicaAcks(t *testing.T) {
 	if w := waitCalls(t, master) - waits; w < 1 || w > 4 {
 		t.Errorf("ReserveMany of 4 acknowledged entries sent %d WAITs, want 1 to 4", w)
 	}
-	cs := make([]coordinator.Completion, len(keys))
+	cs := make([]idemstore.Completion, len(keys))
 	for i := range cs {
-		cs[i] = coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("charged"), TTL: time.Hour}
+		cs[i] = idemstore.Completion{State: idemstore.StateCompleted, Result: []byte("charged"), TTL: time.Hour}
 	}
 	ctx, cancel = call()
 	ok, err := s.CompleteMany(ctx, keys, tokens, cs)
@@ -531,13 +534,13 @@ func TestBulkReplicaAcks(t *testing.T) {
 
 	freeze(t, proc)
 	for _, allOrNothing := range []bool{false, true} {
-		keys := []coordinator.Key{other("frozen-other"), newKey("frozen-acked")}
-		ws := []coordinator.Write{pendingWrite(token(), "", time.Minute), pendingWrite(token(), "", time.Minute)}
+		keys := []idemstore.Key{other("frozen-other"), newKey("frozen-acked")}
+		ws := []idemstore.Write{pendingWrite(token(), "", time.Minute), pendingWrite(token(), "", time.Minute)}
 		ctx, cancel := call()
 		_, _, err := s.ReserveMany(ctx, keys, ws, allOrNothing)
 		cancel()
 		var se *coordinator.StorageError
-		if !errors.As(err, &se) || se.Method != coordinator.MethodReserve || !errors.Is(err, redisrepo.ErrNotAcknowledged) {
+		if !errors.As(err, &se) || se.Method != idemevent.MethodReserve || !errors.Is(err, redisrepo.ErrNotAcknowledged) {
 			t.Fatalf("ReserveMany (all or nothing %v) with the replica frozen: %v; want a storage error of reserve matching ErrNotAcknowledged", allOrNothing, err)
 		}
 		if n, err := master.Exists(t.Context(), s.Key(keys[1])).Result(); err != nil || n != 0 {
@@ -574,15 +577,15 @@ func TestBulkFullRedis(t *testing.T) {
 	mustReserve(t, s, done, dw)
 	mustReserve(t, s, busy, bw)
 	fill(t, client)
-	keys := []coordinator.Key{done, busy}
-	existing, written, err := s.ReserveMany(t.Context(), keys, []coordinator.Write{pendingWrite(token(), "", time.Minute), pendingWrite(token(), "", time.Minute)}, false)
+	keys := []idemstore.Key{done, busy}
+	existing, written, err := s.ReserveMany(t.Context(), keys, []idemstore.Write{pendingWrite(token(), "", time.Minute), pendingWrite(token(), "", time.Minute)}, false)
 	if err != nil || written[0] || written[1] || string(existing[0].Result) != "kept" || existing[1].Token != bw.Token {
 		t.Fatalf("ReserveMany on a full Redis over a completed and a pending record: %v, %v, %v", existing, written, err)
 	}
-	ws := []coordinator.Write{pendingWrite(token(), "", time.Minute), pendingWrite(token(), "", time.Minute), pendingWrite(token(), "", time.Minute)}
+	ws := []idemstore.Write{pendingWrite(token(), "", time.Minute), pendingWrite(token(), "", time.Minute), pendingWrite(token(), "", time.Minute)}
 	_, _, err = s.ReserveMany(t.Context(), append(keys, newKey("full-free")), ws, false)
 	var se *coordinator.StorageError
-	if !errors.As(err, &se) || se.Method != coordinator.MethodReserve || !strings.HasPrefix(errors.Unwrap(se).Error(), "OOM ") {
+	if !errors.As(err, &se) || se.Method != idemevent.MethodReserve || !strings.HasPrefix(errors.Unwrap(se).Error(), "OOM ") {
 		t.Errorf("ReserveMany of a free key on a full Redis: %v, want a storage error of the OOM refusal", err)
 	}
 }
@@ -600,11 +603,11 @@ func TestBulkEmptyScriptCache(t *testing.T) {
 	const n = 100
 	keys := manyKeys("noscript-", n)
 	tokens := make([]string, n)
-	cs := make([]coordinator.Completion, n)
+	cs := make([]idemstore.Completion, n)
 	for i, k := range keys {
 		tokens[i] = token()
 		mustReserve(t, s, k, pendingWrite(tokens[i], "", time.Minute))
-		cs[i] = coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("r"), TTL: time.Minute}
+		cs[i] = idemstore.Completion{State: idemstore.StateCompleted, Result: []byte("r"), TTL: time.Minute}
 	}
 	for _, want := range []int64{3, 1} {
 		if want == 3 {
@@ -636,14 +639,14 @@ func TestBulkWakesWaiters(t *testing.T) {
 			mustReserve(t, holder, k, pendingWrite(tokens[i], "", time.Minute))
 		}
 		rec, changed, stop, err := waiter.Watch(ctx, keys[1])
-		if err != nil || rec.State != coordinator.StatePending || changed == nil {
+		if err != nil || rec.State != idemstore.StatePending || changed == nil {
 			t.Fatalf("Watch = %s, %v; want the pending record and a channel", show(rec), err)
 		}
 		defer stop()
 		waitMarked(t, c, holder.Key(keys[1]))
 		before := publishes(t, c)
-		done := coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("r"), TTL: time.Minute}
-		if ok, err := holder.CompleteMany(ctx, keys, tokens, []coordinator.Completion{done, done, done}); err != nil || !all(ok) {
+		done := idemstore.Completion{State: idemstore.StateCompleted, Result: []byte("r"), TTL: time.Minute}
+		if ok, err := holder.CompleteMany(ctx, keys, tokens, []idemstore.Completion{done, done, done}); err != nil || !all(ok) {
 			t.Fatalf("CompleteMany = %v, %v", ok, err)
 		}
 		if n := publishes(t, c) - before; before >= 0 && n != 1 {

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idempotency/coordinator"
@@ -29,7 +31,7 @@ func ownClusterClient(t *testing.T, cl *redistest.OwnCluster, hooked bool) *redi
 }
 
 // slotOf returns the hash slot of key's record in s.
-func slotOf(t *testing.T, c *redis.ClusterClient, s *redisrepo.Store, key coordinator.Key) int {
+func slotOf(t *testing.T, c *redis.ClusterClient, s *redisrepo.Store, key idemstore.Key) int {
 	t.Helper()
 	slot, err := c.ClusterKeySlot(context.Background(), s.Key(key)).Result()
 	if err != nil {
@@ -100,7 +102,7 @@ func TestRideThroughASlotNotServed(t *testing.T) {
 
 			unserve(t, cl, slot, owner, 300*time.Millisecond)
 			start = time.Now()
-			if rec, err := s.Get(callCtx(), key); err != nil || rec.State != coordinator.StatePending {
+			if rec, err := s.Get(callCtx(), key); err != nil || rec.State != idemstore.StatePending {
 				t.Fatalf("Get after %v: %+v, %v", time.Since(start), rec, err)
 			}
 			t.Logf("Get rode through in %v", time.Since(start))
@@ -109,7 +111,7 @@ func TestRideThroughASlotNotServed(t *testing.T) {
 			}
 			unserve(t, cl, slot, owner, 300*time.Millisecond)
 			start = time.Now()
-			ok, err := s.Complete(callCtx(), key, tok, coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("r"), TTL: time.Minute})
+			ok, err := s.Complete(callCtx(), key, tok, idemstore.Completion{State: idemstore.StateCompleted, Result: []byte("r"), TTL: time.Minute})
 			if err != nil || !ok {
 				t.Fatalf("Complete after %v: %v, %v", time.Since(start), ok, err)
 			}
@@ -140,7 +142,7 @@ func TestAnOutageStillFails(t *testing.T) {
 		}},
 		{"get", func(ctx context.Context) error { _, err := s.Get(ctx, key); return err }},
 		{"complete", func(ctx context.Context) error {
-			_, err := s.Complete(ctx, key, token(), coordinator.Completion{State: coordinator.StateCompleted, TTL: time.Minute})
+			_, err := s.Complete(ctx, key, token(), idemstore.Completion{State: idemstore.StateCompleted, TTL: time.Minute})
 			return err
 		}},
 	} {
@@ -188,7 +190,7 @@ func TestWakeUpAfterTheSlotMoved(t *testing.T) {
 
 	ctx := context.Background()
 	rec, ch, stop, err := waiter.Watch(ctx, key)
-	if err != nil || rec.State != coordinator.StatePending {
+	if err != nil || rec.State != idemstore.StatePending {
 		t.Fatalf("Watch: %+v, %v", rec, err)
 	}
 	defer stop()
@@ -198,7 +200,7 @@ func TestWakeUpAfterTheSlotMoved(t *testing.T) {
 	waitSubscribed(t, to, prefix, 1)
 	drain(ch)
 
-	ok, err := holder.Complete(ctx, key, tok, coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("r"), TTL: time.Minute})
+	ok, err := holder.Complete(ctx, key, tok, idemstore.Completion{State: idemstore.StateCompleted, Result: []byte("r"), TTL: time.Minute})
 	if err != nil || !ok {
 		t.Fatalf("Complete: %v, %v", ok, err)
 	}

@@ -5,7 +5,7 @@ import (
 	"encoding/hex"
 	"unsafe"
 
-	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
 )
 
 // command is the arguments of one command of the common paths (a
@@ -27,7 +27,7 @@ type command struct {
 }
 
 // newCommand returns a command on the Redis key of key.
-func (s *Store) newCommand(key coordinator.Key) *command {
+func (s *Store) newCommand(key idemstore.Key) *command {
 	c := &command{}
 	b := append(c.buf[:0], s.prefix...)
 	b = append(b, key.Operation...)

@@ -6,9 +6,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/coordinator/storetest"
 	"github.com/idemkit/idempotency/internal/redistest"
 	"github.com/idemkit/idempotency/redisrepo"
@@ -72,7 +73,7 @@ func harness(t *testing.T, client redisrepo.Client, prefix string, opts ...redis
 		// GET and SET NX GET do not report a TTL; TestRecordTTL and
 		// TestTTLMilliseconds check the TTLs with PTTL.
 		TTLUnknown: true,
-		Corrupt: func(t *testing.T, key coordinator.Key) {
+		Corrupt: func(t *testing.T, key idemstore.Key) {
 			t.Helper()
 			u := unreadables[corruptions.Add(1)%uint64(len(unreadables))]
 			plant(t, client.(redis.Cmdable), s.Key(key), u)

@@ -1,4 +1,4 @@
-// Package redisrepo is a [coordinator.Store] on Redis, through go-redis v9:
+// Package redisrepo is a [idemstore.Store] on Redis, through go-redis v9:
 // a standalone server, Sentinel, or Redis Cluster.
 //
 //	client := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: addrs})
@@ -20,7 +20,7 @@
 // writes them too, for the length of a rolling upgrade. A
 // value that no reader of this package can read (another Redis type, a
 // STRING of another format, a record cut short) is reported as
-// coordinator.StateUnreadable with token "", never as an error: the
+// idemstore.StateUnreadable with token "", never as an error: the
 // coordinator runs the action and replaces it (Write.Replace with
 // ReplaceToken ""), so the key heals. An earlier release treats a format 2
 // record the same way: while one still serves the same keys, write format 1
@@ -41,7 +41,7 @@
 //
 // # Waiting across processes
 //
-// The Store implements coordinator.Watcher: a caller that waits on a key
+// The Store implements idemstore.Watcher: a caller that waits on a key
 // held in another process is woken through Redis Pub/Sub when the holder
 // completes or releases it, with one subscription per Store while anyone
 // waits; see Store.Watch.

@@ -13,6 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idempotency/coordinator"
@@ -27,7 +30,7 @@ type events struct {
 	n  map[[2]string]int
 }
 
-func (e *events) Observe(_ context.Context, ev coordinator.Event) {
+func (e *events) Observe(_ context.Context, ev idemevent.Event) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.n == nil {
@@ -40,7 +43,7 @@ func (e *events) Observe(_ context.Context, ev coordinator.Event) {
 }
 
 // count returns the events of kind (and of error type t, when not "").
-func (e *events) count(kind coordinator.EventKind, t coordinator.ErrorType) int {
+func (e *events) count(kind idemevent.Kind, t idemevent.ErrorType) int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.n[[2]string{kind.String(), string(t)}]
@@ -82,7 +85,7 @@ func eachRealRedis(t *testing.T, fn func(t *testing.T, r redisEngine)) {
 }
 
 // coord returns a coordinator on store with an events observer.
-func coord(t *testing.T, store coordinator.Store, opts ...coordinator.Option) (*coordinator.Coordinator, *events) {
+func coord(t *testing.T, store idemstore.Store, opts ...coordinator.Option) (*coordinator.Coordinator, *events) {
 	t.Helper()
 	ev := &events{}
 	c, err := coordinator.New(store, append([]coordinator.Option{coordinator.WithObserver(ev)}, opts...)...)
@@ -107,7 +110,7 @@ func (r *runs) action(id string) func(context.Context) (charge, error) {
 	}
 }
 
-func callOf(key coordinator.Key) coordinator.Call {
+func callOf(key idemstore.Key) coordinator.Call {
 	return coordinator.Call{Operation: key.Operation, Key: key.Key}
 }
 
@@ -133,8 +136,8 @@ func TestEngineRunsOnceAndReplays(t *testing.T) {
 		if err != nil || !res.Replayed {
 			t.Fatalf("Execute = %+v, %v; want a replay", res, err)
 		}
-		if ev.count(coordinator.EventHit, "") != 2 || ev.count(coordinator.EventMiss, "") != 1 {
-			t.Errorf("hits %d, misses %d; want 2, 1", ev.count(coordinator.EventHit, ""), ev.count(coordinator.EventMiss, ""))
+		if ev.count(idemevent.Hit, "") != 2 || ev.count(idemevent.Miss, "") != 1 {
+			t.Errorf("hits %d, misses %d; want 2, 1", ev.count(idemevent.Hit, ""), ev.count(idemevent.Miss, ""))
 		}
 	})
 }
@@ -161,7 +164,7 @@ func TestEngineKeyReuse(t *testing.T) {
 // holdKey starts a call that reserves key and blocks in its action until
 // release is closed; it returns once the action runs, and the channel that
 // yields the call's result.
-func holdKey(t *testing.T, c *coordinator.Coordinator, key coordinator.Key, release <-chan struct{}) <-chan charge {
+func holdKey(t *testing.T, c *coordinator.Coordinator, key idemstore.Key, release <-chan struct{}) <-chan charge {
 	t.Helper()
 	inside := make(chan struct{})
 	out := make(chan charge, 1)
@@ -231,7 +234,7 @@ func TestEngineInFlightModes(t *testing.T) {
 			}
 			close(release)
 			<-held
-			if rec := mustGet(t, r.store, key); rec.State != coordinator.StateCompleted || string(rec.Result) != `{"id":"holder","n":0}` {
+			if rec := mustGet(t, r.store, key); rec.State != idemstore.StateCompleted || string(rec.Result) != `{"id":"holder","n":0}` {
 				t.Errorf("record = %+v, want the holder's result (run mode never overwrites a reservation)", rec)
 			}
 		})
@@ -248,7 +251,7 @@ func TestEngineStorageDown(t *testing.T) {
 			client := redis.NewClient(noRetries(&redis.Options{Addr: "127.0.0.1:1"}))
 			defer client.Close()
 			c, ev := coord(t, redisrepo.New(client), coordinator.WithOnStorageError(mode))
-			key := coordinator.Key{Operation: "payment.charge", Key: "twice"}
+			key := idemstore.Key{Operation: "payment.charge", Key: "twice"}
 			var k runs
 			for range 2 {
 				start := time.Now()
@@ -260,14 +263,14 @@ func TestEngineStorageDown(t *testing.T) {
 					t.Errorf("run: %v", err)
 				}
 				if mode == coordinator.OnStorageErrorRaise {
-					checkStorageError(t, "raise", err, coordinator.MethodReserve)
+					checkStorageError(t, "raise", err, idemevent.MethodReserve)
 				}
 			}
 			want := map[coordinator.OnStorageErrorMode]int64{coordinator.OnStorageErrorRun: 2, coordinator.OnStorageErrorRaise: 0}[mode]
 			if k.n.Load() != want {
 				t.Errorf("the action ran %d times, want %d", k.n.Load(), want)
 			}
-			if got := ev.count(coordinator.EventError, coordinator.ErrorStorageReserve); got != 2 {
+			if got := ev.count(idemevent.Error, idemevent.ErrorStorageReserve); got != 2 {
 				t.Errorf("storage_reserve_error = %d, want 2", got)
 			}
 		})
@@ -283,36 +286,36 @@ func TestEngineStorageFailsAfterTheAction(t *testing.T) {
 	for _, mode := range []coordinator.OnStorageErrorMode{coordinator.OnStorageErrorRun, coordinator.OnStorageErrorRaise} {
 		t.Run(string(mode)+"/save", func(t *testing.T) {
 			fs := faultstore.Wrap(s)
-			fs.FailOnce(coordinator.MethodComplete, boom)
+			fs.FailOnce(idemevent.MethodComplete, boom)
 			c, ev := coord(t, fs, coordinator.WithOnStorageError(mode))
 			var k runs
 			v, err := coordinator.Do(t.Context(), c, callOf(newKey("save")), k.action("x"))
-			if err != nil || v.ID != "x" || ev.count(coordinator.EventError, coordinator.ErrorStorageSave) != 1 {
+			if err != nil || v.ID != "x" || ev.count(idemevent.Error, idemevent.ErrorStorageSave) != 1 {
 				t.Errorf("Do = %+v, %v; want the result, and storage_save_error counted", v, err)
 			}
 		})
 		t.Run(string(mode)+"/release", func(t *testing.T) {
 			fs := faultstore.Wrap(s)
-			fs.FailOnce(coordinator.MethodRelease, boom)
+			fs.FailOnce(idemevent.MethodRelease, boom)
 			c, ev := coord(t, fs, coordinator.WithOnStorageError(mode))
 			own := errors.New("declined")
 			_, err := coordinator.Do(t.Context(), c, callOf(newKey("release")), func(context.Context) (charge, error) { return charge{}, own })
-			if err != own || ev.count(coordinator.EventError, coordinator.ErrorStorageRelease) != 1 {
+			if err != own || ev.count(idemevent.Error, idemevent.ErrorStorageRelease) != 1 {
 				t.Errorf("Do = %v; want the action's error, and storage_release_error counted", err)
 			}
 		})
 		t.Run(string(mode)+"/renew", func(t *testing.T) {
 			fs := faultstore.Wrap(s)
-			fs.FailTimes(coordinator.MethodRenew, 2, boom)
+			fs.FailTimes(idemevent.MethodRenew, 2, boom)
 			c, ev := coord(t, fs, coordinator.WithOnStorageError(mode),
 				coordinator.WithLease(300*time.Millisecond), coordinator.WithRenewInterval(20*time.Millisecond), coordinator.WithStorageTimeout(200*time.Millisecond))
 			v, err := coordinator.Do(t.Context(), c, callOf(newKey("renew")), func(ctx context.Context) (charge, error) {
 				time.Sleep(150 * time.Millisecond)
 				return charge{ID: "done"}, context.Cause(ctx)
 			})
-			if err != nil || v.ID != "done" || ev.count(coordinator.EventError, coordinator.ErrorStorageRenew) != 2 {
+			if err != nil || v.ID != "done" || ev.count(idemevent.Error, idemevent.ErrorStorageRenew) != 2 {
 				t.Errorf("Do = %+v, %v, storage_renew_error %d; want the result after two failed renewals",
-					v, err, ev.count(coordinator.EventError, coordinator.ErrorStorageRenew))
+					v, err, ev.count(idemevent.Error, idemevent.ErrorStorageRenew))
 			}
 		})
 	}
@@ -356,8 +359,8 @@ func TestEngineRenewalKeepsALongActionExclusive(t *testing.T) {
 		if err := <-done; err != nil {
 			t.Fatal(err)
 		}
-		if k.n.Load() != 1 || ev.count(coordinator.EventError, "") != 0 {
-			t.Errorf("%d runs, %d errors; want one run, no error", k.n.Load(), ev.count(coordinator.EventError, ""))
+		if k.n.Load() != 1 || ev.count(idemevent.Error, "") != 0 {
+			t.Errorf("%d runs, %d errors; want one run, no error", k.n.Load(), ev.count(idemevent.Error, ""))
 		}
 	})
 }
@@ -386,10 +389,10 @@ func TestEngineLeaseLost(t *testing.T) {
 		if !errors.Is(cause, coordinator.ErrLeaseLost) || !errors.Is(err, coordinator.ErrLeaseLost) {
 			t.Fatalf("cause %v, err %v; want ErrLeaseLost", cause, err)
 		}
-		if rec := mustGet(t, r.store, key); rec.State != coordinator.StatePending || rec.Token != "new-owner" {
+		if rec := mustGet(t, r.store, key); rec.State != idemstore.StatePending || rec.Token != "new-owner" {
 			t.Errorf("the new owner's record = %+v", rec)
 		}
-		if ev.count(coordinator.EventError, coordinator.ErrorLeaseLost) != 1 {
+		if ev.count(idemevent.Error, idemevent.ErrorLeaseLost) != 1 {
 			t.Errorf("lease_lost not counted")
 		}
 	})
@@ -414,7 +417,7 @@ func TestEngineHeals(t *testing.T) {
 					t.Fatalf("%s/%s: after the heal Do = %+v, %v after %d runs; want a replay", storageMode, u.name, again, err, k.n.Load())
 				}
 			}
-			if got := ev.count(coordinator.EventError, coordinator.ErrorDecode); got != len(unreadables) {
+			if got := ev.count(idemevent.Error, idemevent.ErrorDecode); got != len(unreadables) {
 				t.Errorf("decode_error = %d, want %d", got, len(unreadables))
 			}
 		}
@@ -463,7 +466,7 @@ func TestEngineRedisKilledMidCall(t *testing.T) {
 			// reservation across the restart, and the next call waits it out.
 			c, ev := coord(t, redisrepo.New(client), coordinator.WithOnStorageError(mode),
 				coordinator.WithLease(300*time.Millisecond), coordinator.WithStorageTimeout(150*time.Millisecond), coordinator.WithWaitTimeout(5*time.Second))
-			key := coordinator.Key{Operation: "payment.charge", Key: "killed"}
+			key := idemstore.Key{Operation: "payment.charge", Key: "killed"}
 			var k runs
 			v, err := coordinator.Do(t.Context(), c, callOf(key), func(ctx context.Context) (charge, error) {
 				in.Stop(t)
@@ -472,7 +475,7 @@ func TestEngineRedisKilledMidCall(t *testing.T) {
 			if err != nil || v.ID != "x" {
 				t.Fatalf("Do = %+v, %v; want the action's result", v, err)
 			}
-			if ev.count(coordinator.EventError, coordinator.ErrorStorageSave) != 1 {
+			if ev.count(idemevent.Error, idemevent.ErrorStorageSave) != 1 {
 				t.Errorf("storage_save_error not counted")
 			}
 			in.Restart(t)

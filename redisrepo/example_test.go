@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log"
 
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idempotency/coordinator"
@@ -22,7 +24,7 @@ func ExampleNew() {
 	if err := store.LoadScripts(context.Background()); err != nil {
 		log.Printf("redis is not reachable yet: %v", err) // the scripts load on first use anyway
 	}
-	fmt.Println(store.Key(coordinator.Key{Operation: "payment.charge", Key: "order-42"}))
+	fmt.Println(store.Key(idemstore.Key{Operation: "payment.charge", Key: "order-42"}))
 }
 
 // An operator looks at keys and forgets one so that its client may retry.
@@ -32,7 +34,7 @@ func ExampleStore_Inspect() {
 	defer client.Close()
 	store := redisrepo.New(client)
 
-	keys := []coordinator.Key{
+	keys := []idemstore.Key{
 		{Operation: "payment.charge", Key: "order-42"},
 		{Operation: "payment.charge", Key: "order-43"},
 	}
@@ -74,13 +76,13 @@ func ExampleStore_Watch() {
 	defer client.Close()
 	store := redisrepo.New(client)
 
-	rec, changed, stop, err := store.Watch(ctx, coordinator.Key{Operation: "payment.charge", Key: "order-42"})
+	rec, changed, stop, err := store.Watch(ctx, idemstore.Key{Operation: "payment.charge", Key: "order-42"})
 	if err != nil {
 		log.Printf("redis: %v", err)
 		return
 	}
 	defer stop()
-	if rec.State == coordinator.StatePending {
+	if rec.State == idemstore.StatePending {
 		select {
 		case <-changed: // completed or released: read it again
 		case <-ctx.Done():

@@ -8,34 +8,36 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/internal/redistest"
 	"github.com/idemkit/idempotency/redisrepo"
 )
 
 // calls returns one call of every Store method on key, each returning its
 // error, with the method it should name in a *coordinator.StorageError.
-func calls(s *redisrepo.Store, key coordinator.Key) []struct {
-	method coordinator.Method
+func calls(s *redisrepo.Store, key idemstore.Key) []struct {
+	method idemevent.Method
 	call   func(ctx context.Context) error
 } {
 	return []struct {
-		method coordinator.Method
+		method idemevent.Method
 		call   func(ctx context.Context) error
 	}{
-		{coordinator.MethodReserve, func(ctx context.Context) error {
+		{idemevent.MethodReserve, func(ctx context.Context) error {
 			_, _, err := s.Reserve(ctx, key, pendingWrite(token(), "", time.Minute))
 			return err
 		}},
-		{coordinator.MethodGet, func(ctx context.Context) error { _, err := s.Get(ctx, key); return err }},
-		{coordinator.MethodComplete, func(ctx context.Context) error {
-			_, err := s.Complete(ctx, key, "t", coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("r"), TTL: time.Minute})
+		{idemevent.MethodGet, func(ctx context.Context) error { _, err := s.Get(ctx, key); return err }},
+		{idemevent.MethodComplete, func(ctx context.Context) error {
+			_, err := s.Complete(ctx, key, "t", idemstore.Completion{State: idemstore.StateCompleted, Result: []byte("r"), TTL: time.Minute})
 			return err
 		}},
-		{coordinator.MethodRelease, func(ctx context.Context) error { _, err := s.Release(ctx, key, "t"); return err }},
-		{coordinator.MethodRenew, func(ctx context.Context) error { _, err := s.Renew(ctx, key, "t", time.Minute); return err }},
+		{idemevent.MethodRelease, func(ctx context.Context) error { _, err := s.Release(ctx, key, "t"); return err }},
+		{idemevent.MethodRenew, func(ctx context.Context) error { _, err := s.Renew(ctx, key, "t", time.Minute); return err }},
 	}
 }
 
@@ -57,7 +59,7 @@ func TestUnreachable(t *testing.T) {
 	c := redis.NewClient(noRetries(&redis.Options{Addr: "127.0.0.1:1"}))
 	defer c.Close()
 	s := redisrepo.New(c)
-	key := coordinator.Key{Operation: "op", Key: "k"}
+	key := idemstore.Key{Operation: "op", Key: "k"}
 	for _, m := range calls(s, key) {
 		start := time.Now()
 		err := m.call(context.Background())
@@ -94,14 +96,14 @@ func TestServerKilledMidCall(t *testing.T) {
 	c := redis.NewClient(noRetries(in.Options()))
 	defer c.Close()
 	s := redisrepo.New(c)
-	key := coordinator.Key{Operation: "op", Key: "killed"}
+	key := idemstore.Key{Operation: "op", Key: "killed"}
 	tok := token()
 	mustReserve(t, s, key, pendingWrite(tok, "", time.Minute))
 
 	in.Stop(t)
 	start := time.Now()
-	_, err := s.Complete(ctx, key, tok, coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("r"), TTL: time.Minute})
-	checkStorageError(t, "Complete on a killed server", err, coordinator.MethodComplete)
+	_, err := s.Complete(ctx, key, tok, idemstore.Completion{State: idemstore.StateCompleted, Result: []byte("r"), TTL: time.Minute})
+	checkStorageError(t, "Complete on a killed server", err, idemevent.MethodComplete)
 	for _, m := range calls(s, key) {
 		checkStorageError(t, string(m.method)+" on a killed server", m.call(ctx), m.method)
 	}
@@ -114,15 +116,15 @@ func TestServerKilledMidCall(t *testing.T) {
 	if err != nil {
 		t.Fatalf("first Get after the restart: %v", err)
 	}
-	if in.Kind() == redistest.KindRedisServer && rec.State != coordinator.StateAbsent {
+	if in.Kind() == redistest.KindRedisServer && rec.State != idemstore.StateAbsent {
 		t.Errorf("Get after the restart = %+v, want absent (redis-server kept nothing)", rec)
 	}
-	if ok, err := s.Complete(ctx, key, tok, coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("r"), TTL: time.Minute}); err != nil {
+	if ok, err := s.Complete(ctx, key, tok, idemstore.Completion{State: idemstore.StateCompleted, Result: []byte("r"), TTL: time.Minute}); err != nil {
 		t.Errorf("Complete after the restart: %v", err)
 	} else if in.Kind() == redistest.KindRedisServer && ok {
 		t.Errorf("Complete after the restart = true: the reservation did not survive, want false (lease lost)")
 	}
-	mustReserve(t, s, coordinator.Key{Operation: "op", Key: "after-restart"}, pendingWrite(token(), "", time.Minute))
+	mustReserve(t, s, idemstore.Key{Operation: "op", Key: "after-restart"}, pendingWrite(token(), "", time.Minute))
 
 	// A restart that no call saw: the pooled connections are dead, and the
 	// first call still works.
@@ -178,7 +180,7 @@ func (f fakeScripter) Process(ctx context.Context, cmd redis.Cmder) error {
 // an absent key, and a string what they answer for a record (readable or
 // not): Get and Reserve take those as replies, the scripts as errors.
 func TestNilNeverEscapes(t *testing.T) {
-	key := coordinator.Key{Operation: "op", Key: "k"}
+	key := idemstore.Key{Operation: "op", Key: "k"}
 	for _, tc := range []struct {
 		name  string
 		reply func() *redis.Cmd
@@ -196,7 +198,7 @@ func TestNilNeverEscapes(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			s := redisrepo.New(fakeScripter{reply: tc.reply})
 			for _, m := range calls(s, key) {
-				plain := m.method == coordinator.MethodGet || m.method == coordinator.MethodReserve
+				plain := m.method == idemevent.MethodGet || m.method == idemevent.MethodReserve
 				if plain && (tc.name == "redis.Nil" || tc.name == "string") {
 					if err := m.call(context.Background()); err != nil {
 						t.Errorf("%s: %v, want a record", m.method, err)
@@ -221,8 +223,8 @@ func TestOldRedisIsNamed(t *testing.T) {
 	s := redisrepo.New(fakeScripter{reply: func() *redis.Cmd {
 		return redis.NewCmdResult(nil, replyError("ERR syntax error"))
 	}})
-	_, _, err := s.Reserve(context.Background(), coordinator.Key{Operation: "op", Key: "k"}, pendingWrite(token(), "", time.Minute))
-	checkStorageError(t, "Reserve", err, coordinator.MethodReserve)
+	_, _, err := s.Reserve(context.Background(), idemstore.Key{Operation: "op", Key: "k"}, pendingWrite(token(), "", time.Minute))
+	checkStorageError(t, "Reserve", err, idemevent.MethodReserve)
 	if err == nil || !strings.Contains(err.Error(), "needs Redis 7.0 or newer") {
 		t.Errorf("Reserve on a server before 7.0: %v, want it to say that Redis 7.0 is needed", err)
 	}

@@ -5,7 +5,8 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
 )
 
 // fenceKeepLeases is how many leases a key's fence key outlives the
@@ -18,11 +19,11 @@ const fenceKeepLeases = 10
 // record under key: prefix + operation + "#fence{TAG}:" + key, where TAG
 // puts it in the record's hash slot, so that one script can write both on
 // Redis Cluster. No record's name looks like it: an operation has no "#".
-func (s *Store) fenceKey(key coordinator.Key, rkey string) string {
+func (s *Store) fenceKey(key idemstore.Key, rkey string) string {
 	return s.prefix + key.Operation + "#fence{" + slotTags()[hashSlot(rkey)] + "}:" + key.Key
 }
 
-// ReserveFenced implements coordinator.Fencer: it is Reserve for a
+// ReserveFenced implements idemstore.Fencer: it is Reserve for a
 // reservation (w.State must be pending), in one round trip (a script), and
 // the record it writes gets a fence. The fence is one more than the key's
 // last, which its fence key keeps for ten leases after the reservation, or
@@ -35,26 +36,26 @@ func (s *Store) fenceKey(key coordinator.Key, rkey string) string {
 // a *coordinator.StorageError when Redis fails, w is not pending, or the
 // Store writes record format 1 (WithRecordFormat(Format1)), which has no
 // fences.
-func (s *Store) ReserveFenced(ctx context.Context, key coordinator.Key, w coordinator.Write) (coordinator.Record, uint64, bool, error) {
-	if w.State != coordinator.StatePending {
-		return coordinator.Record{}, 0, false, storageError(coordinator.MethodReserve,
+func (s *Store) ReserveFenced(ctx context.Context, key idemstore.Key, w idemstore.Write) (idemstore.Record, uint64, bool, error) {
+	if w.State != idemstore.StatePending {
+		return idemstore.Record{}, 0, false, storageError(idemevent.MethodReserve,
 			fmt.Errorf("redisrepo: a fenced write is a reservation, got state %s", w.State))
 	}
 	if s.format == Format1 {
-		return coordinator.Record{}, 0, false, storageError(coordinator.MethodReserve, errFencesNeedFormat2)
+		return idemstore.Record{}, 0, false, storageError(idemevent.MethodReserve, errFencesNeedFormat2)
 	}
 	ttl, err := millis(w.TTL)
 	if err != nil {
-		return coordinator.Record{}, 0, false, storageError(coordinator.MethodReserve, err)
+		return idemstore.Record{}, 0, false, storageError(idemevent.MethodReserve, err)
 	}
 	val, err := encodeRecord(w.State, w.Token, w.Fingerprint, nil)
 	if err != nil {
-		return coordinator.Record{}, 0, false, storageError(coordinator.MethodReserve, err)
+		return idemstore.Record{}, 0, false, storageError(idemevent.MethodReserve, err)
 	}
 	rkey := s.Key(key)
 	fkey := s.fenceKey(key, rkey)
 	if s.sharded && hashSlot(fkey) != hashSlot(rkey) {
-		return coordinator.Record{}, 0, false, storageError(coordinator.MethodReserve,
+		return idemstore.Record{}, 0, false, storageError(idemevent.MethodReserve,
 			fmt.Errorf("redisrepo: key prefix %q has a \"{\" without a \"}\": a fence cannot share its record's hash slot on Redis Cluster", s.prefix))
 	}
 	replace := argNoReplace
@@ -65,7 +66,7 @@ func (s *Store) ReserveFenced(ctx context.Context, key coordinator.Key, w coordi
 		val, ttl, replace, storedToken(w.ReplaceToken), w.ReplaceToken, storedToken(w.Token),
 		ttl*fenceKeepLeases).Result()
 	if err != nil {
-		return coordinator.Record{}, 0, false, storageError(coordinator.MethodReserve, err)
+		return idemstore.Record{}, 0, false, storageError(idemevent.MethodReserve, err)
 	}
 	return fenceReply(v)
 }
@@ -75,9 +76,9 @@ func (s *Store) ReserveFenced(ctx context.Context, key coordinator.Key, w coordi
 var errFencesNeedFormat2 = errors.New("redisrepo: fences need record format 2, and this Store writes format 1 (WithRecordFormat)")
 
 // fenceReply reads the reply of fence.lua.
-func fenceReply(v any) (coordinator.Record, uint64, bool, error) {
+func fenceReply(v any) (idemstore.Record, uint64, bool, error) {
 	if n, ok := v.(int64); ok && n > 0 {
-		return coordinator.Record{}, uint64(n), true, nil
+		return idemstore.Record{}, uint64(n), true, nil
 	}
 	if own, ok := v.([]any); ok && len(own) == 2 {
 		str, ok1 := own[0].(string)
@@ -88,7 +89,7 @@ func fenceReply(v any) (coordinator.Record, uint64, bool, error) {
 	}
 	rec, err := decodeReply(v)
 	if err != nil {
-		return coordinator.Record{}, 0, false, storageError(coordinator.MethodReserve, err)
+		return idemstore.Record{}, 0, false, storageError(idemevent.MethodReserve, err)
 	}
 	return rec, 0, false, nil
 }

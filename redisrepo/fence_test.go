@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idempotency/coordinator"
@@ -39,7 +41,7 @@ func TestStaleHoldersLateWriteIsRefused(t *testing.T) {
 		coordinator.WithFencedOperations(op))
 	b, _ := coord(t, redisrepo.New(direct), coordinator.WithInFlight(coordinator.InFlightRaise),
 		coordinator.WithFencedOperations(op))
-	key := coordinator.Key{Operation: op, Key: newKey("stale").Key}
+	key := idemstore.Key{Operation: op, Key: newKey("stale").Key}
 	account := "account:" + key.Key
 	t.Cleanup(func() { direct.Del(context.Background(), account) })
 	write := func(fence uint64, value string) bool {
@@ -145,8 +147,8 @@ func TestFencesOutliveTheirKeys(t *testing.T) {
 	if err != nil || len(counts) != 1 || counts[key.Operation].Total() != 1 {
 		t.Errorf("Count() = %v, %v; want one record of %s", counts, err, key.Operation)
 	}
-	var scanned []coordinator.Key
-	if err := s.ScanKeys(t.Context(), key.Operation, func(keys []coordinator.Key) error {
+	var scanned []idemstore.Key
+	if err := s.ScanKeys(t.Context(), key.Operation, func(keys []idemstore.Key) error {
 		scanned = append(scanned, keys...)
 		return nil
 	}); err != nil || len(scanned) != 1 || scanned[0] != key {

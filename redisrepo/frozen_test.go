@@ -14,6 +14,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idempotency/coordinator"
@@ -204,11 +207,11 @@ func testFrozenMaster(t *testing.T, cluster *threeMasters, prefix string, frozen
 
 	// Keys: liveKeysPerMaster on each master that stays up, frozenKeys on
 	// the frozen one.
-	var keys []coordinator.Key
-	live := map[coordinator.Key]bool{}
+	var keys []idemstore.Key
+	live := map[idemstore.Key]bool{}
 	perMaster := [3]int{}
 	for i := 0; len(keys) < 2*liveKeysPerMaster+frozenKeys; i++ {
-		k := coordinator.Key{Operation: "frozen", Key: "k" + strconv.Itoa(i) + "-" + token()[:8]}
+		k := idemstore.Key{Operation: "frozen", Key: "k" + strconv.Itoa(i) + "-" + token()[:8]}
 		owner := cluster.owner(redisrepo.HashSlot(holderStore.Key(k)))
 		want := liveKeysPerMaster
 		if owner == frozen {
@@ -225,27 +228,27 @@ func testFrozenMaster(t *testing.T, cluster *threeMasters, prefix string, frozen
 	holder, _ := coord(t, holderStore, coordinator.WithLease(lease), coordinator.WithStorageTimeout(storageTimeout))
 	collided, watched := make(chan struct{}, 1000), make(chan struct{}, 1000)
 	var liveErrors, liveUnprotected atomic.Int64
-	obs := coordinator.ObserverFunc(func(_ context.Context, ev coordinator.Event) {
+	obs := idemevent.ObserverFunc(func(_ context.Context, ev idemevent.Event) {
 		switch ev.Kind {
-		case coordinator.EventInFlight:
+		case idemevent.InFlight:
 			select {
 			case collided <- struct{}{}:
 			default:
 			}
-		case coordinator.EventStorageCall:
+		case idemevent.StorageCall:
 			// Before the freeze the waiters' only reads are their watches:
 			// the poll interval is long.
-			if ev.Method == coordinator.MethodGet && ev.Err == nil {
+			if ev.Method == idemevent.MethodGet && ev.Err == nil {
 				select {
 				case watched <- struct{}{}:
 				default:
 				}
 			}
-		case coordinator.EventError:
+		case idemevent.Error:
 			if live[ev.Key] {
 				liveErrors.Add(1)
 			}
-		case coordinator.EventUnprotected:
+		case idemevent.Unprotected:
 			if live[ev.Key] {
 				liveUnprotected.Add(1)
 			}
@@ -288,7 +291,7 @@ func testFrozenMaster(t *testing.T, cluster *threeMasters, prefix string, frozen
 	// its runs.
 	var liveRuns, frozenRuns runs
 	waiterOut := make(chan outcome, len(keys)*waitersPerKey+lateCallers)
-	call := func(i int, k coordinator.Key) {
+	call := func(i int, k idemstore.Key) {
 		r := &frozenRuns
 		if live[k] {
 			r = &liveRuns

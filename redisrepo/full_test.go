@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idempotency/coordinator"
@@ -66,7 +68,7 @@ func TestFullRedisReplays(t *testing.T) {
 				t.Fatal(err)
 			}
 			const n = 100
-			keys := make([]coordinator.Key, n)
+			keys := make([]idemstore.Key, n)
 			seed, _ := coord(t, s)
 			for i := range keys {
 				keys[i] = newKey(fmt.Sprintf("full-%d", i))

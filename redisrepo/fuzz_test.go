@@ -5,7 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/idemkit/idempotency/internal/redistest"
 	"github.com/idemkit/idempotency/redisrepo"
 )
@@ -44,7 +45,7 @@ func FuzzRecordDecoding(f *testing.F) {
 	s := redisrepo.New(c, redisrepo.WithKeyPrefix(redistest.Prefix(f)))
 	f.Fuzz(func(t *testing.T, mask uint8, v, state, tok, fp, result, created, extra string) {
 		ctx := context.Background()
-		key := coordinator.Key{Operation: "fuzz", Key: "k"}
+		key := idemstore.Key{Operation: "fuzz", Key: "k"}
 		name := s.Key(key)
 		c.Del(ctx, name)
 		defer c.Del(ctx, name)
@@ -62,19 +63,19 @@ func FuzzRecordDecoding(f *testing.F) {
 				kv = append(kv, fv.field, fv.value)
 			}
 		}
-		want := coordinator.StateAbsent
+		want := idemstore.StateAbsent
 		if len(kv) > 0 {
 			if err := c.HSet(ctx, name, kv...).Err(); err != nil {
 				t.Fatalf("HSET: %v", err)
 			}
 			c.PExpire(ctx, name, time.Minute)
-			want = coordinator.StateUnreadable
+			want = idemstore.StateUnreadable
 			if has := func(bits uint8) bool { return mask&bits == bits }; v == "1" && has(fieldV|fieldState|fieldToken|fieldFP) {
 				switch {
 				case state == "pending":
-					want = coordinator.StatePending
+					want = idemstore.StatePending
 				case state == "completed" && has(fieldResult):
-					want = coordinator.StateCompleted
+					want = idemstore.StateCompleted
 				}
 			}
 		}
@@ -87,22 +88,22 @@ func FuzzRecordDecoding(f *testing.F) {
 			t.Fatalf("Get: state %s, want %s (record %+v)", rec.State, want, rec)
 		}
 		switch want {
-		case coordinator.StatePending, coordinator.StateCompleted:
+		case idemstore.StatePending, idemstore.StateCompleted:
 			if rec.Token != tok || rec.Fingerprint != fp {
 				t.Errorf("Get = %+v, want token %q, fingerprint %q", rec, tok, fp)
 			}
-			if want == coordinator.StateCompleted && string(rec.Result) != result {
+			if want == idemstore.StateCompleted && string(rec.Result) != result {
 				t.Errorf("Get: result %q, want %q", rec.Result, result)
 			}
-			if want == coordinator.StatePending && rec.Result != nil {
+			if want == idemstore.StatePending && rec.Result != nil {
 				t.Errorf("Get: pending record with result %q", rec.Result)
 			}
-		case coordinator.StateUnreadable:
+		case idemstore.StateUnreadable:
 			if rec.Token != "" || rec.Fingerprint != "" || rec.Result != nil {
 				t.Errorf("Get = %+v, want an unreadable record with nothing in it", rec)
 			}
 		}
-		if want != coordinator.StateAbsent && rec.TTL <= 0 {
+		if want != idemstore.StateAbsent && rec.TTL <= 0 {
 			t.Errorf("Get: TTL %v, want positive", rec.TTL)
 		}
 
@@ -115,7 +116,7 @@ func FuzzRecordDecoding(f *testing.F) {
 		if err != nil {
 			t.Fatalf("Reserve: %v", err)
 		}
-		if written != (want == coordinator.StateAbsent) || (!written && existing.State != want) {
+		if written != (want == idemstore.StateAbsent) || (!written && existing.State != want) {
 			t.Errorf("Reserve = %+v, %v; want written only over an absent key", existing, written)
 		}
 	})

@@ -8,9 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/internal/redistest"
 	"github.com/idemkit/idempotency/redisrepo"
 )
@@ -42,19 +43,19 @@ func token() string {
 }
 
 // newKey returns a key no other test uses.
-func newKey(name string) coordinator.Key {
-	return coordinator.Key{Operation: "test.op", Key: name + "-" + rand.Text()}
+func newKey(name string) idemstore.Key {
+	return idemstore.Key{Operation: "test.op", Key: name + "-" + rand.Text()}
 }
 
-func pendingWrite(tok, fp string, ttl time.Duration) coordinator.Write {
-	return coordinator.Write{State: coordinator.StatePending, Token: tok, Fingerprint: fp, TTL: ttl}
+func pendingWrite(tok, fp string, ttl time.Duration) idemstore.Write {
+	return idemstore.Write{State: idemstore.StatePending, Token: tok, Fingerprint: fp, TTL: ttl}
 }
 
-func completedWrite(tok, fp string, result []byte, ttl time.Duration) coordinator.Write {
-	return coordinator.Write{State: coordinator.StateCompleted, Token: tok, Fingerprint: fp, Result: result, TTL: ttl}
+func completedWrite(tok, fp string, result []byte, ttl time.Duration) idemstore.Write {
+	return idemstore.Write{State: idemstore.StateCompleted, Token: tok, Fingerprint: fp, Result: result, TTL: ttl}
 }
 
-func mustReserve(t testing.TB, s *redisrepo.Store, key coordinator.Key, w coordinator.Write) {
+func mustReserve(t testing.TB, s *redisrepo.Store, key idemstore.Key, w idemstore.Write) {
 	t.Helper()
 	rec, ok, err := s.Reserve(context.Background(), key, w)
 	if err != nil || !ok {
@@ -62,7 +63,7 @@ func mustReserve(t testing.TB, s *redisrepo.Store, key coordinator.Key, w coordi
 	}
 }
 
-func mustGet(t testing.TB, s *redisrepo.Store, key coordinator.Key) coordinator.Record {
+func mustGet(t testing.TB, s *redisrepo.Store, key idemstore.Key) idemstore.Record {
 	t.Helper()
 	rec, err := s.Get(context.Background(), key)
 	if err != nil {

@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
 
-	"github.com/idemkit/idempotency/coordinator"
+	"github.com/redis/go-redis/v9"
 )
 
 // TestInspectReadsAsGet: Inspect and Get read a record with the one reader of
@@ -46,7 +46,7 @@ func TestInspectReadsAsGet(t *testing.T) {
 			if in.TTL < time.Minute || in.TTL > 2*time.Minute {
 				t.Errorf("%s: Inspect TTL %v, want about 2m", u.name, in.TTL)
 			}
-			readable := rec.State == coordinator.StatePending || rec.State == coordinator.StateCompleted
+			readable := rec.State == idemstore.StatePending || rec.State == idemstore.StateCompleted
 			created, _ := c.HGet(ctx, s.Key(key), "created_ms").Result() // "" for none, or not a hash
 			if !in.CreatedAt.IsZero() != (readable && created != "") {
 				t.Errorf("%s: CreatedAt %v of a record in state %s with created_ms %q", u.name, in.CreatedAt, rec.State, created)

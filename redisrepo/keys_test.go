@@ -6,9 +6,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/internal/redistest"
 	"github.com/idemkit/idempotency/redisrepo"
 )
@@ -46,13 +47,13 @@ func TestKeysAnyVisibleASCII(t *testing.T) {
 		ctx := context.Background()
 		prefix := redistest.Prefix(t)
 		s := redisrepo.New(c, redisrepo.WithKeyPrefix(prefix))
-		sentinel := s.Key(coordinator.Key{Operation: "sentinel", Key: "x"})
+		sentinel := s.Key(idemstore.Key{Operation: "sentinel", Key: "x"})
 		if err := c.Set(ctx, sentinel, "untouched", time.Minute).Err(); err != nil {
 			t.Fatal(err)
 		}
 		ops := []string{"op", "A.b-c_9", strings.Repeat("o", 100)}
 		for i, k := range hostileKeys() {
-			key := coordinator.Key{Operation: ops[i%len(ops)], Key: k}
+			key := idemstore.Key{Operation: ops[i%len(ops)], Key: k}
 			name := s.Key(key)
 			if want := prefix + key.Operation + ":" + k; name != want {
 				t.Fatalf("Key(%q) = %q, want %q", k, name, want)
@@ -65,15 +66,15 @@ func TestKeysAnyVisibleASCII(t *testing.T) {
 			if ok, err := s.Renew(ctx, key, tok, time.Minute); !ok || err != nil {
 				t.Fatalf("key %q: Renew = %v, %v", k, ok, err)
 			}
-			if ok, err := s.Complete(ctx, key, tok, coordinator.Completion{State: coordinator.StateCompleted, Result: []byte(k), TTL: time.Minute}); !ok || err != nil {
+			if ok, err := s.Complete(ctx, key, tok, idemstore.Completion{State: idemstore.StateCompleted, Result: []byte(k), TTL: time.Minute}); !ok || err != nil {
 				t.Fatalf("key %q: Complete = %v, %v", k, ok, err)
 			}
 			rec := mustGet(t, s, key)
-			if rec.State != coordinator.StateCompleted || rec.Token != tok || rec.Fingerprint != k || string(rec.Result) != k {
+			if rec.State != idemstore.StateCompleted || rec.Token != tok || rec.Fingerprint != k || string(rec.Result) != k {
 				t.Fatalf("key %q: Get = %+v", k, rec)
 			}
 			infos, err := s.Inspect(ctx, key)
-			if err != nil || len(infos) != 1 || infos[0].State != coordinator.StateCompleted || infos[0].RedisKey != name {
+			if err != nil || len(infos) != 1 || infos[0].State != idemstore.StateCompleted || infos[0].RedisKey != name {
 				t.Fatalf("key %q: Inspect = %+v, %v", k, infos, err)
 			}
 			if n, err := s.Forget(ctx, key); n != 1 || err != nil {

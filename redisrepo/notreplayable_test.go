@@ -6,6 +6,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idempotency/coordinator"
@@ -60,7 +63,7 @@ func TestNotReplayableEndToEnd(t *testing.T) {
 				if err := c.Close(); err != nil { // waits for a background save
 					t.Fatal(err)
 				}
-				if n := first.count(coordinator.EventError, coordinator.ErrorRecordValidation); n != 1 {
+				if n := first.count(idemevent.Error, idemevent.ErrorRecordValidation); n != 1 {
 					t.Errorf("%d record_validation_error events on the first call, want 1", n)
 				}
 				c, ev := coord(t, s, coordinator.WithInFlight(mode), coordinator.WithMaxResultBytes(16))
@@ -74,11 +77,11 @@ func TestNotReplayableEndToEnd(t *testing.T) {
 				if n := k.n.Load(); n != 1 {
 					t.Fatalf("the action ran %d times, want once", n)
 				}
-				if n := ev.count(coordinator.EventNotReplayable, ""); n != 3 {
+				if n := ev.count(idemevent.NotReplayable, ""); n != 3 {
 					t.Errorf("%d not-replayable events, want 3", n)
 				}
 				infos, err := s.Inspect(t.Context(), key)
-				if err != nil || infos[0].State != coordinator.StateNotReplayable || infos[0].ResultSize == 0 || infos[0].TTL <= 0 {
+				if err != nil || infos[0].State != idemstore.StateNotReplayable || infos[0].ResultSize == 0 || infos[0].TTL <= 0 {
 					t.Fatalf("Inspect = %+v, %v; want a not-replayable record with its reason and a TTL", infos, err)
 				}
 				counts, err := s.Count(t.Context(), key.Operation)
@@ -96,8 +99,8 @@ func TestNotReplayableEndToEnd(t *testing.T) {
 func TestNotReplayableWakesWaiter(t *testing.T) {
 	eachFormat(t, func(t *testing.T, _ redis.UniversalClient, s *redisrepo.Store) {
 		collided := make(chan struct{}, 1)
-		obs := coordinator.ObserverFunc(func(_ context.Context, ev coordinator.Event) {
-			if ev.Kind == coordinator.EventInFlight {
+		obs := idemevent.ObserverFunc(func(_ context.Context, ev idemevent.Event) {
+			if ev.Kind == idemevent.InFlight {
 				select {
 				case collided <- struct{}{}:
 				default:
@@ -126,7 +129,7 @@ func TestNotReplayableWakesWaiter(t *testing.T) {
 			// The holder reserved first: wait until the key is held.
 			for {
 				rec, err := s.Get(t.Context(), key)
-				if err != nil || rec.State == coordinator.StatePending {
+				if err != nil || rec.State == idemstore.StatePending {
 					break
 				}
 			}

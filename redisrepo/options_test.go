@@ -4,6 +4,8 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idempotency/coordinator"
@@ -17,7 +19,7 @@ func TestNewFollowsTheOptionRule(t *testing.T) {
 	t.Cleanup(func() { _ = client.Close() })
 
 	s := redisrepo.New(client, nil, redisrepo.WithKeyPrefix("p:"), nil)
-	if got := s.Key(coordinator.Key{Operation: "op", Key: "k"}); got != "p:op:k" {
+	if got := s.Key(idemstore.Key{Operation: "op", Key: "k"}); got != "p:op:k" {
 		t.Fatalf("Key = %q, want p:op:k: the options around the nil ones were lost", got)
 	}
 

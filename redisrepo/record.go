@@ -7,7 +7,7 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
 )
 
 // This file is the record format. Format version 2, which this package
@@ -47,9 +47,9 @@ const legacyVersion = "1"
 const (
 	headerLen = 6
 
-	statePending       = byte(coordinator.StatePending)
-	stateCompleted     = byte(coordinator.StateCompleted)
-	stateNotReplayable = byte(coordinator.StateNotReplayable)
+	statePending       = byte(idemstore.StatePending)
+	stateCompleted     = byte(idemstore.StateCompleted)
+	stateNotReplayable = byte(idemstore.StateNotReplayable)
 
 	flagWaiters  = 0x01
 	flagTokenHex = 0x02
@@ -61,15 +61,15 @@ const (
 )
 
 // The states as the scripts report them. They are the values of
-// coordinator.State, so that a reply maps one to one, and the scripts'
+// idemstore.State, so that a reply maps one to one, and the scripts'
 // ABSENT, PENDING, COMPLETED, UNREADABLE and NOT_REPLAYABLE: scripts.go
 // writes them into their prelude, so Go and Lua cannot disagree.
 const (
-	codeAbsent        = int64(coordinator.StateAbsent)
-	codePending       = int64(coordinator.StatePending)
-	codeCompleted     = int64(coordinator.StateCompleted)
-	codeUnreadable    = int64(coordinator.StateUnreadable)
-	codeNotReplayable = int64(coordinator.StateNotReplayable)
+	codeAbsent        = int64(idemstore.StateAbsent)
+	codePending       = int64(idemstore.StatePending)
+	codeCompleted     = int64(idemstore.StateCompleted)
+	codeUnreadable    = int64(idemstore.StateUnreadable)
+	codeNotReplayable = int64(idemstore.StateNotReplayable)
 )
 
 // hasResult reports whether a record in state st stores bytes after its
@@ -137,12 +137,12 @@ func appendStoredToken(dst []byte, token string) ([]byte, bool) {
 // encodeRecord returns the version 2 record of state st with token, fp and
 // (completed and not-replayable records) result. It returns an error when the token or the
 // fingerprint is too long to store.
-func encodeRecord(st coordinator.State, token, fp string, result []byte) ([]byte, error) {
+func encodeRecord(st idemstore.State, token, fp string, result []byte) ([]byte, error) {
 	return appendRecord(nil, st, token, fp, result)
 }
 
 // appendRecord is encodeRecord appending to dst; it grows dst at most once.
-func appendRecord(dst []byte, st coordinator.State, token, fp string, result []byte) ([]byte, error) {
+func appendRecord(dst []byte, st idemstore.State, token, fp string, result []byte) ([]byte, error) {
 	tl, tp := fieldLen(token)
 	fl, fpp := fieldLen(fp)
 	if tl > maxToken {
@@ -177,16 +177,16 @@ func appendRecord(dst []byte, st coordinator.State, token, fp string, result []b
 // not an error: the coordinator heals it. The result aliases v, and so does
 // the fingerprint when it is not packed: v comes fresh from a reply, has no
 // other user and is never changed, so nothing is copied.
-func decodeValue(v []byte) coordinator.Record {
+func decodeValue(v []byte) idemstore.Record {
 	if len(v) < headerLen || v[0] != formatVersion {
-		return coordinator.Record{State: coordinator.StateUnreadable}
+		return idemstore.Record{State: idemstore.StateUnreadable}
 	}
 	st, flags := v[1], v[2]
 	tl := int(v[3])
 	fl := int(v[4])<<8 | int(v[5])
 	end := headerLen + tl + fl
 	if len(v) < end || !knownState(st) || (st == statePending && len(v) != end) {
-		return coordinator.Record{State: coordinator.StateUnreadable}
+		return idemstore.Record{State: idemstore.StateUnreadable}
 	}
 	token, fp := v[headerLen:headerLen+tl], v[headerLen+tl:end]
 	tp, fpp := flags&flagTokenHex != 0, flags&flagFPHex != 0
@@ -194,7 +194,7 @@ func decodeValue(v []byte) coordinator.Record {
 	if n := packedLen(token, tp) + packedLen(fp, fpp); n > 0 {
 		spelled = make([]byte, 0, n)
 	}
-	rec := coordinator.Record{State: coordinator.State(st)}
+	rec := idemstore.Record{State: idemstore.State(st)}
 	rec.Token, spelled = field(token, tp, spelled)
 	rec.Fingerprint, _ = field(fp, fpp, spelled)
 	if hasResult(st) {
@@ -233,10 +233,10 @@ func field(b []byte, packed bool, spell []byte) (string, []byte) {
 // script has already judged what is under the key, so a reply of another
 // shape is not a record that cannot be read: it is a protocol error (a wrong
 // script, a proxy in the way) and is returned as one.
-func decodeLegacy(v any) (coordinator.Record, error) {
+func decodeLegacy(v any) (idemstore.Record, error) {
 	a, ok := v.([]any)
 	if !ok || len(a) != 5 {
-		return coordinator.Record{}, fmt.Errorf("redisrepo: unexpected script reply %T", v)
+		return idemstore.Record{}, fmt.Errorf("redisrepo: unexpected script reply %T", v)
 	}
 	code, ok1 := a[0].(int64)
 	token, ok2 := a[1].(string)
@@ -244,17 +244,17 @@ func decodeLegacy(v any) (coordinator.Record, error) {
 	result, ok4 := a[3].(string)
 	pttl, ok5 := a[4].(int64)
 	if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 {
-		return coordinator.Record{}, fmt.Errorf("redisrepo: unexpected script reply %v", a)
+		return idemstore.Record{}, fmt.Errorf("redisrepo: unexpected script reply %v", a)
 	}
 	state, ok := decodeState(code)
 	if !ok {
-		return coordinator.Record{}, fmt.Errorf("redisrepo: unexpected record state %d in script reply", code)
+		return idemstore.Record{}, fmt.Errorf("redisrepo: unexpected record state %d in script reply", code)
 	}
-	if state == coordinator.StateAbsent {
-		return coordinator.Record{}, nil
+	if state == idemstore.StateAbsent {
+		return idemstore.Record{}, nil
 	}
-	rec := coordinator.Record{State: state, Token: token, Fingerprint: fp}
-	if state == coordinator.StateCompleted || state == coordinator.StateNotReplayable {
+	rec := idemstore.Record{State: state, Token: token, Fingerprint: fp}
+	if state == idemstore.StateCompleted || state == idemstore.StateNotReplayable {
 		rec.Result = []byte(result)
 	}
 	if pttl > 0 {
@@ -266,9 +266,9 @@ func decodeLegacy(v any) (coordinator.Record, error) {
 // decodeState returns the state that a state code of a script reply stands
 // for, and false for a code that stands for none. It is the one decoding of
 // the codes, for decodeLegacy and decodeInfo.
-func decodeState(code int64) (coordinator.State, bool) {
+func decodeState(code int64) (idemstore.State, bool) {
 	if code < codeAbsent || code > codeNotReplayable {
 		return 0, false
 	}
-	return coordinator.State(code), true
+	return idemstore.State(code), true
 }

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
 )
 
 // FuzzDecodeValue: any bytes under a key decode without a panic, to a
@@ -17,15 +17,15 @@ func FuzzDecodeValue(f *testing.F) {
 	f.Add([]byte(""), "", "", []byte(""), true)
 	f.Fuzz(func(t *testing.T, raw []byte, token, fp string, result []byte, completed bool) {
 		rec := decodeValue(bytes.Clone(raw))
-		if rec.State != coordinator.StateUnreadable && rec.State != coordinator.StatePending && rec.State != coordinator.StateCompleted {
+		if rec.State != idemstore.StateUnreadable && rec.State != idemstore.StatePending && rec.State != idemstore.StateCompleted {
 			t.Fatalf("decodeValue(%q) = state %v", raw, rec.State)
 		}
-		if rec.State == coordinator.StateUnreadable && (rec.Token != "" || rec.Fingerprint != "" || rec.Result != nil) {
+		if rec.State == idemstore.StateUnreadable && (rec.Token != "" || rec.Fingerprint != "" || rec.Result != nil) {
 			t.Fatalf("decodeValue(%q) = unreadable with fields %+v", raw, rec)
 		}
-		st := coordinator.StatePending
+		st := idemstore.StatePending
 		if completed {
-			st = coordinator.StateCompleted
+			st = idemstore.StateCompleted
 		}
 		v, err := encodeRecord(st, token, fp, result)
 		if err != nil {

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idempotency/coordinator"
@@ -30,7 +32,7 @@ func TestHugeTTLDoesNotDeleteTheRecord(t *testing.T) {
 		key := newKey("overflow-reserve")
 		_, ok, err := s.Reserve(ctx, key, pendingWrite(token(), "", maxWholeMillisTTL))
 		if err == nil && ok {
-			if rec := mustGet(t, s, key); rec.State != coordinator.StatePending {
+			if rec := mustGet(t, s, key); rec.State != idemstore.StatePending {
 				t.Errorf("Reserve(TTL %v) = written, but Get = %s: the write deleted itself", maxWholeMillisTTL, rec.State)
 			}
 		}
@@ -40,7 +42,7 @@ func TestHugeTTLDoesNotDeleteTheRecord(t *testing.T) {
 		mustReserve(t, s, key, pendingWrite(tok, "", time.Minute))
 		ok, err = s.Renew(ctx, key, tok, maxWholeMillisTTL)
 		if err == nil && ok {
-			if rec := mustGet(t, s, key); rec.State != coordinator.StatePending {
+			if rec := mustGet(t, s, key); rec.State != idemstore.StatePending {
 				t.Errorf("Renew(lease %v) = true, but Get = %s: the renewal deleted the lease", maxWholeMillisTTL, rec.State)
 			}
 		}
@@ -48,9 +50,9 @@ func TestHugeTTLDoesNotDeleteTheRecord(t *testing.T) {
 		key = newKey("overflow-complete")
 		tok = token()
 		mustReserve(t, s, key, pendingWrite(tok, "", time.Minute))
-		ok, err = s.Complete(ctx, key, tok, coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("r"), TTL: maxWholeMillisTTL})
+		ok, err = s.Complete(ctx, key, tok, idemstore.Completion{State: idemstore.StateCompleted, Result: []byte("r"), TTL: maxWholeMillisTTL})
 		if err == nil && ok {
-			if rec := mustGet(t, s, key); rec.State != coordinator.StateCompleted {
+			if rec := mustGet(t, s, key); rec.State != idemstore.StateCompleted {
 				t.Errorf("Complete(ttl %v) = true, but Get = %s: the result was deleted", maxWholeMillisTTL, rec.State)
 			}
 		}
@@ -100,15 +102,15 @@ func TestOwnerScriptsReadAsGetDoes(t *testing.T) {
 			t.Fatal(err)
 		}
 		c.PExpire(ctx, name, time.Minute)
-		if rec := mustGet(t, s, key); rec.State != coordinator.StateUnreadable {
+		if rec := mustGet(t, s, key); rec.State != idemstore.StateUnreadable {
 			t.Fatalf("Get = %+v, want unreadable (no fp)", rec)
 		}
 		if ok, err := s.Renew(ctx, key, "T", time.Minute); ok || err != nil {
 			t.Errorf("Renew(T) on a record Get calls unreadable = %v, %v; want false", ok, err)
 		}
-		if ok, err := s.Complete(ctx, key, "T", coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("r"), TTL: time.Minute}); ok || err != nil {
+		if ok, err := s.Complete(ctx, key, "T", idemstore.Completion{State: idemstore.StateCompleted, Result: []byte("r"), TTL: time.Minute}); ok || err != nil {
 			t.Errorf("Complete(T) on a record Get calls unreadable = %v, %v; want false", ok, err)
-			if rec := mustGet(t, s, key); rec.State != coordinator.StateCompleted {
+			if rec := mustGet(t, s, key); rec.State != idemstore.StateCompleted {
 				t.Errorf("  and after that successful Complete, Get = %s: the result can never be replayed", rec.State)
 			}
 		}

@@ -6,9 +6,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/internal/redistest"
 	"github.com/idemkit/idempotency/redisrepo"
 )
@@ -48,7 +49,7 @@ func testOneRoundTrip(t *testing.T, c redisrepo.Client, rt *roundTrips) {
 		{"Reserve absent", func() error { _, _, err := s.Reserve(ctx, key, pendingWrite(tok, "", time.Minute)); return err }},
 		{"Renew", func() error { _, err := s.Renew(ctx, key, tok, time.Minute); return err }},
 		{"Complete", func() error {
-			_, err := s.Complete(ctx, key, tok, coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("r"), TTL: time.Minute})
+			_, err := s.Complete(ctx, key, tok, idemstore.Completion{State: idemstore.StateCompleted, Result: []byte("r"), TTL: time.Minute})
 			return err
 		}},
 		{"Get completed", func() error { _, err := s.Get(ctx, key); return err }},
@@ -103,7 +104,7 @@ func TestEmptyScriptCache(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	key := coordinator.Key{Operation: "op", Key: "noscript"}
+	key := idemstore.Key{Operation: "op", Key: "noscript"}
 	tok := token()
 	const once = -1 // a step that cannot be repeated as it is
 	for _, step := range []struct {
@@ -120,7 +121,7 @@ func TestEmptyScriptCache(t *testing.T) {
 		}},
 		{"Renew", 2, 1, func() error { _, err := s.Renew(ctx, key, tok, time.Minute); return err }},
 		{"first run: Complete", 2, 1, func() error {
-			_, err := s.Complete(ctx, key, tok, coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("r"), TTL: time.Minute})
+			_, err := s.Complete(ctx, key, tok, idemstore.Completion{State: idemstore.StateCompleted, Result: []byte("r"), TTL: time.Minute})
 			return err
 		}},
 		{"replay: Reserve", 1, 1, func() error { _, _, err := s.Reserve(ctx, key, pendingWrite(token(), "fp", time.Minute)); return err }},
@@ -146,7 +147,7 @@ func TestEmptyScriptCache(t *testing.T) {
 	}
 	// Bulk calls fall back too.
 	flush()
-	keys := []coordinator.Key{key, {Operation: "op", Key: "other"}}
+	keys := []idemstore.Key{key, {Operation: "op", Key: "other"}}
 	if _, err := s.Inspect(ctx, keys...); err != nil {
 		t.Errorf("Inspect without the script cached: %v", err)
 	}
@@ -162,7 +163,7 @@ func TestNoScriptFallbackCluster(t *testing.T) {
 		t.Skip("flushes the script cache: only on a cluster the tests started")
 	}
 	s := newStore(t, c)
-	var keys []coordinator.Key
+	var keys []idemstore.Key
 	for i := range 50 {
 		k := newKey("noscript-" + strings.Repeat("x", i))
 		keys = append(keys, k)
@@ -176,7 +177,7 @@ func TestNoScriptFallbackCluster(t *testing.T) {
 		t.Fatalf("Inspect without the script cached: %v", err)
 	}
 	for _, in := range infos {
-		if in.State != coordinator.StatePending {
+		if in.State != idemstore.StatePending {
 			t.Fatalf("Inspect: %+v, want pending", in)
 		}
 	}
@@ -199,7 +200,7 @@ func TestNoScriptFallbackCluster(t *testing.T) {
 		if err := c.ScriptFlush(ctx).Err(); err != nil {
 			t.Fatal(err)
 		}
-		if ok, err := s.Complete(ctx, k, tok, coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("r"), TTL: time.Minute}); !ok || err != nil {
+		if ok, err := s.Complete(ctx, k, tok, idemstore.Completion{State: idemstore.StateCompleted, Result: []byte("r"), TTL: time.Minute}); !ok || err != nil {
 			t.Fatalf("Complete without the script cached = %v, %v", ok, err)
 		}
 	}
@@ -223,7 +224,7 @@ func TestEmptyScriptCacheAutoPipeline(t *testing.T) {
 		}
 	}
 	for i := range 20 {
-		key := coordinator.Key{Operation: "op", Key: "ap-" + strings.Repeat("x", i)}
+		key := idemstore.Key{Operation: "op", Key: "ap-" + strings.Repeat("x", i)}
 		tok := token()
 		mustReserve(t, s, key, pendingWrite(tok, "fp", time.Minute))
 		flush()
@@ -231,12 +232,12 @@ func TestEmptyScriptCacheAutoPipeline(t *testing.T) {
 			t.Fatalf("Renew after SCRIPT FLUSH = %v, %v", ok, err)
 		}
 		flush()
-		if ok, err := s.Complete(ctx, key, tok, coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("r"), TTL: time.Minute}); !ok || err != nil {
+		if ok, err := s.Complete(ctx, key, tok, idemstore.Completion{State: idemstore.StateCompleted, Result: []byte("r"), TTL: time.Minute}); !ok || err != nil {
 			t.Fatalf("Complete after SCRIPT FLUSH = %v, %v", ok, err)
 		}
 		flush()
 		rec, err := s.Get(ctx, key)
-		if err != nil || rec.State != coordinator.StateCompleted || string(rec.Result) != "r" || rec.Fingerprint != "fp" {
+		if err != nil || rec.State != idemstore.StateCompleted || string(rec.Result) != "r" || rec.Fingerprint != "fp" {
 			t.Fatalf("Get = %+v, %v; want the completed record", rec, err)
 		}
 	}

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idempotency/coordinator"
@@ -92,8 +94,8 @@ func TestCutOffHolderStopsBeforeAnotherInstanceTakesOver(t *testing.T) {
 	} else {
 		t.Logf("a was cancelled %v before b could take the key", time.Duration(bStarted-stopped))
 	}
-	if aEv.count(coordinator.EventError, coordinator.ErrorLeaseLost) != 1 {
-		t.Fatalf("a's lease_lost = %d, want 1", aEv.count(coordinator.EventError, coordinator.ErrorLeaseLost))
+	if aEv.count(idemevent.Error, idemevent.ErrorLeaseLost) != 1 {
+		t.Fatalf("a's lease_lost = %d, want 1", aEv.count(idemevent.Error, idemevent.ErrorLeaseLost))
 	}
 	p.Cut(false)
 	_ = a.Close()

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idempotency/coordinator"
@@ -46,7 +48,7 @@ const scanCount = 1000
 // error when the Store's client is none of *redis.Client,
 // *redis.ClusterClient and *redis.Ring: a wrapper cannot be told to walk
 // every node.
-func (s *Store) ScanKeys(ctx context.Context, operation string, fn func(keys []coordinator.Key) error) error {
+func (s *Store) ScanKeys(ctx context.Context, operation string, fn func(keys []idemstore.Key) error) error {
 	if err := coordinator.ValidateOperation(operation); err != nil {
 		return fmt.Errorf("redisrepo: scan: %w", err)
 	}
@@ -54,10 +56,10 @@ func (s *Store) ScanKeys(ctx context.Context, operation string, fn func(keys []c
 	var mu sync.Mutex // ForEachMaster walks the masters at once
 	var fnErr error   // fn's, which ends every walk
 	err := s.scan(ctx, escapeGlob(opPrefix)+"*", func(names []string) error {
-		keys := make([]coordinator.Key, 0, len(names))
+		keys := make([]idemstore.Key, 0, len(names))
 		for _, name := range names {
 			if op, key, ok := s.parseKey(name); ok && op == operation {
-				keys = append(keys, coordinator.Key{Operation: op, Key: key})
+				keys = append(keys, idemstore.Key{Operation: op, Key: key})
 			}
 		}
 		if len(keys) == 0 {
@@ -159,13 +161,13 @@ func (s *Store) Count(ctx context.Context, operations ...string) (map[string]Cou
 		for i, st := range states {
 			c := counts[ops[i]]
 			switch st.state {
-			case coordinator.StateAbsent: // gone since SCAN saw it
+			case idemstore.StateAbsent: // gone since SCAN saw it
 				continue
-			case coordinator.StatePending:
+			case idemstore.StatePending:
 				c.Pending++
-			case coordinator.StateCompleted:
+			case idemstore.StateCompleted:
 				c.Completed++
-			case coordinator.StateNotReplayable:
+			case idemstore.StateNotReplayable:
 				c.Completed++
 				c.NotReplayable++
 			default:
@@ -186,7 +188,7 @@ func (s *Store) Count(ctx context.Context, operations ...string) (map[string]Cou
 
 // keyState is the state of one record as Count reads it.
 type keyState struct {
-	state   coordinator.State
+	state   idemstore.State
 	format1 bool
 }
 
@@ -253,12 +255,12 @@ func readStates(ctx context.Context, p pipeliner, names []string) ([]keyState, e
 		case n == 0: // gone since SCAN saw it
 			continue
 		case a.fields == nil: // an empty STRING
-			states[a.at].state = coordinator.StateUnreadable
+			states[a.at].state = idemstore.StateUnreadable
 			continue
 		}
 		f, err := a.fields.Result()
 		if isReplyError(err, "WRONGTYPE") { // a list, a set, ...
-			states[a.at].state = coordinator.StateUnreadable
+			states[a.at].state = idemstore.StateUnreadable
 			continue
 		}
 		if err != nil {
@@ -271,7 +273,7 @@ func readStates(ctx context.Context, p pipeliner, names []string) ([]keyState, e
 		states[a.at] = keyState{state: legacyState(f, hasResult), format1: true}
 	}
 	for i := range states {
-		if states[i].state == coordinator.StateUnreadable {
+		if states[i].state == idemstore.StateUnreadable {
 			states[i].format1 = false
 		}
 	}
@@ -280,34 +282,34 @@ func readStates(ctx context.Context, p pipeliner, names []string) ([]keyState, e
 
 // headerState judges a STRING from its first headerLen bytes, head, and its
 // length n, as decodeValue does from the whole value.
-func headerState(head string, n int64) coordinator.State {
+func headerState(head string, n int64) idemstore.State {
 	if len(head) < headerLen || head[0] != formatVersion {
-		return coordinator.StateUnreadable
+		return idemstore.StateUnreadable
 	}
 	st := head[1]
 	end := int64(headerLen) + int64(head[3]) + (int64(head[4])<<8 | int64(head[5]))
 	if n < end || !knownState(st) || (st == statePending && n != end) {
-		return coordinator.StateUnreadable
+		return idemstore.StateUnreadable
 	}
-	return coordinator.State(st)
+	return idemstore.State(st)
 }
 
 // legacyState judges a HASH from its fields v, state, token and fp (the
 // reply of HMGET, nil for a missing field) and whether it has a result, as
 // record.lua's load does.
-func legacyState(f []any, hasResult bool) coordinator.State {
+func legacyState(f []any, hasResult bool) idemstore.State {
 	if len(f) != 4 || f[0] != legacyVersion || f[2] == nil || f[3] == nil {
-		return coordinator.StateUnreadable
+		return idemstore.StateUnreadable
 	}
 	switch {
 	case f[1] == "pending":
-		return coordinator.StatePending
+		return idemstore.StatePending
 	case f[1] == "completed" && hasResult:
-		return coordinator.StateCompleted
+		return idemstore.StateCompleted
 	case f[1] == argNotReplayable && hasResult:
-		return coordinator.StateNotReplayable
+		return idemstore.StateNotReplayable
 	}
-	return coordinator.StateUnreadable
+	return idemstore.StateUnreadable
 }
 
 // scan calls fn with the names of the keys that match the glob pattern

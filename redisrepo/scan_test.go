@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idempotency/coordinator"
@@ -49,17 +51,17 @@ func TestScanKeys(t *testing.T) {
 			if i%2 == 0 {
 				w = completedWrite(token(), "fp", []byte("result"), time.Minute)
 			}
-			mustReserve(t, s, coordinator.Key{Operation: "op", Key: k}, w)
+			mustReserve(t, s, idemstore.Key{Operation: "op", Key: k}, w)
 		}
 		// Records of other operations, one a prefix of "op" and one with it
 		// as a prefix, and of the sibling prefix; none is "op"'s.
-		for _, k := range []coordinator.Key{{Operation: "o", Key: "p:k1"}, {Operation: "op.x", Key: "k"}, {Operation: "op-2", Key: "k"}} {
+		for _, k := range []idemstore.Key{{Operation: "o", Key: "p:k1"}, {Operation: "op.x", Key: "k"}, {Operation: "op-2", Key: "k"}} {
 			mustReserve(t, s, k, pendingWrite(token(), "", time.Minute))
 		}
-		mustReserve(t, sibling, coordinator.Key{Operation: "op", Key: "k1"}, pendingWrite(token(), "", time.Minute))
+		mustReserve(t, sibling, idemstore.Key{Operation: "op", Key: "k1"}, pendingWrite(token(), "", time.Minute))
 		// Names under "op"'s prefix that are no record's: an empty key, a
 		// key with a space.
-		for _, name := range []string{s.Key(coordinator.Key{Operation: "op"}), s.Key(coordinator.Key{Operation: "op", Key: "has space"})} {
+		for _, name := range []string{s.Key(idemstore.Key{Operation: "op"}), s.Key(idemstore.Key{Operation: "op", Key: "has space"})} {
 			if err := c.Set(ctx, name, "x", time.Minute).Err(); err != nil {
 				t.Fatal(err)
 			}
@@ -67,7 +69,7 @@ func TestScanKeys(t *testing.T) {
 
 		got := map[string]int{}
 		calls := 0
-		err := s.ScanKeys(ctx, "op", func(keys []coordinator.Key) error {
+		err := s.ScanKeys(ctx, "op", func(keys []idemstore.Key) error {
 			calls++
 			for _, k := range keys {
 				if k.Operation != "op" {
@@ -92,14 +94,14 @@ func TestScanKeys(t *testing.T) {
 		// The walk stops at fn's first error.
 		stop := errors.New("stop")
 		calls = 0
-		err = s.ScanKeys(ctx, "op", func([]coordinator.Key) error { calls++; return stop })
+		err = s.ScanKeys(ctx, "op", func([]idemstore.Key) error { calls++; return stop })
 		if !errors.Is(err, stop) || calls != 1 {
 			t.Errorf("ScanKeys with a failing fn = %v after %d calls; want stop after 1", err, calls)
 		}
 
 		// Forgetting in fn deletes every key, and nothing else.
 		forgotten := 0
-		err = s.ScanKeys(ctx, "op", func(keys []coordinator.Key) error {
+		err = s.ScanKeys(ctx, "op", func(keys []idemstore.Key) error {
 			n, err := s.Forget(ctx, keys...)
 			forgotten += n
 			return err
@@ -107,15 +109,15 @@ func TestScanKeys(t *testing.T) {
 		if err != nil || forgotten != len(want) {
 			t.Errorf("ScanKeys with Forget: %d forgotten, %v; want %d", forgotten, err, len(want))
 		}
-		if err := s.ScanKeys(ctx, "op", func(keys []coordinator.Key) error {
+		if err := s.ScanKeys(ctx, "op", func(keys []idemstore.Key) error {
 			return fmt.Errorf("%d keys left: %v", len(keys), keys)
 		}); err != nil {
 			t.Error(err)
 		}
-		if rec := mustGet(t, sibling, coordinator.Key{Operation: "op", Key: "k1"}); rec.State != coordinator.StatePending {
+		if rec := mustGet(t, sibling, idemstore.Key{Operation: "op", Key: "k1"}); rec.State != idemstore.StatePending {
 			t.Errorf("the sibling prefix's record is %v, want pending", rec.State)
 		}
-		if rec := mustGet(t, s, coordinator.Key{Operation: "op.x", Key: "k"}); rec.State != coordinator.StatePending {
+		if rec := mustGet(t, s, idemstore.Key{Operation: "op.x", Key: "k"}); rec.State != idemstore.StatePending {
 			t.Errorf("op.x's record is %v, want pending", rec.State)
 		}
 	})
@@ -134,7 +136,7 @@ func missing(a, b []string) []string {
 
 func TestScanKeysRefuses(t *testing.T) {
 	c := redistest.Server(t)
-	fn := func([]coordinator.Key) error { t.Error("fn called"); return nil }
+	fn := func([]idemstore.Key) error { t.Error("fn called"); return nil }
 	s := newStore(t, c)
 	if err := s.ScanKeys(t.Context(), "bad:op", fn); !errors.Is(err, coordinator.ErrInvalidRequest) {
 		t.Errorf("ScanKeys(bad:op) = %v, want ErrInvalidRequest", err)
@@ -156,7 +158,7 @@ func TestScanKeysRedisDown(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialerRetries: 1})
 	defer c.Close()
 	s := redisrepo.New(c)
-	err := s.ScanKeys(t.Context(), "op", func([]coordinator.Key) error { return nil })
+	err := s.ScanKeys(t.Context(), "op", func([]idemstore.Key) error { return nil })
 	if err == nil {
 		t.Error("ScanKeys against a dead server: no error")
 	}
@@ -168,7 +170,7 @@ func TestScanKeysRedisDown(t *testing.T) {
 	// to quote.
 	f := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: "m", SentinelAddrs: []string{"127.0.0.1:1"}, MaxRetries: -1, DialerRetries: 1})
 	defer f.Close()
-	err = redisrepo.New(f).ScanKeys(t.Context(), "op", func([]coordinator.Key) error { return nil })
+	err = redisrepo.New(f).ScanKeys(t.Context(), "op", func([]idemstore.Key) error { return nil })
 	if err == nil || strings.Contains(err.Error(), "FailoverClient") {
 		t.Errorf("ScanKeys through a failover client to a dead sentinel = %v, want an error that does not say FailoverClient", err)
 	}
@@ -182,8 +184,8 @@ func TestCount(t *testing.T) {
 		s1 := redisrepo.New(c, redisrepo.WithKeyPrefix(prefix), redisrepo.WithRecordFormat(redisrepo.Format1))
 		sibling := redisrepo.New(c, redisrepo.WithKeyPrefix(siblingPrefix(prefix)))
 
-		key := func(op string, i int) coordinator.Key {
-			return coordinator.Key{Operation: op, Key: fmt.Sprintf("k:%d:*", i)}
+		key := func(op string, i int) idemstore.Key {
+			return idemstore.Key{Operation: op, Key: fmt.Sprintf("k:%d:*", i)}
 		}
 		want := map[string]redisrepo.Counts{
 			"pay.charge": {Pending: 2 + 1, Completed: 3 + 2, Format1: 1 + 2},
@@ -191,7 +193,7 @@ func TestCount(t *testing.T) {
 			"o":          {Completed: 1},
 		}
 		i := 0
-		next := func(op string) coordinator.Key { i++; return key(op, i) }
+		next := func(op string) idemstore.Key { i++; return key(op, i) }
 		for range 2 {
 			mustReserve(t, s, next("pay.charge"), pendingWrite(token(), "fp", time.Minute))
 		}
@@ -206,7 +208,7 @@ func TestCount(t *testing.T) {
 			plant(t, c, s.Key(next("junk")), u)
 		}
 		// "o" with a key that holds "op.charge"-like colons.
-		mustReserve(t, s, coordinator.Key{Operation: "o", Key: "pay.charge:k"}, completedWrite(token(), "", []byte("r"), time.Minute))
+		mustReserve(t, s, idemstore.Key{Operation: "o", Key: "pay.charge:k"}, completedWrite(token(), "", []byte("r"), time.Minute))
 		// Not counted: another prefix, and a name that is no record's.
 		mustReserve(t, sibling, next("pay.charge"), pendingWrite(token(), "", time.Minute))
 		for _, name := range []string{prefix + "no-colon", prefix + "bad op:k", prefix + "op:", prefix + "op:bad key"} {
@@ -236,7 +238,7 @@ func TestCount(t *testing.T) {
 
 		// Count judges each record as Inspect does.
 		for op, n := range map[string]int{"pay.charge": 8, "junk": len(unreadables)} {
-			var keys []coordinator.Key
+			var keys []idemstore.Key
 			for j := 1; j <= i; j++ {
 				keys = append(keys, key(op, j))
 			}
@@ -248,11 +250,11 @@ func TestCount(t *testing.T) {
 			seen := 0
 			for _, in := range infos {
 				switch in.State {
-				case coordinator.StatePending:
+				case idemstore.StatePending:
 					byState.Pending++
-				case coordinator.StateCompleted:
+				case idemstore.StateCompleted:
 					byState.Completed++
-				case coordinator.StateUnreadable:
+				case idemstore.StateUnreadable:
 					byState.Unreadable++
 				default:
 					continue
@@ -276,7 +278,7 @@ func TestCountEmptyPrefix(t *testing.T) {
 	c := in.Client(t)
 	ctx := t.Context()
 	s := redisrepo.New(c, redisrepo.WithKeyPrefix(""))
-	mustReserve(t, s, coordinator.Key{Operation: "op", Key: "k:1"}, completedWrite(token(), "", []byte("r"), time.Minute))
+	mustReserve(t, s, idemstore.Key{Operation: "op", Key: "k:1"}, completedWrite(token(), "", []byte("r"), time.Minute))
 	for _, name := range []string{"session:abc", "plain", "a b:c"} {
 		if err := c.Set(ctx, name, "x", time.Minute).Err(); err != nil {
 			t.Fatal(err)
@@ -287,9 +289,9 @@ func TestCountEmptyPrefix(t *testing.T) {
 	if err != nil || !maps.Equal(got, want) {
 		t.Errorf("Count() = %+v, %v; want %+v", got, err, want)
 	}
-	var keys []coordinator.Key
-	if err := s.ScanKeys(ctx, "op", func(ks []coordinator.Key) error { keys = append(keys, ks...); return nil }); err != nil ||
-		!slices.Equal(keys, []coordinator.Key{{Operation: "op", Key: "k:1"}}) {
+	var keys []idemstore.Key
+	if err := s.ScanKeys(ctx, "op", func(ks []idemstore.Key) error { keys = append(keys, ks...); return nil }); err != nil ||
+		!slices.Equal(keys, []idemstore.Key{{Operation: "op", Key: "k:1"}}) {
 		t.Errorf("ScanKeys(op) = %v, %v; want op:k:1", keys, err)
 	}
 }
@@ -302,7 +304,7 @@ func ExampleStore_ScanKeys() {
 	store := redisrepo.New(client)
 
 	forgotten := 0
-	err := store.ScanKeys(ctx, "payment.charge", func(keys []coordinator.Key) error {
+	err := store.ScanKeys(ctx, "payment.charge", func(keys []idemstore.Key) error {
 		n, err := store.Forget(ctx, keys...)
 		forgotten += n
 		return err
@@ -430,11 +432,11 @@ func TestScanClusterChanges(t *testing.T) {
 	ctx := t.Context()
 	s := redisrepo.New(c, redisrepo.WithKeyPrefix("p:"))
 	for i := range 200 {
-		mustReserve(t, s, coordinator.Key{Operation: "op", Key: fmt.Sprint("k", i)}, completedWrite(token(), "", []byte("r"), time.Minute))
+		mustReserve(t, s, idemstore.Key{Operation: "op", Key: fmt.Sprint("k", i)}, completedWrite(token(), "", []byte("r"), time.Minute))
 	}
-	walk := func(fn func([]coordinator.Key) error) (int, error) {
+	walk := func(fn func([]idemstore.Key) error) (int, error) {
 		n := 0
-		err := s.ScanKeys(ctx, "op", func(keys []coordinator.Key) error {
+		err := s.ScanKeys(ctx, "op", func(keys []idemstore.Key) error {
 			n += len(keys)
 			if fn != nil {
 				return fn(keys)
@@ -471,7 +473,7 @@ func TestScanClusterChanges(t *testing.T) {
 	// A slot that moves during the walk (here, once the walk has begun).
 	slot = oc.emptySlot(t, 0, slot+1)
 	moved := false
-	_, err := walk(func([]coordinator.Key) error {
+	_, err := walk(func([]idemstore.Key) error {
 		if !moved {
 			moved = true
 			oc.setSlot(t, 1, slot, "importing", oc.ids[0])

@@ -8,9 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/internal/redistest"
 	"github.com/idemkit/idempotency/redisrepo"
 )
@@ -56,17 +57,17 @@ func TestShardedWakeUp(t *testing.T) {
 		names = append(names, "k"+strconv.Itoa(i))
 	}
 	for _, name := range names {
-		key := coordinator.Key{Operation: "shard", Key: name + "-" + token()[:8]}
+		key := idemstore.Key{Operation: "shard", Key: name + "-" + token()[:8]}
 		tok := token()
 		mustReserve(t, holder, key, pendingWrite(tok, "", time.Minute))
 		rec, ch, stop, err := waiter.Watch(t.Context(), key)
-		if err != nil || rec.State != coordinator.StatePending || ch == nil {
+		if err != nil || rec.State != idemstore.StatePending || ch == nil {
 			t.Fatalf("Watch(%s) = %+v, %v, %v; want the pending record and a channel", key, rec, ch, err)
 		}
 		// The subscription may come up after the completion: its
 		// confirmation wakes the waiter too, so wait for a wake-up that
 		// finds the record completed.
-		if ok, err := holder.Complete(t.Context(), key, tok, coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("r"), TTL: time.Minute}); err != nil || !ok {
+		if ok, err := holder.Complete(t.Context(), key, tok, idemstore.Completion{State: idemstore.StateCompleted, Result: []byte("r"), TTL: time.Minute}); err != nil || !ok {
 			t.Fatalf("Complete(%s): %v, %v", key, ok, err)
 		}
 		select {

@@ -7,9 +7,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/internal/redistest"
 	"github.com/idemkit/idempotency/redisrepo"
 )
@@ -62,7 +63,7 @@ func TestWedgedCheckFaults(t *testing.T) {
 						t.Fatal(err)
 					}
 				}
-				meet := func() (coordinator.Record, bool, error) {
+				meet := func() (idemstore.Record, bool, error) {
 					ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
 					defer cancel()
 					return s.Reserve(ctx, key, pendingWrite(token(), "", time.Second))

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idempotency/coordinator"
@@ -112,11 +114,11 @@ func testStalledSubscription(t *testing.T, open func(t *testing.T, d *stallingDi
 			holder, _ := coord(t, holderStore)
 			collided := make(chan struct{}, waiters)
 			var errorsSeen atomic.Int64
-			obs := coordinator.ObserverFunc(func(_ context.Context, ev coordinator.Event) {
+			obs := idemevent.ObserverFunc(func(_ context.Context, ev idemevent.Event) {
 				switch ev.Kind {
-				case coordinator.EventInFlight:
+				case idemevent.InFlight:
 					collided <- struct{}{}
-				case coordinator.EventError:
+				case idemevent.Error:
 					errorsSeen.Add(1)
 				}
 			})

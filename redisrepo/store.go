@@ -8,6 +8,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idempotency/coordinator"
@@ -29,7 +32,7 @@ type Client interface {
 	Process(ctx context.Context, cmd redis.Cmder) error
 }
 
-// Store is a coordinator.Store on Redis. Each record is a small STRING under
+// Store is a idemstore.Store on Redis. Each record is a small STRING under
 // one key, and each method is one command or one Lua script touching only
 // that key: one round trip, atomic on the server, and unchanged on Redis
 // Cluster. Create a Store with New; it is safe for concurrent use.
@@ -38,7 +41,7 @@ type Client interface {
 // fails (the network, a timeout, a cancelled context, a server error); it
 // unwraps to the go-redis error. Something under a key that is not a record
 // this package can read is not an error: it is reported as
-// coordinator.StateUnreadable, so that the coordinator heals the key.
+// idemstore.StateUnreadable, so that the coordinator heals the key.
 type Store struct {
 	client  Client
 	prefix  string
@@ -56,7 +59,7 @@ type Store struct {
 	ackQueues map[string]*ackQueue // by master address: see ackQueue
 }
 
-var _ coordinator.Store = (*Store)(nil)
+var _ idemstore.Store = (*Store)(nil)
 
 // New returns a Store that keeps its records through client. Without options
 // the keys have the prefix DefaultKeyPrefix. It panics when an option is
@@ -82,7 +85,7 @@ func New(client Client, opts ...Option) *Store {
 
 // Key returns the name of the Redis key that holds the record of key:
 // prefix + operation + ":" + key.
-func (s *Store) Key(key coordinator.Key) string {
+func (s *Store) Key(key idemstore.Key) string {
 	return s.prefix + key.Operation + ":" + key.Key
 }
 
@@ -110,10 +113,10 @@ var (
 	argEval, argEvalSha, argOneKey any = "eval", "evalsha", "1"
 )
 
-// Reserve implements coordinator.Store: reserve-or-read. If the key is
+// Reserve implements idemstore.Store: reserve-or-read. If the key is
 // absent, or w.Replace is set and the record under the key is not pending
 // and has token w.ReplaceToken, it writes w with time to live w.TTL and
-// returns (coordinator.Record{}, true, nil). Otherwise it returns the record
+// returns (idemstore.Record{}, true, nil). Otherwise it returns the record
 // under the key and false. An unreadable record has token "", so
 // w.ReplaceToken "" replaces it.
 //
@@ -128,10 +131,10 @@ var (
 // which needs a write, returns the refusal.
 //
 // It returns a *coordinator.StorageError when Redis fails, when w.State is
-// not coordinator.StatePending, coordinator.StateCompleted or
-// coordinator.StateNotReplayable, when
+// not idemstore.StatePending, idemstore.StateCompleted or
+// idemstore.StateNotReplayable, when
 // w.TTL is not positive, or when w.Token or w.Fingerprint is too long.
-func (s *Store) Reserve(ctx context.Context, key coordinator.Key, w coordinator.Write) (coordinator.Record, bool, error) {
+func (s *Store) Reserve(ctx context.Context, key idemstore.Key, w idemstore.Write) (idemstore.Record, bool, error) {
 	if s.acking(key.Operation) {
 		return s.reserveAcked(ctx, key, w)
 	}
@@ -139,10 +142,10 @@ func (s *Store) Reserve(ctx context.Context, key coordinator.Key, w coordinator.
 }
 
 // reserve is Reserve without acknowledgement.
-func (s *Store) reserve(ctx context.Context, key coordinator.Key, w coordinator.Write) (coordinator.Record, bool, error) {
+func (s *Store) reserve(ctx context.Context, key idemstore.Key, w idemstore.Write) (idemstore.Record, bool, error) {
 	ttl, err := checkWrite(w)
 	if err != nil {
-		return coordinator.Record{}, false, storageError(coordinator.MethodReserve, err)
+		return idemstore.Record{}, false, storageError(idemevent.MethodReserve, err)
 	}
 	if s.format == Format1 {
 		return s.reserve1(ctx, key, w, ttl)
@@ -150,33 +153,33 @@ func (s *Store) reserve(ctx context.Context, key coordinator.Key, w coordinator.
 	c := s.newCommand(key)
 	b, err := appendRecord(c.free(), w.State, w.Token, w.Fingerprint, w.Result)
 	if err != nil {
-		return coordinator.Record{}, false, storageError(coordinator.MethodReserve, err)
+		return idemstore.Record{}, false, storageError(idemevent.MethodReserve, err)
 	}
 	c.val = c.keep(b)
 	rkey, val := c.key, b
 	if !w.Replace {
-		c.add(argSet, &c.key, &c.val, argNX, argPX, s.boxed(ttl, w.State == coordinator.StatePending), argGet)
+		c.add(argSet, &c.key, &c.val, argNX, argPX, s.boxed(ttl, w.State == idemstore.StatePending), argGet)
 		v, found, err := s.bulk(ctx, c.list()...)
 		switch {
 		case errors.Is(err, errWrongType):
-			rec, err := s.legacy(ctx, coordinator.MethodReserve, rkey)
-			if err == nil && rec.State == coordinator.StatePending {
+			rec, err := s.legacy(ctx, idemevent.MethodReserve, rkey)
+			if err == nil && rec.State == idemstore.StatePending {
 				return reserveReply(abandon1Script.Run(ctx, s.client, []string{rkey},
 					val, ttl, rec.Token).Result())
 			}
 			return rec, false, err
 		case isReplyError(err, "ERR syntax error"): // a server before Redis 7.0
-			return coordinator.Record{}, false, storageError(coordinator.MethodReserve,
+			return idemstore.Record{}, false, storageError(idemevent.MethodReserve,
 				fmt.Errorf("%w (SET with NX and GET needs Redis 7.0 or newer)", err))
 		case writeRefused(err):
 			return s.readRefused(ctx, rkey, err)
 		case err != nil:
-			return coordinator.Record{}, false, storageError(coordinator.MethodReserve, err)
+			return idemstore.Record{}, false, storageError(idemevent.MethodReserve, err)
 		case !found:
-			return coordinator.Record{}, true, nil
+			return idemstore.Record{}, true, nil
 		}
 		rec := decodeValue(v)
-		if rec.State == coordinator.StatePending && s.seen.due(c.key, rec.Token, checkEvery(w)) {
+		if rec.State == idemstore.StatePending && s.seen.due(c.key, rec.Token, checkEvery(w)) {
 			return s.abandon(ctx, c, rec, w, ttl)
 		}
 		return rec, false, nil
@@ -187,12 +190,12 @@ func (s *Store) reserve(ctx context.Context, key coordinator.Key, w coordinator.
 
 // checkWrite checks the state and the time to live of w, and returns the
 // time to live in milliseconds.
-func checkWrite(w coordinator.Write) (int64, error) {
+func checkWrite(w idemstore.Write) (int64, error) {
 	ttl, err := millis(w.TTL)
 	if err != nil {
 		return 0, err
 	}
-	if w.State != coordinator.StatePending && !hasResult(byte(w.State)) {
+	if w.State != idemstore.StatePending && !hasResult(byte(w.State)) {
 		return 0, fmt.Errorf("redisrepo: cannot write a record in state %s", w.State)
 	}
 	return ttl, nil
@@ -205,8 +208,8 @@ func checkWrite(w coordinator.Write) (int64, error) {
 // lease: it checks at its second meeting, so that a wedged record is healed
 // by the second call, not after maxCheckEvery. What is wedged is decided on
 // the server either way.
-func checkEvery(w coordinator.Write) time.Duration {
-	if w.State == coordinator.StatePending {
+func checkEvery(w idemstore.Write) time.Duration {
+	if w.State == idemstore.StatePending {
 		return w.TTL
 	}
 	return 0
@@ -221,19 +224,19 @@ func checkEvery(w coordinator.Write) time.Duration {
 // common collision (a retry while the first call still runs) pays one round
 // trip. The check is opportunistic: when it fails, Reserve returns rec, as
 // it would have without it.
-func (s *Store) abandon(ctx context.Context, c *command, rec coordinator.Record, w coordinator.Write, ttl int64) (coordinator.Record, bool, error) {
+func (s *Store) abandon(ctx context.Context, c *command, rec idemstore.Record, w idemstore.Write, ttl int64) (idemstore.Record, bool, error) {
 	a := &command{key: c.key, val: c.val}
 	a.setToken(rec.Token)
-	a.add(argEvalSha, abandonScript.sha, argOneKey, &a.key, &a.val, s.boxed(ttl, w.State == coordinator.StatePending), &a.token)
+	a.add(argEvalSha, abandonScript.sha, argOneKey, &a.key, &a.val, s.boxed(ttl, w.State == idemstore.StatePending), &a.token)
 	v, found, err := s.bulk(ctx, a.list()...)
 	switch {
 	case errors.Is(err, errWrongType): // a format 1 HASH since
-		rec, err := s.legacy(ctx, coordinator.MethodReserve, a.key)
+		rec, err := s.legacy(ctx, idemevent.MethodReserve, a.key)
 		return rec, false, err
 	case err != nil:
 		return rec, false, nil
 	case !found:
-		return coordinator.Record{}, true, nil
+		return idemstore.Record{}, true, nil
 	}
 	return decodeValue(v), false, nil
 }
@@ -241,43 +244,43 @@ func (s *Store) abandon(ctx context.Context, c *command, rec coordinator.Record,
 // readRefused is Reserve after Redis refused its write with refused: it
 // reads the record under rkey as Get does and returns it, or refused as a
 // *coordinator.StorageError when the key is absent or the read fails too.
-func (s *Store) readRefused(ctx context.Context, rkey string, refused error) (coordinator.Record, bool, error) {
-	rec, err := s.get(ctx, coordinator.MethodReserve, rkey, false)
-	if err != nil || rec.State == coordinator.StateAbsent {
-		return coordinator.Record{}, false, storageError(coordinator.MethodReserve, refused)
+func (s *Store) readRefused(ctx context.Context, rkey string, refused error) (idemstore.Record, bool, error) {
+	rec, err := s.get(ctx, idemevent.MethodReserve, rkey, false)
+	if err != nil || rec.State == idemstore.StateAbsent {
+		return idemstore.Record{}, false, storageError(idemevent.MethodReserve, refused)
 	}
 	return rec, false, nil
 }
 
 // reserveReply reads the reply of reserve.lua or reserve1.lua: 1 when it
 // wrote, else the record that is there.
-func reserveReply(v any, err error) (coordinator.Record, bool, error) {
+func reserveReply(v any, err error) (idemstore.Record, bool, error) {
 	if err != nil {
-		return coordinator.Record{}, false, storageError(coordinator.MethodReserve, err)
+		return idemstore.Record{}, false, storageError(idemevent.MethodReserve, err)
 	}
 	if n, ok := v.(int64); ok && n == 1 {
-		return coordinator.Record{}, true, nil
+		return idemstore.Record{}, true, nil
 	}
 	rec, err := decodeReply(v)
 	if err != nil {
-		return coordinator.Record{}, false, storageError(coordinator.MethodReserve, err)
+		return idemstore.Record{}, false, storageError(idemevent.MethodReserve, err)
 	}
 	return rec, false, nil
 }
 
 // reserve1 is Reserve in format 1.
-func (s *Store) reserve1(ctx context.Context, key coordinator.Key, w coordinator.Write, ttl int64) (coordinator.Record, bool, error) {
+func (s *Store) reserve1(ctx context.Context, key idemstore.Key, w idemstore.Write, ttl int64) (idemstore.Record, bool, error) {
 	return reserveReply(reserve1Script.Run(ctx, s.client, []string{s.Key(key)}, reserve1Args(w, ttl)...).Result())
 }
 
 // reserve1Args returns the arguments of reserve1.lua that write w with time
 // to live ttl.
-func reserve1Args(w coordinator.Write, ttl int64) []any {
+func reserve1Args(w idemstore.Write, ttl int64) []any {
 	state, result := argPending, any("")
 	switch w.State {
-	case coordinator.StateCompleted:
+	case idemstore.StateCompleted:
 		state, result = argCompleted, w.Result
-	case coordinator.StateNotReplayable:
+	case idemstore.StateNotReplayable:
 		state, result = argNotReplayable, w.Result
 	}
 	replace, replaceToken := argNoReplace, ""
@@ -299,17 +302,17 @@ const (
 // The state bytes complete.lua writes, boxed once.
 var argStateCompleted, argStateNotReplayable any = int64(stateCompleted), int64(stateNotReplayable)
 
-// Get implements coordinator.Store: it returns the record under key; a
-// missing key is a Record with State coordinator.StateAbsent and a nil
+// Get implements idemstore.Store: it returns the record under key; a
+// missing key is a Record with State idemstore.StateAbsent and a nil
 // error. It is one GET; the record's TTL is 0 (unknown), except for a record
 // of format 1. It returns a *coordinator.StorageError when Redis fails.
-func (s *Store) Get(ctx context.Context, key coordinator.Key) (coordinator.Record, error) {
-	return s.get(ctx, coordinator.MethodGet, s.Key(key), false)
+func (s *Store) Get(ctx context.Context, key idemstore.Key) (idemstore.Record, error) {
+	return s.get(ctx, idemevent.MethodGet, s.Key(key), false)
 }
 
 // get reads the record under rkey with GET or, when watch is set, with
 // watch.lua.
-func (s *Store) get(ctx context.Context, m coordinator.Method, rkey string, watch bool) (coordinator.Record, error) {
+func (s *Store) get(ctx context.Context, m idemevent.Method, rkey string, watch bool) (idemstore.Record, error) {
 	if s.format == Format1 && !watch {
 		// The records it writes are HASHes, which GET refuses: read with
 		// legacy.lua at once (it reads a STRING too), one round trip.
@@ -327,48 +330,48 @@ func (s *Store) get(ctx context.Context, m coordinator.Method, rkey string, watc
 	case errors.Is(err, errWrongType):
 		return s.legacy(ctx, m, rkey)
 	case err != nil:
-		return coordinator.Record{}, storageError(m, err)
+		return idemstore.Record{}, storageError(m, err)
 	case !found:
-		return coordinator.Record{}, nil
+		return idemstore.Record{}, nil
 	}
 	return decodeValue(v), nil
 }
 
 // legacy reads the record under rkey, which is not a STRING: a format 1
 // HASH, or something unreadable.
-func (s *Store) legacy(ctx context.Context, m coordinator.Method, rkey string) (coordinator.Record, error) {
+func (s *Store) legacy(ctx context.Context, m idemevent.Method, rkey string) (idemstore.Record, error) {
 	v, err := legacyScript.Run(ctx, s.client, []string{rkey}).Result()
 	if err != nil {
-		return coordinator.Record{}, storageError(m, err)
+		return idemstore.Record{}, storageError(m, err)
 	}
 	if n, ok := v.(int64); ok && n == 0 {
-		return coordinator.Record{}, nil
+		return idemstore.Record{}, nil
 	}
 	rec, err := decodeReply(v)
 	if err != nil {
-		return coordinator.Record{}, storageError(m, err)
+		return idemstore.Record{}, storageError(m, err)
 	}
 	return rec, nil
 }
 
 // decodeReply reads a reply that holds a record: a STRING (format 2, or
 // something unreadable), or the array of legacy.lua and reserve.lua.
-func decodeReply(v any) (coordinator.Record, error) {
+func decodeReply(v any) (idemstore.Record, error) {
 	if str, ok := v.(string); ok {
 		return decodeValue([]byte(str)), nil
 	}
 	return decodeLegacy(v)
 }
 
-// Complete implements coordinator.Store: if key holds a pending record owned
+// Complete implements idemstore.Store: if key holds a pending record owned
 // by token, it makes it a record of state c.State (completed, or not
 // replayable with c.Result as the reason) with c.Result and time to live
 // c.TTL, keeping its token and fingerprint, and reports true. A caller that
 // waits on the key in any process is woken (see Watch). It returns a
 // *coordinator.StorageError when Redis fails, c.TTL is not positive or
-// c.State is neither coordinator.StateCompleted nor
-// coordinator.StateNotReplayable.
-func (s *Store) Complete(ctx context.Context, key coordinator.Key, token string, c coordinator.Completion) (bool, error) {
+// c.State is neither idemstore.StateCompleted nor
+// idemstore.StateNotReplayable.
+func (s *Store) Complete(ctx context.Context, key idemstore.Key, token string, c idemstore.Completion) (bool, error) {
 	if s.acking(key.Operation) {
 		return s.completeAcked(ctx, key, token, c)
 	}
@@ -376,74 +379,74 @@ func (s *Store) Complete(ctx context.Context, key coordinator.Key, token string,
 }
 
 // complete is Complete without acknowledgement.
-func (s *Store) complete(ctx context.Context, key coordinator.Key, token string, c coordinator.Completion) (bool, error) {
+func (s *Store) complete(ctx context.Context, key idemstore.Key, token string, c idemstore.Completion) (bool, error) {
 	ms, err := millis(c.TTL)
 	if err != nil {
-		return false, storageError(coordinator.MethodComplete, err)
+		return false, storageError(idemevent.MethodComplete, err)
 	}
 	state, state1, err := completionStates(c.State)
 	if err != nil {
-		return false, storageError(coordinator.MethodComplete, err)
+		return false, storageError(idemevent.MethodComplete, err)
 	}
 	if s.format == Format1 {
 		v, err := owner1Script.Run(ctx, s.client, []string{s.Key(key)}, "complete", token, c.Result, ms, state1).Result()
-		return ownerReply(coordinator.MethodComplete, v, err)
+		return ownerReply(idemevent.MethodComplete, v, err)
 	}
 	k := s.newCommand(key)
 	k.setToken(token)
 	k.setChannel(s)
 	k.result = bytesString(c.Result)
 	k.add(argEvalSha, completeScript.sha, argOneKey, &k.key, &k.token, &k.result, s.boxed(ms, false), &k.channel, state, s.publishArg())
-	return s.owner(ctx, coordinator.MethodComplete, k)
+	return s.owner(ctx, idemevent.MethodComplete, k)
 }
 
 // completionStates returns the state to write for a completion in state st:
 // as complete.lua takes it, and as owner1.lua takes it (format 1).
-func completionStates(st coordinator.State) (state, state1 any, err error) {
+func completionStates(st idemstore.State) (state, state1 any, err error) {
 	switch st {
-	case coordinator.StateCompleted:
+	case idemstore.StateCompleted:
 		return argStateCompleted, argCompleted, nil
-	case coordinator.StateNotReplayable:
+	case idemstore.StateNotReplayable:
 		return argStateNotReplayable, argNotReplayable, nil
 	}
 	return nil, nil, fmt.Errorf("redisrepo: cannot complete a record in state %s", st)
 }
 
-// Release implements coordinator.Store: if key holds a pending record owned
+// Release implements idemstore.Store: if key holds a pending record owned
 // by token, it deletes it and reports true. A caller that waits on the key
 // in any process is woken (see Watch). It returns a
 // *coordinator.StorageError when Redis fails.
-func (s *Store) Release(ctx context.Context, key coordinator.Key, token string) (bool, error) {
+func (s *Store) Release(ctx context.Context, key idemstore.Key, token string) (bool, error) {
 	if s.format == Format1 {
-		return s.owner1(ctx, coordinator.MethodRelease, key, "release", token, "", 0)
+		return s.owner1(ctx, idemevent.MethodRelease, key, "release", token, "", 0)
 	}
 	c := s.newCommand(key)
 	c.setToken(token)
 	c.setChannel(s)
 	c.add(argEvalSha, releaseScript.sha, argOneKey, &c.key, &c.token, &c.channel, s.publishArg())
-	return s.owner(ctx, coordinator.MethodRelease, c)
+	return s.owner(ctx, idemevent.MethodRelease, c)
 }
 
-// Renew implements coordinator.Store: if key holds a pending record owned by
+// Renew implements idemstore.Store: if key holds a pending record owned by
 // token, it sets its time to live to lease and reports true; false means the
 // lease is lost. It returns a *coordinator.StorageError when Redis fails or
 // lease is not positive.
-func (s *Store) Renew(ctx context.Context, key coordinator.Key, token string, lease time.Duration) (bool, error) {
+func (s *Store) Renew(ctx context.Context, key idemstore.Key, token string, lease time.Duration) (bool, error) {
 	ms, err := millis(lease)
 	if err != nil {
-		return false, storageError(coordinator.MethodRenew, err)
+		return false, storageError(idemevent.MethodRenew, err)
 	}
 	if s.format == Format1 {
-		return s.owner1(ctx, coordinator.MethodRenew, key, "renew", token, "", ms)
+		return s.owner1(ctx, idemevent.MethodRenew, key, "renew", token, "", ms)
 	}
 	c := s.newCommand(key)
 	c.setToken(token)
 	c.add(argEvalSha, renewScript.sha, argOneKey, &c.key, &c.token, s.boxed(ms, true))
-	return s.owner(ctx, coordinator.MethodRenew, c)
+	return s.owner(ctx, idemevent.MethodRenew, c)
 }
 
 // owner1 is an owner-checked step in format 1.
-func (s *Store) owner1(ctx context.Context, m coordinator.Method, key coordinator.Key, step, token string, result any, ms int64) (bool, error) {
+func (s *Store) owner1(ctx context.Context, m idemevent.Method, key idemstore.Key, step, token string, result any, ms int64) (bool, error) {
 	v, err := owner1Script.Run(ctx, s.client, []string{s.Key(key)}, step, token, result, ms).Result()
 	return ownerReply(m, v, err)
 }
@@ -451,7 +454,7 @@ func (s *Store) owner1(ctx context.Context, m coordinator.Method, key coordinato
 // owner runs c, one of the scripts that act only for the owner of a pending
 // record, with EVALSHA, and whole with EVAL after NOSCRIPT (see hotScript),
 // riding through a resharding (see Store.process).
-func (s *Store) owner(ctx context.Context, m coordinator.Method, c *command) (bool, error) {
+func (s *Store) owner(ctx context.Context, m idemevent.Method, c *command) (bool, error) {
 	cmd := redis.NewCmd(ctx, c.list()...)
 	_ = s.process(ctx, cmd)
 	v, err := cmd.Result()
@@ -465,7 +468,7 @@ func (s *Store) owner(ctx context.Context, m coordinator.Method, c *command) (bo
 
 // ownerReply reads the reply of an owner script: 1 when it acted, 0 when it
 // did not.
-func ownerReply(m coordinator.Method, v any, err error) (bool, error) {
+func ownerReply(m idemevent.Method, v any, err error) (bool, error) {
 	if err != nil {
 		return false, storageError(m, err)
 	}
@@ -519,6 +522,6 @@ func millis(d time.Duration) (int64, error) {
 var errNilReply = errors.New("redisrepo: unexpected nil reply")
 
 // storageError wraps err, an error of a call to Redis, for method m.
-func storageError(m coordinator.Method, err error) *coordinator.StorageError {
+func storageError(m idemevent.Method, err error) *coordinator.StorageError {
 	return &coordinator.StorageError{Method: m, Err: replyError(err)}
 }

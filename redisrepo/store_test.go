@@ -6,6 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idempotency/coordinator"
@@ -14,7 +17,7 @@ import (
 )
 
 func TestKey(t *testing.T) {
-	k := coordinator.Key{Operation: "payment.charge", Key: "order-42"}
+	k := idemstore.Key{Operation: "payment.charge", Key: "order-42"}
 	if got, want := redisrepo.New(nil).Key(k), "idempotency:payment.charge:order-42"; got != want {
 		t.Errorf("default prefix: Key = %q, want %q", got, want)
 	}
@@ -44,7 +47,7 @@ func TestRecordFormat(t *testing.T) {
 		wantValue(t, c, "pending record", name, "\x02\x01\x02\x10\x00\x04"+packedTok+"FP-1")
 		checkPTTL(t, c, name, 30*time.Second)
 
-		if ok, err := s.Complete(ctx, key, tok, coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("result\x00bytes"), TTL: time.Hour}); err != nil || !ok {
+		if ok, err := s.Complete(ctx, key, tok, idemstore.Completion{State: idemstore.StateCompleted, Result: []byte("result\x00bytes"), TTL: time.Hour}); err != nil || !ok {
 			t.Fatalf("Complete = %v, %v; want true", ok, err)
 		}
 		wantValue(t, c, "completed record", name, "\x02\x02\x02\x10\x00\x04"+packedTok+"FP-1result\x00bytes")
@@ -87,9 +90,9 @@ func TestLegacyRecords(t *testing.T) {
 			t.Fatal(err)
 		}
 		c.PExpire(ctx, name, time.Minute)
-		want := coordinator.Record{State: coordinator.StatePending, Token: "tok-1", Fingerprint: "fp-1"}
+		want := idemstore.Record{State: idemstore.StatePending, Token: "tok-1", Fingerprint: "fp-1"}
 		for _, how := range []string{"Get", "Reserve", "Watch"} {
-			var rec coordinator.Record
+			var rec idemstore.Record
 			var err error
 			switch how {
 			case "Get":
@@ -112,21 +115,21 @@ func TestLegacyRecords(t *testing.T) {
 			}
 		}
 		// The owner scripts of format 2 never act on a format 1 record.
-		if ok, err := s.Complete(ctx, key, "tok-1", coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("r"), TTL: time.Minute}); ok || err != nil {
+		if ok, err := s.Complete(ctx, key, "tok-1", idemstore.Completion{State: idemstore.StateCompleted, Result: []byte("r"), TTL: time.Minute}); ok || err != nil {
 			t.Errorf("Complete of a format 1 record = %v, %v; want false", ok, err)
 		}
 		if err := c.HSet(ctx, name, "state", "completed", "result", "r\x00").Err(); err != nil {
 			t.Fatal(err)
 		}
 		rec, ok, err := s.Reserve(ctx, key, pendingWrite(token(), "fp-1", time.Minute))
-		if err != nil || ok || rec.State != coordinator.StateCompleted || string(rec.Result) != "r\x00" || rec.Token != "tok-1" {
+		if err != nil || ok || rec.State != idemstore.StateCompleted || string(rec.Result) != "r\x00" || rec.Token != "tok-1" {
 			t.Errorf("Reserve over a completed format 1 record = %+v, %v, %v; want it", rec, ok, err)
 		}
 		// A heal replaces it with a format 2 record, by its token.
 		if _, ok, err := s.Reserve(ctx, key, replace(completedWrite("00ff", "fp-1", []byte("new"), time.Minute), "tok-1")); err != nil || !ok {
 			t.Fatalf("Reserve replacing the format 1 record = %v, %v; want written", ok, err)
 		}
-		if rec := mustGet(t, s, key); rec.State != coordinator.StateCompleted || rec.Token != "00ff" || string(rec.Result) != "new" {
+		if rec := mustGet(t, s, key); rec.State != idemstore.StateCompleted || rec.Token != "00ff" || string(rec.Result) != "new" {
 			t.Errorf("Get after the heal = %+v, want the new record", rec)
 		}
 	})
@@ -146,12 +149,12 @@ func TestRecordExtraFieldsIgnored(t *testing.T) {
 		}
 		c.PExpire(ctx, name, time.Minute)
 		rec := mustGet(t, s, key)
-		if rec.State != coordinator.StateCompleted || rec.Token != "tok" || rec.Fingerprint != "fp" || string(rec.Result) != "r" {
+		if rec.State != idemstore.StateCompleted || rec.Token != "tok" || rec.Fingerprint != "fp" || string(rec.Result) != "r" {
 			t.Errorf("Get = %+v, want the completed record", rec)
 		}
 		// created_ms is informative: a record without it is readable.
 		c.HDel(ctx, name, "created_ms")
-		if rec := mustGet(t, s, key); rec.State != coordinator.StateCompleted {
+		if rec := mustGet(t, s, key); rec.State != idemstore.StateCompleted {
 			t.Errorf("Get without created_ms = %+v, want completed", rec)
 		}
 	})
@@ -168,7 +171,7 @@ func TestUnreadable(t *testing.T) {
 			t.Run(u.name, func(t *testing.T) {
 				key := newKey("unreadable")
 				plant(t, c, s.Key(key), u)
-				want := coordinator.StateUnreadable
+				want := idemstore.StateUnreadable
 				// Read with GET, a STRING's TTL is unknown; the others are
 				// read by a script, which reports it.
 				if rec := mustGet(t, s, key); rec.State != want || rec.Token != "" || rec.Fingerprint != "" || rec.Result != nil || (rec.TTL <= 0) != u.string {
@@ -182,7 +185,7 @@ func TestUnreadable(t *testing.T) {
 				}
 				for name, call := range map[string]func() (bool, error){
 					"Complete": func() (bool, error) {
-						return s.Complete(ctx, key, "", coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("x"), TTL: time.Minute})
+						return s.Complete(ctx, key, "", idemstore.Completion{State: idemstore.StateCompleted, Result: []byte("x"), TTL: time.Minute})
 					},
 					"Release": func() (bool, error) { return s.Release(ctx, key, "") },
 					"Renew":   func() (bool, error) { return s.Renew(ctx, key, "", time.Minute) },
@@ -199,13 +202,13 @@ func TestUnreadable(t *testing.T) {
 				if rec, ok, err := s.Reserve(ctx, key, replace(pendingWrite(tok, "fp", time.Minute), "")); err != nil || !ok {
 					t.Fatalf("Reserve replacing token \"\" = %+v, %v, %v; want written", rec, ok, err)
 				}
-				if rec := mustGet(t, s, key); rec.State != coordinator.StatePending || rec.Token != tok || rec.Fingerprint != "fp" {
+				if rec := mustGet(t, s, key); rec.State != idemstore.StatePending || rec.Token != tok || rec.Fingerprint != "fp" {
 					t.Fatalf("Get after the heal = %+v, want our pending record", rec)
 				}
-				if ok, err := s.Complete(ctx, key, tok, coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("healed"), TTL: time.Minute}); err != nil || !ok {
+				if ok, err := s.Complete(ctx, key, tok, idemstore.Completion{State: idemstore.StateCompleted, Result: []byte("healed"), TTL: time.Minute}); err != nil || !ok {
 					t.Fatalf("Complete after the heal = %v, %v", ok, err)
 				}
-				if rec := mustGet(t, s, key); rec.State != coordinator.StateCompleted || string(rec.Result) != "healed" {
+				if rec := mustGet(t, s, key); rec.State != idemstore.StateCompleted || string(rec.Result) != "healed" {
 					t.Errorf("Get after completing the heal = %+v", rec)
 				}
 			})
@@ -213,7 +216,7 @@ func TestUnreadable(t *testing.T) {
 	})
 }
 
-func replace(w coordinator.Write, old string) coordinator.Write {
+func replace(w idemstore.Write, old string) idemstore.Write {
 	w.Replace, w.ReplaceToken = true, old
 	return w
 }
@@ -235,17 +238,17 @@ func TestTTLMilliseconds(t *testing.T) {
 	key = newKey("ttl-zero")
 	for _, ttl := range []time.Duration{0, -time.Second} {
 		_, _, err := s.Reserve(ctx, key, pendingWrite(token(), "", ttl))
-		checkStorageError(t, "Reserve with TTL "+ttl.String(), err, coordinator.MethodReserve)
-		_, err = s.Complete(ctx, key, "t", coordinator.Completion{State: coordinator.StateCompleted, Result: nil, TTL: ttl})
-		checkStorageError(t, "Complete with TTL "+ttl.String(), err, coordinator.MethodComplete)
+		checkStorageError(t, "Reserve with TTL "+ttl.String(), err, idemevent.MethodReserve)
+		_, err = s.Complete(ctx, key, "t", idemstore.Completion{State: idemstore.StateCompleted, Result: nil, TTL: ttl})
+		checkStorageError(t, "Complete with TTL "+ttl.String(), err, idemevent.MethodComplete)
 		_, err = s.Renew(ctx, key, "t", ttl)
-		checkStorageError(t, "Renew with TTL "+ttl.String(), err, coordinator.MethodRenew)
+		checkStorageError(t, "Renew with TTL "+ttl.String(), err, idemevent.MethodRenew)
 	}
 	if n := c.Exists(ctx, s.Key(key)).Val(); n != 0 {
 		t.Errorf("a refused write left the key behind")
 	}
-	_, _, err := s.Reserve(ctx, key, coordinator.Write{State: coordinator.StateAbsent, TTL: time.Second})
-	checkStorageError(t, "Reserve of state absent", err, coordinator.MethodReserve)
+	_, _, err := s.Reserve(ctx, key, idemstore.Write{State: idemstore.StateAbsent, TTL: time.Second})
+	checkStorageError(t, "Reserve of state absent", err, idemevent.MethodReserve)
 }
 
 func TestRecordTTL(t *testing.T) {
@@ -258,7 +261,7 @@ func TestRecordTTL(t *testing.T) {
 		mustReserve(t, s, key, pendingWrite(tok, "", time.Minute))
 		checkPTTL(t, c, name, time.Minute)
 		// GET does not report it: 0, unknown.
-		if rec := mustGet(t, s, key); rec.TTL != 0 || rec.State != coordinator.StatePending {
+		if rec := mustGet(t, s, key); rec.TTL != 0 || rec.State != idemstore.StatePending {
 			t.Errorf("Get = %+v, want pending with TTL 0", rec)
 		}
 		// Refused writes leave the TTL alone.
@@ -273,7 +276,7 @@ func TestRecordTTL(t *testing.T) {
 			t.Fatalf("Renew = %v, %v", ok, err)
 		}
 		checkPTTL(t, c, name, 2*time.Minute)
-		if ok, err := s.Complete(ctx, key, tok, coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("r"), TTL: time.Hour}); !ok || err != nil {
+		if ok, err := s.Complete(ctx, key, tok, idemstore.Completion{State: idemstore.StateCompleted, Result: []byte("r"), TTL: time.Hour}); !ok || err != nil {
 			t.Fatalf("Complete = %v, %v", ok, err)
 		}
 		checkPTTL(t, c, name, time.Hour)
@@ -290,7 +293,7 @@ func TestCanceledContext(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	_, err := s.Get(ctx, newKey("canceled"))
-	checkStorageError(t, "Get with a cancelled context", err, coordinator.MethodGet)
+	checkStorageError(t, "Get with a cancelled context", err, idemevent.MethodGet)
 	if !errors.Is(err, context.Canceled) {
 		t.Errorf("Get with a cancelled context: %v, want it to match context.Canceled", err)
 	}
@@ -298,7 +301,7 @@ func TestCanceledContext(t *testing.T) {
 
 // checkStorageError fails t unless err is a *coordinator.StorageError of
 // method m that does not match redis.Nil.
-func checkStorageError(t testing.TB, what string, err error, m coordinator.Method) {
+func checkStorageError(t testing.TB, what string, err error, m idemevent.Method) {
 	t.Helper()
 	var se *coordinator.StorageError
 	switch {

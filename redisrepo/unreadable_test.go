@@ -7,7 +7,7 @@ import (
 )
 
 // unreadable is a kind of value that a Store must report as
-// coordinator.StateUnreadable.
+// idemstore.StateUnreadable.
 type unreadable struct {
 	name   string
 	plant  func(ctx context.Context, c redis.Cmdable, key string) error

@@ -7,6 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idempotency/coordinator"
@@ -96,7 +99,7 @@ func TestUpgradeFromFormat1(t *testing.T) {
 			waited, err = coordinator.DoResult(ctx, co, callOf(held), k.action("waiter"))
 			got <- err
 		}()
-		for ev.count(coordinator.EventInFlight, "") == 0 { // until it waits
+		for ev.count(idemevent.InFlight, "") == 0 { // until it waits
 			time.Sleep(time.Millisecond)
 		}
 		old.completeNow(t, s.Key(held), "00112233445566778899aabbccddeeff", []byte(`{"id":"holder","n":1}`))
@@ -112,7 +115,7 @@ func TestUpgradeFromFormat1(t *testing.T) {
 		if v, err := c.Get(ctx, s.Key(fresh)).Result(); err != nil || v[0] != 2 {
 			t.Errorf("a new record: %q, %v; want format 2", v, err)
 		}
-		if infos, err := s.Inspect(ctx, done, fresh); err != nil || infos[0].State != coordinator.StateCompleted || infos[1].State != coordinator.StateCompleted {
+		if infos, err := s.Inspect(ctx, done, fresh); err != nil || infos[0].State != idemstore.StateCompleted || infos[1].State != idemstore.StateCompleted {
 			t.Errorf("Inspect of both formats = %+v, %v", infos, err)
 		}
 	})
@@ -140,7 +143,7 @@ func TestRollingUpgradeWithFormat1(t *testing.T) {
 		}
 		v, err := old.reserve.Run(ctx, c, []string{s.Key(key)}, "pending", "0badc0de", "", "", 30000, "0", "").Result()
 		rec, ok := v.([]any)
-		if err != nil || !ok || len(rec) != 5 || rec[0] != int64(coordinator.StateCompleted) || !strings.Contains(rec[3].(string), `"new"`) {
+		if err != nil || !ok || len(rec) != 5 || rec[0] != int64(idemstore.StateCompleted) || !strings.Contains(rec[3].(string), `"new"`) {
 			t.Errorf("the previous release's reserve over it = %v, %v; want the completed record", v, err)
 		}
 
@@ -207,7 +210,7 @@ func TestUpgradeFromEvalRelease(t *testing.T) {
 	}
 	oldCompleteNow(t, s.Key(done), oldToken, []byte(`{"id":1}`))
 	rec, written, err := s.Reserve(ctx, done, pendingWrite(token(), oldFP, time.Minute))
-	if err != nil || written || rec.State != coordinator.StateCompleted || string(rec.Result) != `{"id":1}` || rec.Fingerprint != oldFP || rec.Token != oldToken {
+	if err != nil || written || rec.State != idemstore.StateCompleted || string(rec.Result) != `{"id":1}` || rec.Fingerprint != oldFP || rec.Token != oldToken {
 		t.Fatalf("Reserve of the old release's completed record = %+v, %v, %v", rec, written, err)
 	}
 
@@ -216,10 +219,10 @@ func TestUpgradeFromEvalRelease(t *testing.T) {
 	if err := c.Set(ctx, s.Key(held), pending, time.Minute).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := s.Complete(ctx, held, oldToken, coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("r"), TTL: time.Minute}); !ok || err != nil {
+	if ok, err := s.Complete(ctx, held, oldToken, idemstore.Completion{State: idemstore.StateCompleted, Result: []byte("r"), TTL: time.Minute}); !ok || err != nil {
 		t.Fatalf("Complete of the old release's reservation = %v, %v", ok, err)
 	}
-	if rec, err := s.Get(ctx, held); err != nil || rec.State != coordinator.StateCompleted || string(rec.Result) != "r" || rec.Fingerprint != oldFP {
+	if rec, err := s.Get(ctx, held); err != nil || rec.State != idemstore.StateCompleted || string(rec.Result) != "r" || rec.Fingerprint != oldFP {
 		t.Fatalf("Get = %+v, %v", rec, err)
 	}
 
@@ -228,7 +231,7 @@ func TestUpgradeFromEvalRelease(t *testing.T) {
 	tok := token()
 	mustReserve(t, s, mixed, pendingWrite(tok, oldFP, time.Minute))
 	oldCompleteNow(t, s.Key(mixed), tok, []byte("old"))
-	if rec, err := s.Get(ctx, mixed); err != nil || rec.State != coordinator.StateCompleted || string(rec.Result) != "old" || rec.Fingerprint != oldFP {
+	if rec, err := s.Get(ctx, mixed); err != nil || rec.State != idemstore.StateCompleted || string(rec.Result) != "old" || rec.Fingerprint != oldFP {
 		t.Fatalf("Get = %+v, %v", rec, err)
 	}
 }

@@ -5,9 +5,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/redis/go-redis/v9"
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
 
-	"github.com/idemkit/idempotency/coordinator"
+	"github.com/redis/go-redis/v9"
 )
 
 // wakeChannelPrefix starts the name of the Pub/Sub channel on which the
@@ -28,9 +29,9 @@ type shardSubscriber interface {
 	SSubscribe(ctx context.Context, channels ...string) *redis.PubSub
 }
 
-var _ coordinator.Watcher = (*Store)(nil)
+var _ idemstore.Watcher = (*Store)(nil)
 
-// Watch implements coordinator.Watcher: it reads the record under key as Get
+// Watch implements idemstore.Watcher: it reads the record under key as Get
 // does and, when it is a pending record, marks it as waited on and returns a
 // channel that receives a value when the record's completion or release is
 // announced, from any process. stop ends the watch; call it once.
@@ -58,11 +59,11 @@ var _ coordinator.Watcher = (*Store)(nil)
 //
 // It returns a *coordinator.StorageError when the read fails. A subscription
 // that fails is not an error: the caller polls.
-func (s *Store) Watch(ctx context.Context, key coordinator.Key) (coordinator.Record, <-chan struct{}, func(), error) {
+func (s *Store) Watch(ctx context.Context, key idemstore.Key) (idemstore.Record, <-chan struct{}, func(), error) {
 	rkey := s.Key(key)
 	ch, stop := s.waiters.add(rkey)
-	rec, err := s.get(ctx, coordinator.MethodGet, rkey, true)
-	if err != nil || rec.State != coordinator.StatePending {
+	rec, err := s.get(ctx, idemevent.MethodGet, rkey, true)
+	if err != nil || rec.State != idemstore.StatePending {
 		stop()
 		return rec, nil, func() {}, err
 	}

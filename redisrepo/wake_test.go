@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idempotency/coordinator"
@@ -84,7 +86,7 @@ func TestWatch(t *testing.T) {
 			tok := token()
 			mustReserve(t, holder, key, pendingWrite(tok, "fp", time.Minute))
 			rec, changed, stop, err := waiter.Watch(ctx, key)
-			if err != nil || rec.State != coordinator.StatePending || rec.Token != tok || changed == nil {
+			if err != nil || rec.State != idemstore.StatePending || rec.Token != tok || changed == nil {
 				t.Fatalf("Watch = %+v, %v, %v; want the pending record and a channel", rec, changed, err)
 			}
 			// A second watcher of the key in the same process shares the
@@ -95,7 +97,7 @@ func TestWatch(t *testing.T) {
 			}
 			var ok bool
 			if end == "Complete" {
-				ok, err = holder.Complete(ctx, key, tok, coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("r"), TTL: time.Minute})
+				ok, err = holder.Complete(ctx, key, tok, idemstore.Completion{State: idemstore.StateCompleted, Result: []byte("r"), TTL: time.Minute})
 			} else {
 				ok, err = holder.Release(ctx, key, tok)
 			}
@@ -119,7 +121,7 @@ func TestWatch(t *testing.T) {
 		tok := token()
 		mustReserve(t, holder, key, pendingWrite(tok, "", time.Minute))
 		before := publishes(t, c)
-		if ok, err := holder.Complete(ctx, key, tok, coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("r"), TTL: time.Minute}); !ok || err != nil {
+		if ok, err := holder.Complete(ctx, key, tok, idemstore.Completion{State: idemstore.StateCompleted, Result: []byte("r"), TTL: time.Minute}); !ok || err != nil {
 			t.Fatalf("Complete = %v, %v", ok, err)
 		}
 		if n := publishes(t, c) - before; before >= 0 && n != 0 {
@@ -129,7 +131,7 @@ func TestWatch(t *testing.T) {
 		// Watching a record that is not pending returns it, and no channel.
 		rec, changed, stop, err := waiter.Watch(ctx, key)
 		stop()
-		if err != nil || rec.State != coordinator.StateCompleted || changed != nil {
+		if err != nil || rec.State != idemstore.StateCompleted || changed != nil {
 			t.Errorf("Watch of a completed record = %+v, %v, %v; want it and no channel", rec, changed, err)
 		}
 	})

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idempotency/coordinator"
@@ -112,7 +114,7 @@ func TestWedgedPendingHealsInModeRun(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if rec.State == coordinator.StateCompleted {
+			if rec.State == idemstore.StateCompleted {
 				break
 			}
 			if i == 1 {
@@ -145,13 +147,13 @@ func TestLiveHolderIsNotJudgedByTheReadersLease(t *testing.T) {
 		w := pendingWrite(token(), "fp", time.Hour)
 		mustReserve(t, s, key, w)
 		for i := range 3 {
-			for _, second := range []coordinator.Write{
+			for _, second := range []idemstore.Write{
 				pendingWrite(token(), "fp", 2*time.Second),
 				pendingWrite(token(), "other", 50*time.Millisecond),
 				completedWrite(token(), "fp", []byte("r"), time.Hour),
 			} {
 				rec, ok, err := s.Reserve(t.Context(), key, second)
-				if err != nil || ok || rec.State != coordinator.StatePending || rec.Token != w.Token {
+				if err != nil || ok || rec.State != idemstore.StatePending || rec.Token != w.Token {
 					t.Fatalf("meeting %d: Reserve of a %s write with TTL %v over a live pending record with TTL 1h: %+v, %v, %v; want the holder's record, not written",
 						i, second.State, second.TTL, rec, ok, err)
 				}
@@ -160,7 +162,7 @@ func TestLiveHolderIsNotJudgedByTheReadersLease(t *testing.T) {
 		}
 		rec, _, stop, err := s.Watch(t.Context(), key)
 		stop()
-		if err != nil || rec.State != coordinator.StatePending || rec.Token != w.Token {
+		if err != nil || rec.State != idemstore.StatePending || rec.Token != w.Token {
 			t.Fatalf("Watch of a live pending record: %+v, %v; want it pending", rec, err)
 		}
 		for _, mode := range []coordinator.InFlightMode{coordinator.InFlightWait, coordinator.InFlightRaise} {
@@ -237,7 +239,7 @@ func mixedLeases(t *testing.T, client redis.UniversalClient, holderLease, caller
 			if _, err := coordinator.Do(t.Context(), caller, callOf(key), k.action("caller")); !errors.Is(err, coordinator.ErrInProgress) {
 				t.Fatalf("caller in mode raise: %v, want ErrInProgress", err)
 			}
-		} else if rec, _, err := cs.Reserve(t.Context(), key, pendingWrite(token(), "", callerLease)); err != nil || rec.State != coordinator.StatePending {
+		} else if rec, _, err := cs.Reserve(t.Context(), key, pendingWrite(token(), "", callerLease)); err != nil || rec.State != idemstore.StatePending {
 			t.Fatalf("caller's Reserve: %+v, %v; want the holder's pending record", rec, err)
 		}
 		clock.advance(callerLease)

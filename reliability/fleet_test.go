@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idempotency/coordinator"
@@ -350,12 +352,12 @@ func (f *fleet) apply(w *worker, l fleetLine) {
 			c.unprotectedErr.Store(&err)
 		case "stored":
 			c.stored.Store(true)
-		case string(coordinator.ErrorStorageSave):
+		case string(idemevent.ErrorStorageSave):
 			c.saveFailed.Store(true)
 			if strings.Contains(l.Err, "not stored") && strings.Contains(l.Err, "could have expired") {
 				c.saveGivenUp.Store(true)
 			}
-		case string(coordinator.ErrorLeaseLost):
+		case string(idemevent.ErrorLeaseLost):
 			c.leaseLost.Store(true)
 		}
 	case "done":

@@ -11,6 +11,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/idemkit/idempotency/coordinator"
 )
 
@@ -238,9 +241,9 @@ type observer struct {
 	n   map[string]int
 }
 
-func (o *observer) Observe(ctx context.Context, e coordinator.Event) {
+func (o *observer) Observe(ctx context.Context, e idemevent.Event) {
 	c, _ := ctx.Value(callKey{}).(*call)
-	if byKey, ok := ctx.Value(batchCallsKey{}).(map[coordinator.Key]*call); ok {
+	if byKey, ok := ctx.Value(batchCallsKey{}).(map[idemstore.Key]*call); ok {
 		c = byKey[e.Key] // nil for a bulk call's event, which has no key
 	}
 	name := e.Kind.String()
@@ -249,12 +252,12 @@ func (o *observer) Observe(ctx context.Context, e coordinator.Event) {
 		switch {
 		case e.ErrorType != "":
 			ev = string(e.ErrorType)
-		case e.Kind == coordinator.EventStorageCall:
+		case e.Kind == idemevent.StorageCall:
 			ev = "call:" + string(e.Method)
 			if e.Err != nil {
 				ev += "!"
 			}
-		case e.Kind == coordinator.EventWaited:
+		case e.Kind == idemevent.Waited:
 			ev += ":" + string(e.Outcome)
 		}
 		at := time.Duration(o.now()).Round(time.Millisecond)
@@ -263,35 +266,35 @@ func (o *observer) Observe(ctx context.Context, e coordinator.Event) {
 		o.mu.Unlock()
 	}
 	switch e.Kind {
-	case coordinator.EventUnprotected:
+	case idemevent.Unprotected:
 		if c != nil {
 			c.unprotected.Store(true)
 			err := e.Err
 			c.unprotectedErr.Store(&err)
 		}
-	case coordinator.EventStored:
+	case idemevent.Stored:
 		if c != nil {
 			c.stored.Store(true)
 		}
-	case coordinator.EventError:
+	case idemevent.Error:
 		name = string(e.ErrorType)
 		if c != nil {
 			switch e.ErrorType {
-			case coordinator.ErrorStorageSave:
+			case idemevent.ErrorStorageSave:
 				c.saveFailed.Store(true)
 				if givenUp(e.Err) {
 					c.saveGivenUp.Store(true)
 				}
-			case coordinator.ErrorLeaseLost:
+			case idemevent.ErrorLeaseLost:
 				c.leaseLost.Store(true)
 			}
 		}
-	case coordinator.EventStorageCall:
+	case idemevent.StorageCall:
 		if e.Err == nil {
 			return
 		}
 		name = "failed_store_call"
-	case coordinator.EventHit, coordinator.EventMiss, coordinator.EventWaited:
+	case idemevent.Hit, idemevent.Miss, idemevent.Waited:
 		return // the history has them
 	}
 	o.mu.Lock()
@@ -300,7 +303,7 @@ func (o *observer) Observe(ctx context.Context, e coordinator.Event) {
 		o.n = map[string]int{}
 	}
 	o.n[name]++
-	if e.Kind == coordinator.EventError && e.ErrorType == coordinator.ErrorStorageSave && givenUp(e.Err) {
+	if e.Kind == idemevent.Error && e.ErrorType == idemevent.ErrorStorageSave && givenUp(e.Err) {
 		o.n[saveGivenUpEvent]++
 	}
 }

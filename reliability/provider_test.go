@@ -18,8 +18,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	idempotency "github.com/idemkit/idempotency"
-	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/internal/redistest"
 	"github.com/idemkit/idempotency/redisrepo"
 )
@@ -369,12 +370,12 @@ func runProviderStorm(t *testing.T, bin string, s *redistest.Sentinel, size prov
 		}
 		if n, ok := deletesAt[done]; ok && n > 0 {
 			delete(deletesAt, done)
-			var keys []coordinator.Key
+			var keys []idemstore.Key
 			var picked []*order
 			for _, i := range rng.Perm(len(orders)) {
 				if o := orders[i]; o.done && o.on == nil && !o.queued && len(picked) < n {
 					picked = append(picked, o)
-					keys = append(keys, coordinator.Key{Operation: "order.charge", Key: o.id})
+					keys = append(keys, idemstore.Key{Operation: "order.charge", Key: o.id})
 				}
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idempotency/coordinator"
@@ -385,13 +387,13 @@ func TestCluster(t *testing.T) {
 // completion silently (and reports it done), or completes and then deletes
 // the record.
 type forgetful struct {
-	coordinator.Store
+	idemstore.Store
 	inner  *redisrepo.Store
 	delete bool
 	n      atomic.Int64
 }
 
-func (f *forgetful) Complete(ctx context.Context, key coordinator.Key, token string, c coordinator.Completion) (bool, error) {
+func (f *forgetful) Complete(ctx context.Context, key idemstore.Key, token string, c idemstore.Completion) (bool, error) {
 	if f.n.Add(1)%10 != 0 {
 		return f.Store.Complete(ctx, key, token, c)
 	}
@@ -408,14 +410,14 @@ func (f *forgetful) Complete(ctx context.Context, key coordinator.Key, token str
 // mixer is a Store that, once in twenty reads of a completed record, returns
 // the result of the last other key it read instead.
 type mixer struct {
-	coordinator.Store
+	idemstore.Store
 	mu   sync.Mutex
 	n    int
-	last map[coordinator.Key][]byte
+	last map[idemstore.Key][]byte
 }
 
-func (m *mixer) mix(key coordinator.Key, rec coordinator.Record) coordinator.Record {
-	if rec.State != coordinator.StateCompleted {
+func (m *mixer) mix(key idemstore.Key, rec idemstore.Record) idemstore.Record {
+	if rec.State != idemstore.StateCompleted {
 		return rec
 	}
 	m.mu.Lock()
@@ -430,19 +432,19 @@ func (m *mixer) mix(key coordinator.Key, rec coordinator.Record) coordinator.Rec
 		}
 	}
 	if m.last == nil {
-		m.last = map[coordinator.Key][]byte{}
+		m.last = map[idemstore.Key][]byte{}
 	}
 	clear(m.last)
 	m.last[key] = rec.Result
 	return rec
 }
 
-func (m *mixer) Reserve(ctx context.Context, key coordinator.Key, w coordinator.Write) (coordinator.Record, bool, error) {
+func (m *mixer) Reserve(ctx context.Context, key idemstore.Key, w idemstore.Write) (idemstore.Record, bool, error) {
 	rec, ok, err := m.Store.Reserve(ctx, key, w)
 	return m.mix(key, rec), ok, err
 }
 
-func (m *mixer) Get(ctx context.Context, key coordinator.Key) (coordinator.Record, error) {
+func (m *mixer) Get(ctx context.Context, key idemstore.Key) (idemstore.Record, error) {
 	rec, err := m.Store.Get(ctx, key)
 	return m.mix(key, rec), err
 }
@@ -459,15 +461,15 @@ func TestCheckerCatchesABadStore(t *testing.T) {
 	for _, tt := range []struct {
 		name  string
 		modes []modes // mode run writes with Reserve, not Complete
-		wrap  func(*redisrepo.Store) coordinator.Store
+		wrap  func(*redisrepo.Store) idemstore.Store
 		// caught reports whether the checker found what the store did.
 		caught func(r *report) bool
 	}{
-		{"drops-every-10th-completion", completes, func(s *redisrepo.Store) coordinator.Store { return &forgetful{Store: s, inner: s} },
+		{"drops-every-10th-completion", completes, func(s *redisrepo.Store) idemstore.Store { return &forgetful{Store: s, inner: s} },
 			func(r *report) bool { return len(r.notAllowed)+len(r.lost) > 0 && r.linearizable == "Illegal" }},
-		{"deletes-every-10th-record", completes, func(s *redisrepo.Store) coordinator.Store { return &forgetful{Store: s, inner: s, delete: true} },
+		{"deletes-every-10th-record", completes, func(s *redisrepo.Store) idemstore.Store { return &forgetful{Store: s, inner: s, delete: true} },
 			func(r *report) bool { return len(r.notAllowed)+len(r.lost) > 0 && r.linearizable == "Illegal" }},
-		{"replays-another-keys-result", reads, func(s *redisrepo.Store) coordinator.Store { return &mixer{Store: s} },
+		{"replays-another-keys-result", reads, func(s *redisrepo.Store) idemstore.Store { return &mixer{Store: s} },
 			func(r *report) bool { return len(r.wrong) > 0 && r.linearizable == "Illegal" }},
 	} {
 		for _, m := range tt.modes {

@@ -15,6 +15,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idempotency/coordinator"
@@ -72,8 +75,8 @@ func failoverStorm(t *testing.T, topology string, acks int, mode coordinator.InF
 	// Each key's history, and the storm's milestones under "storm", for
 	// the keys that ran twice when they must not have.
 	var timeline keyHistory
-	c, err := coordinator.New(store, coordinator.WithObserver(coordinator.ObserverFunc(func(_ context.Context, e coordinator.Event) {
-		if e.Kind != coordinator.EventStorageCall || e.Err != nil {
+	c, err := coordinator.New(store, coordinator.WithObserver(idemevent.ObserverFunc(func(_ context.Context, e idemevent.Event) {
+		if e.Kind != idemevent.StorageCall || e.Err != nil {
 			timeline.note(e.Key.Key, e)
 		}
 	})),
@@ -382,7 +385,7 @@ type keyHistory struct {
 }
 
 // A keyEvent is something that happened to a key: a string, a
-// coordinator.Event or a callReturned.
+// idemevent.Event or a callReturned.
 type keyEvent struct {
 	at   time.Duration
 	what any
@@ -409,7 +412,7 @@ func (h *keyHistory) of(key string) string {
 	for _, e := range h.events[key] {
 		fmt.Fprintf(&b, "%7dms ", e.at.Milliseconds())
 		switch w := e.what.(type) {
-		case coordinator.Event:
+		case idemevent.Event:
 			fmt.Fprintf(&b, "%s %s %s %v\n", w.Kind, w.ErrorType, w.Method, w.Err)
 		case callReturned:
 			fmt.Fprintf(&b, "the call returns %v\n", w.err)
@@ -473,7 +476,7 @@ func TestReplicaAcksThroughASlotMove(t *testing.T) {
 	t.Cleanup(func() { _ = client.Close() })
 	store := redisrepo.New(client, redisrepo.WithKeyPrefix(redistest.Prefix(t)),
 		redisrepo.WithReplicaAcks(redisrepo.ReplicaAcks{Replicas: 1}))
-	key := coordinator.Key{Operation: "payment.charge", Key: "moved"}
+	key := idemstore.Key{Operation: "payment.charge", Key: "moved"}
 	rkey := store.Key(key)
 	slot := int(redisKeySlot(t, client, rkey))
 
@@ -522,7 +525,7 @@ func TestReplicaAcksThroughASlotMove(t *testing.T) {
 
 	rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
-	_, ok, err := store.Reserve(rctx, key, coordinator.Write{State: coordinator.StatePending, Token: "0123456789abcdef", TTL: time.Minute})
+	_, ok, err := store.Reserve(rctx, key, idemstore.Write{State: idemstore.StatePending, Token: "0123456789abcdef", TTL: time.Minute})
 	if err != nil || !ok {
 		t.Fatalf("Reserve after the slot moved, the client's map stale: %v, %v; want written and acknowledged", ok, err)
 	}

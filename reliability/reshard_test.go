@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+
 	"go.uber.org/zap"
 	zapobserver "go.uber.org/zap/zaptest/observer"
 
@@ -83,15 +85,15 @@ type reshardObserver struct {
 
 // as returns an observer that counts into o and labels its samples with
 // name, the coordinator's.
-func (o *reshardObserver) as(name string) coordinator.Observer {
-	return coordinator.ObserverFunc(func(ctx context.Context, e coordinator.Event) { o.observe(name, e) })
+func (o *reshardObserver) as(name string) idemevent.Observer {
+	return idemevent.ObserverFunc(func(ctx context.Context, e idemevent.Event) { o.observe(name, e) })
 }
 
-func (o *reshardObserver) observe(name string, e coordinator.Event) {
+func (o *reshardObserver) observe(name string, e idemevent.Event) {
 	switch {
-	case e.Kind == coordinator.EventUnprotected:
+	case e.Kind == idemevent.Unprotected:
 		o.unprotected.Add(1)
-	case e.Kind == coordinator.EventError && strings.HasPrefix(string(e.ErrorType), "storage_"):
+	case e.Kind == idemevent.Error && strings.HasPrefix(string(e.ErrorType), "storage_"):
 		o.errors.Add(1)
 		msg := name + " " + string(e.ErrorType) + ": " + maskNumbers(fmt.Sprint(e.Err))
 		o.mu.Lock()

@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
@@ -224,7 +226,7 @@ func (s *storm) caller(client int, stop <-chan struct{}) {
 			n = 2 + r.IntN(7)
 		}
 		var batch []coordinator.Call
-		seen := map[coordinator.Key]bool{}
+		seen := map[idemstore.Key]bool{}
 		for range n {
 			shift := int(s.now()/int64(s.cfg.shiftEvery)) * s.cfg.shiftBy
 			key := "k" + strconv.Itoa(int(z.Uint64())+shift)
@@ -232,7 +234,7 @@ func (s *storm) caller(client int, stop <-chan struct{}) {
 			if r.IntN(8) == 0 {
 				op, fp = opReuse, []string{"fpA", "fpB"}[r.IntN(2)]
 			}
-			if k := (coordinator.Key{Operation: op, Key: key}); !seen[k] {
+			if k := (idemstore.Key{Operation: op, Key: key}); !seen[k] {
 				seen[k] = true
 				batch = append(batch, coordinator.Call{Operation: op, Key: key, Fingerprint: fp})
 			}
@@ -254,12 +256,12 @@ type batchCallsKey struct{}
 // runs under a context that cannot end.
 func (s *storm) doBatch(c *coordinator.Coordinator, client int, r *rand.Rand, calls []coordinator.Call) {
 	cls := make([]*call, len(calls))
-	byKey := make(map[coordinator.Key]*call, len(calls))
+	byKey := make(map[idemstore.Key]*call, len(calls))
 	actions := make([]func(context.Context) (string, error), len(calls))
 	for i, k := range calls {
 		id := int(s.nextID.Add(1))
 		cls[i] = &call{id: id, client: client, op: k.Operation, key: k.Key, fp: k.Fingerprint, own: value(k.Operation, k.Key, k.Fingerprint, id)}
-		byKey[coordinator.Key{Operation: k.Operation, Key: k.Key}] = cls[i]
+		byKey[idemstore.Key{Operation: k.Operation, Key: k.Key}] = cls[i]
 		actions[i] = s.action(cls[i], r)
 	}
 	ctx := context.WithValue(context.Background(), batchCallsKey{}, byKey)
@@ -334,7 +336,7 @@ type scenario struct {
 	fault   fault
 	// wrap, when set, wraps the store (the checker's self-test), which
 	// label names.
-	wrap  func(*redisrepo.Store) coordinator.Store
+	wrap  func(*redisrepo.Store) idemstore.Store
 	label string
 	// breaker adds the module's circuit breaker to the storm's client
 	// (idempotency.AddBreaker, the module's defaults but the storm's lease).
@@ -423,7 +425,7 @@ func runStorm(t *testing.T, lv level, sc scenario, b backend, env *faultEnv) *ou
 			t.Fatal(err)
 		}
 	}
-	var store coordinator.Store = redisrepo.New(rc, redisrepo.WithKeyPrefix(prefix))
+	var store idemstore.Store = redisrepo.New(rc, redisrepo.WithKeyPrefix(prefix))
 	if sc.wrap != nil {
 		store = sc.wrap(store.(*redisrepo.Store))
 	}

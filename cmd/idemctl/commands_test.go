@@ -14,6 +14,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idempotency"
@@ -293,7 +295,7 @@ func TestForget(t *testing.T) {
 		if r.code != exitOK || !strings.Contains(r.stdout, "forgot 1 of 1 key of order.create") || !strings.Contains(r.stderr, "run its action AGAIN") {
 			t.Errorf("forget one: exit %d\n%s", r.code, r.output())
 		}
-		if st := recs.state(op, "k0:*"); st != coordinator.StateAbsent {
+		if st := recs.state(op, "k0:*"); st != idemstore.StateAbsent {
 			t.Errorf("forgotten key is %v", st)
 		}
 		r = idemctl(t, b.env, "", false, "forget", op, "k0:*", "k1:*", "k2:*")
@@ -336,8 +338,8 @@ func TestForget(t *testing.T) {
 		if n := count(t, b, op); n != 0 {
 			t.Errorf("%d records left after forget -all", n)
 		}
-		for _, k := range []coordinator.Key{{Operation: "order.create.v2", Key: "k1:*"}, {Operation: "order", Key: "create:k1:*"}} {
-			if st := recs.state(k.Operation, k.Key); st != coordinator.StateCompleted {
+		for _, k := range []idemstore.Key{{Operation: "order.create.v2", Key: "k1:*"}, {Operation: "order", Key: "create:k1:*"}} {
+			if st := recs.state(k.Operation, k.Key); st != idemstore.StateCompleted {
 				t.Errorf("forget -all of %s forgot %v", op, k)
 			}
 		}

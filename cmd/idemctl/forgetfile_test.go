@@ -9,7 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/idemkit/idempotency/redisrepo"
 )
 
@@ -48,7 +49,7 @@ func TestForgetFile(t *testing.T) {
 			}
 		}
 		for _, i := range []int{0, 10, 2498} {
-			if st := recs.state(op, lines[i]); st != coordinator.StateAbsent {
+			if st := recs.state(op, lines[i]); st != idemstore.StateAbsent {
 				t.Errorf("%s is %v after forget -file", lines[i], st)
 			}
 		}
@@ -66,7 +67,7 @@ func TestForgetFile(t *testing.T) {
 		if r.code != exitUsage || !strings.Contains(r.stderr, "-, line 2") {
 			t.Errorf("forget -file with a bad key: exit %d\n%s", r.code, r.output())
 		}
-		if st := recs.state(op, "kept"); st != coordinator.StateCompleted {
+		if st := recs.state(op, "kept"); st != idemstore.StateCompleted {
 			t.Errorf("a refused forget -file forgot a key: %v", st)
 		}
 		for _, args := range [][]string{

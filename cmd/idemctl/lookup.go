@@ -10,7 +10,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
 )
 
 // The encodings of a result: -result-format.
@@ -50,7 +50,7 @@ type lookupEntry struct {
 	// PostgreSQL: where a call that stopped resumes.
 	Steps []stepEntry `json:"steps,omitempty"`
 
-	state coordinator.State
+	state idemstore.State
 }
 
 // stepEntry is one step of lookupEntry.Steps.
@@ -120,7 +120,7 @@ func (a *app) lookup(ctx context.Context, args []string) int {
 
 // describe returns the entries of keys: one inspect for all, and a get per
 // key for the owner token and the result.
-func describe(ctx context.Context, r recordStore, keys []coordinator.Key, withResult bool, format string, forJSON bool) ([]lookupEntry, error) {
+func describe(ctx context.Context, r recordStore, keys []idemstore.Key, withResult bool, format string, forJSON bool) ([]lookupEntry, error) {
 	entries, err := r.inspect(ctx, keys)
 	if err != nil {
 		return nil, err
@@ -128,7 +128,7 @@ func describe(ctx context.Context, r recordStore, keys []coordinator.Key, withRe
 	for i := range entries {
 		e := &entries[i]
 		switch e.state {
-		case coordinator.StatePending, coordinator.StateCompleted, coordinator.StateNotReplayable:
+		case idemstore.StatePending, idemstore.StateCompleted, idemstore.StateNotReplayable:
 		default:
 			continue
 		}
@@ -139,10 +139,10 @@ func describe(ctx context.Context, r recordStore, keys []coordinator.Key, withRe
 		// The record may have changed since inspect: what get read wins
 		// for the token and the result.
 		e.Token = rec.Token != ""
-		if rec.State == coordinator.StateNotReplayable {
+		if rec.State == idemstore.StateNotReplayable {
 			e.Reason = string(rec.Result)
 		}
-		if withResult && rec.State == coordinator.StateCompleted {
+		if withResult && rec.State == idemstore.StateCompleted {
 			text, enc := encodeResult(rec.Result, format, forJSON)
 			e.Result, e.ResultEncoding = &text, enc
 		}
@@ -151,7 +151,7 @@ func describe(ctx context.Context, r recordStore, keys []coordinator.Key, withRe
 }
 
 // entryOf returns what inspect says of one key, in either store.
-func entryOf(key coordinator.Key, state coordinator.State, ttl time.Duration, created time.Time, fingerprint string, resultSize int) lookupEntry {
+func entryOf(key idemstore.Key, state idemstore.State, ttl time.Duration, created time.Time, fingerprint string, resultSize int) lookupEntry {
 	e := lookupEntry{
 		Operation:   key.Operation,
 		Key:         key.Key,
@@ -160,7 +160,7 @@ func entryOf(key coordinator.Key, state coordinator.State, ttl time.Duration, cr
 		Fingerprint: fingerprint,
 		ResultSize:  resultSize,
 	}
-	if state != coordinator.StateAbsent {
+	if state != idemstore.StateAbsent {
 		ms := ttl.Milliseconds()
 		if ttl < 0 {
 			ms = -1
@@ -201,7 +201,7 @@ func (a *app) printEntry(e lookupEntry) {
 		}
 		line(label, text)
 	}
-	if e.State == coordinator.StateAbsent.String() {
+	if e.State == idemstore.StateAbsent.String() {
 		if len(e.Steps) > 0 {
 			line("note", "no record: the call stopped after the steps above, and a retry resumes after them")
 			return
@@ -229,10 +229,10 @@ func (a *app) printEntry(e lookupEntry) {
 		token = "present"
 	}
 	line("owner token", token)
-	if e.State == coordinator.StateNotReplayable.String() {
+	if e.State == idemstore.StateNotReplayable.String() {
 		line("reason", safe(e.Reason))
 	}
-	if e.State == coordinator.StateCompleted.String() {
+	if e.State == idemstore.StateCompleted.String() {
 		line("result size", plural(e.ResultSize, "byte"))
 		if e.Result != nil {
 			line("result", e.ResultEncoding+": "+*e.Result)

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
@@ -161,8 +163,8 @@ func (r *records) completed(op, key, fingerprint string, result []byte) {
 // the coordinator does for a result it could not keep.
 func (r *records) notReplayable(op, key, reason string) {
 	r.t.Helper()
-	w := coordinator.Write{State: coordinator.StateNotReplayable, Token: "00000000000000aa", Result: []byte(reason), TTL: time.Hour}
-	if _, ok, err := r.store.Reserve(r.t.Context(), coordinator.Key{Operation: op, Key: key}, w); err != nil || !ok {
+	w := idemstore.Write{State: idemstore.StateNotReplayable, Token: "00000000000000aa", Result: []byte(reason), TTL: time.Hour}
+	if _, ok, err := r.store.Reserve(r.t.Context(), idemstore.Key{Operation: op, Key: key}, w); err != nil || !ok {
 		r.t.Fatalf("Reserve(%s, %s) = %v, %v", op, key, ok, err)
 	}
 }
@@ -199,9 +201,9 @@ func (r *records) release() {
 }
 
 // state returns the state of op's key, read with Get.
-func (r *records) state(op, key string) coordinator.State {
+func (r *records) state(op, key string) idemstore.State {
 	r.t.Helper()
-	rec, err := r.store.Get(r.t.Context(), coordinator.Key{Operation: op, Key: key})
+	rec, err := r.store.Get(r.t.Context(), idemstore.Key{Operation: op, Key: key})
 	if err != nil {
 		r.t.Fatal(err)
 	}

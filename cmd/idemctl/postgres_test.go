@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -95,8 +97,8 @@ func pgRecordsFixture(t *testing.T, pool *pgxpool.Pool) {
 	}
 	// A pending record as the Store's Reserve commits it (a first run of
 	// the transactional path is invisible until it commits).
-	if _, ok, err := store.Reserve(ctx, coordinator.Key{Operation: "payment.charge", Key: "order-43"},
-		coordinator.Write{State: coordinator.StatePending, Token: "holder", TTL: time.Minute}); err != nil || !ok {
+	if _, ok, err := store.Reserve(ctx, idemstore.Key{Operation: "payment.charge", Key: "order-43"},
+		idemstore.Write{State: idemstore.StatePending, Token: "holder", TTL: time.Minute}); err != nil || !ok {
 		t.Fatalf("Reserve order-43: %v %v", ok, err)
 	}
 }

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/idemkit/idempotency/coordinator"
 )
 
@@ -58,7 +60,7 @@ const fileBatch = 1000
 // line; blank lines are skipped, and a line's surrounding spaces and its
 // "\r" are not part of the key. It returns an error naming the first line
 // whose key is invalid, before anything is forgotten.
-func (a *app) readKeys(name, operation string, scope *scopeFlag) ([]coordinator.Key, error) {
+func (a *app) readKeys(name, operation string, scope *scopeFlag) ([]idemstore.Key, error) {
 	var r io.Reader = a.stdin
 	if name != "-" {
 		f, err := os.Open(name)
@@ -88,7 +90,7 @@ func (a *app) readKeys(name, operation string, scope *scopeFlag) ([]coordinator.
 
 // forgetKeys forgets keys fileBatch at a time, reporting its progress, and
 // returns how many it forgot, before an error too.
-func (a *app) forgetKeys(ctx context.Context, c recordStore, keys []coordinator.Key, what string) (int, error) {
+func (a *app) forgetKeys(ctx context.Context, c recordStore, keys []idemstore.Key, what string) (int, error) {
 	p := a.newProgress(what, len(keys))
 	forgotten := 0
 	for start := 0; start < len(keys); start += fileBatch {

@@ -14,6 +14,8 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idempotency"
@@ -307,16 +309,16 @@ func (f *scopeFlag) key(k string) string {
 // parseKeys returns the keys of operation, scoped by scope, or the first
 // error of coordinator.ValidateOperation and ValidateKey (of the keys as
 // given).
-func parseKeys(operation string, keys []string, scope *scopeFlag) ([]coordinator.Key, error) {
+func parseKeys(operation string, keys []string, scope *scopeFlag) ([]idemstore.Key, error) {
 	if err := coordinator.ValidateOperation(operation); err != nil {
 		return nil, err
 	}
-	out := make([]coordinator.Key, len(keys))
+	out := make([]idemstore.Key, len(keys))
 	for i, k := range keys {
 		if err := coordinator.ValidateKey(k); err != nil {
 			return nil, fmt.Errorf("key %d (%s): %w", i+1, strconv.QuoteToASCII(k), err)
 		}
-		out[i] = coordinator.Key{Operation: operation, Key: scope.key(k)}
+		out[i] = idemstore.Key{Operation: operation, Key: scope.key(k)}
 	}
 	return out, nil
 }

@@ -6,11 +6,12 @@ import (
 	"maps"
 	"slices"
 
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idempotency"
-	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/idempg"
 	"github.com/idemkit/idempotency/redisrepo"
 )
@@ -20,11 +21,11 @@ import (
 // method bounds its round trips by the storage timeout.
 type recordStore interface {
 	// inspect describes keys, without the owner token and the result.
-	inspect(ctx context.Context, keys []coordinator.Key) ([]lookupEntry, error)
+	inspect(ctx context.Context, keys []idemstore.Key) ([]lookupEntry, error)
 	// get reads the record of key, as the coordinator reads it.
-	get(ctx context.Context, key coordinator.Key) (coordinator.Record, error)
+	get(ctx context.Context, key idemstore.Key) (idemstore.Record, error)
 	// forget deletes the records of keys and returns how many there were.
-	forget(ctx context.Context, keys []coordinator.Key) (int, error)
+	forget(ctx context.Context, keys []idemstore.Key) (int, error)
 	// forgetOperation forgets every record of operation, a batch at a
 	// time, calling batch after each with the keys handled and forgotten
 	// so far, and returns how many it forgot, before an error too.
@@ -77,7 +78,7 @@ func (r *redisRecords) where() string {
 	return fmt.Sprintf("under prefix %q on %s", r.s.KeyPrefix, r.s.RedisAddr())
 }
 
-func (r *redisRecords) inspect(ctx context.Context, keys []coordinator.Key) ([]lookupEntry, error) {
+func (r *redisRecords) inspect(ctx context.Context, keys []idemstore.Key) ([]lookupEntry, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.s.StorageTimeout)
 	defer cancel()
 	infos, err := r.store.Inspect(ctx, keys...)
@@ -92,13 +93,13 @@ func (r *redisRecords) inspect(ctx context.Context, keys []coordinator.Key) ([]l
 	return entries, nil
 }
 
-func (r *redisRecords) get(ctx context.Context, key coordinator.Key) (coordinator.Record, error) {
+func (r *redisRecords) get(ctx context.Context, key idemstore.Key) (idemstore.Record, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.s.StorageTimeout)
 	defer cancel()
 	return r.store.Get(ctx, key)
 }
 
-func (r *redisRecords) forget(ctx context.Context, keys []coordinator.Key) (int, error) {
+func (r *redisRecords) forget(ctx context.Context, keys []idemstore.Key) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.s.StorageTimeout)
 	defer cancel()
 	return r.store.Forget(ctx, keys...)
@@ -108,7 +109,7 @@ func (r *redisRecords) forget(ctx context.Context, keys []coordinator.Key) (int,
 // each batch that it finds.
 func (r *redisRecords) forgetOperation(ctx context.Context, operation string, batch func(done, forgotten int)) (int, error) {
 	scanned, forgotten := 0, 0
-	err := r.store.ScanKeys(ctx, operation, func(keys []coordinator.Key) error {
+	err := r.store.ScanKeys(ctx, operation, func(keys []idemstore.Key) error {
 		n, err := r.forget(ctx, keys)
 		scanned += len(keys)
 		forgotten += n
@@ -180,7 +181,7 @@ func (r *pgRecords) addr() string {
 
 func (r *pgRecords) where() string { return "in idempotency_records on " + r.addr() }
 
-func (r *pgRecords) inspect(ctx context.Context, keys []coordinator.Key) ([]lookupEntry, error) {
+func (r *pgRecords) inspect(ctx context.Context, keys []idemstore.Key) ([]lookupEntry, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.s.StorageTimeout)
 	defer cancel()
 	infos, err := r.store.Inspect(ctx, keys...)
@@ -205,13 +206,13 @@ func (r *pgRecords) inspect(ctx context.Context, keys []coordinator.Key) ([]look
 	return entries, nil
 }
 
-func (r *pgRecords) get(ctx context.Context, key coordinator.Key) (coordinator.Record, error) {
+func (r *pgRecords) get(ctx context.Context, key idemstore.Key) (idemstore.Record, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.s.StorageTimeout)
 	defer cancel()
 	return r.store.Get(ctx, key)
 }
 
-func (r *pgRecords) forget(ctx context.Context, keys []coordinator.Key) (int, error) {
+func (r *pgRecords) forget(ctx context.Context, keys []idemstore.Key) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.s.StorageTimeout)
 	defer cancel()
 	return r.store.Forget(ctx, keys...)

@@ -4,22 +4,23 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
 )
 
-var _ coordinator.BulkStore = (*Store)(nil)
+var _ idemstore.BulkStore = (*Store)(nil)
 
 // The bulk methods: each call counts as one call of its method
-// (ReserveMany of coordinator.MethodReserveMany, CompleteMany of
-// coordinator.MethodCompleteMany; GetMany, which the coordinator does not
-// call, of coordinator.MethodGet, and DeleteMany of
-// coordinator.MethodRelease), takes that method's armed failures, and runs its Hook once per entry, in order, before the call: an
+// (ReserveMany of idemevent.MethodReserveMany, CompleteMany of
+// idemevent.MethodCompleteMany; GetMany, which the coordinator does not
+// call, of idemevent.MethodGet, and DeleteMany of
+// idemevent.MethodRelease), takes that method's armed failures, and runs its Hook once per entry, in order, before the call: an
 // error from any of them fails the whole call. They return an error when the
-// inner store is not a coordinator.BulkStore.
+// inner store is not a idemstore.BulkStore.
 
 // bulk returns the inner store as a BulkStore.
-func (s *Store) bulk() (coordinator.BulkStore, error) {
-	b, ok := s.inner.(coordinator.BulkStore)
+func (s *Store) bulk() (idemstore.BulkStore, error) {
+	b, ok := s.inner.(idemstore.BulkStore)
 	if !ok {
 		return nil, fmt.Errorf("faultstore: the inner store (%T) has no bulk operations", s.inner)
 	}
@@ -27,7 +28,7 @@ func (s *Store) bulk() (coordinator.BulkStore, error) {
 }
 
 // enterMany is enter for a bulk call of method over keys.
-func (s *Store) enterMany(ctx context.Context, method coordinator.Method, keys []coordinator.Key) (lost, err error) {
+func (s *Store) enterMany(ctx context.Context, method idemevent.Method, keys []idemstore.Key) (lost, err error) {
 	if hook := s.count(method); hook != nil {
 		for _, k := range keys {
 			if err := hook(ctx, k); err != nil {
@@ -40,12 +41,12 @@ func (s *Store) enterMany(ctx context.Context, method coordinator.Method, keys [
 
 // GetMany calls the inner store's GetMany unless the call fails before it;
 // see the bulk methods above.
-func (s *Store) GetMany(ctx context.Context, keys []coordinator.Key) ([]coordinator.Record, error) {
+func (s *Store) GetMany(ctx context.Context, keys []idemstore.Key) ([]idemstore.Record, error) {
 	b, err := s.bulk()
 	if err != nil {
 		return nil, err
 	}
-	lost, err := s.enterMany(ctx, coordinator.MethodGet, keys)
+	lost, err := s.enterMany(ctx, idemevent.MethodGet, keys)
 	if err != nil {
 		return nil, err
 	}
@@ -58,12 +59,12 @@ func (s *Store) GetMany(ctx context.Context, keys []coordinator.Key) ([]coordina
 
 // ReserveMany calls the inner store's ReserveMany unless the call fails
 // before it; see the bulk methods above.
-func (s *Store) ReserveMany(ctx context.Context, keys []coordinator.Key, ws []coordinator.Write, allOrNothing bool) ([]coordinator.Record, []bool, error) {
+func (s *Store) ReserveMany(ctx context.Context, keys []idemstore.Key, ws []idemstore.Write, allOrNothing bool) ([]idemstore.Record, []bool, error) {
 	b, err := s.bulk()
 	if err != nil {
 		return nil, nil, err
 	}
-	lost, err := s.enterMany(ctx, coordinator.MethodReserveMany, keys)
+	lost, err := s.enterMany(ctx, idemevent.MethodReserveMany, keys)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -76,12 +77,12 @@ func (s *Store) ReserveMany(ctx context.Context, keys []coordinator.Key, ws []co
 
 // CompleteMany calls the inner store's CompleteMany unless the call fails
 // before it; see the bulk methods above.
-func (s *Store) CompleteMany(ctx context.Context, keys []coordinator.Key, tokens []string, cs []coordinator.Completion) ([]bool, error) {
+func (s *Store) CompleteMany(ctx context.Context, keys []idemstore.Key, tokens []string, cs []idemstore.Completion) ([]bool, error) {
 	b, err := s.bulk()
 	if err != nil {
 		return nil, err
 	}
-	lost, err := s.enterMany(ctx, coordinator.MethodCompleteMany, keys)
+	lost, err := s.enterMany(ctx, idemevent.MethodCompleteMany, keys)
 	if err != nil {
 		return nil, err
 	}
@@ -94,12 +95,12 @@ func (s *Store) CompleteMany(ctx context.Context, keys []coordinator.Key, tokens
 
 // DeleteMany calls the inner store's DeleteMany unless the call fails
 // before it; see the bulk methods above.
-func (s *Store) DeleteMany(ctx context.Context, keys []coordinator.Key) (int, error) {
+func (s *Store) DeleteMany(ctx context.Context, keys []idemstore.Key) (int, error) {
 	b, err := s.bulk()
 	if err != nil {
 		return 0, err
 	}
-	lost, err := s.enterMany(ctx, coordinator.MethodRelease, keys)
+	lost, err := s.enterMany(ctx, idemevent.MethodRelease, keys)
 	if err != nil {
 		return 0, err
 	}

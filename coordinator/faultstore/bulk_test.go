@@ -6,25 +6,27 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/idemkit/idempotency/coordinator/faultstore"
 )
 
 // bulkCall makes one bulk call standing for method on s, over key and a
 // second key, and returns its error.
-func bulkCall(ctx context.Context, s *faultstore.Store, method coordinator.Method) error {
-	keys := []coordinator.Key{key, {Operation: "op", Key: "other"}}
+func bulkCall(ctx context.Context, s *faultstore.Store, method idemevent.Method) error {
+	keys := []idemstore.Key{key, {Operation: "op", Key: "other"}}
 	var err error
 	switch method {
-	case coordinator.MethodReserveMany:
-		w := coordinator.Write{State: coordinator.StatePending, Token: "tok2", TTL: time.Minute}
-		_, _, err = s.ReserveMany(ctx, keys, []coordinator.Write{w, w}, false)
-	case coordinator.MethodGet:
+	case idemevent.MethodReserveMany:
+		w := idemstore.Write{State: idemstore.StatePending, Token: "tok2", TTL: time.Minute}
+		_, _, err = s.ReserveMany(ctx, keys, []idemstore.Write{w, w}, false)
+	case idemevent.MethodGet:
 		_, err = s.GetMany(ctx, keys)
-	case coordinator.MethodCompleteMany:
-		c := coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("r"), TTL: time.Hour}
-		_, err = s.CompleteMany(ctx, keys, []string{"tok", "tok"}, []coordinator.Completion{c, c})
-	case coordinator.MethodRelease:
+	case idemevent.MethodCompleteMany:
+		c := idemstore.Completion{State: idemstore.StateCompleted, Result: []byte("r"), TTL: time.Hour}
+		_, err = s.CompleteMany(ctx, keys, []string{"tok", "tok"}, []idemstore.Completion{c, c})
+	case idemevent.MethodRelease:
 		_, err = s.DeleteMany(ctx, keys)
 	default:
 		panic("unknown method " + method)
@@ -33,7 +35,7 @@ func bulkCall(ctx context.Context, s *faultstore.Store, method coordinator.Metho
 }
 
 // bulkMethods are the methods the bulk calls count under.
-var bulkMethods = []coordinator.Method{coordinator.MethodReserveMany, coordinator.MethodGet, coordinator.MethodCompleteMany, coordinator.MethodRelease}
+var bulkMethods = []idemevent.Method{idemevent.MethodReserveMany, idemevent.MethodGet, idemevent.MethodCompleteMany, idemevent.MethodRelease}
 
 func TestBulkCallsTakeTheirMethodsFaults(t *testing.T) {
 	for _, m := range bulkMethods {
@@ -44,8 +46,8 @@ func TestBulkCallsTakeTheirMethodsFaults(t *testing.T) {
 				t.Fatalf("first bulk call: %v, want ErrInjected", err)
 			}
 			untouched(t, inner)
-			var seen []coordinator.Key
-			s.Before(m, func(_ context.Context, k coordinator.Key) error {
+			var seen []idemstore.Key
+			s.Before(m, func(_ context.Context, k idemstore.Key) error {
 				seen = append(seen, k)
 				return nil
 			})
@@ -65,13 +67,13 @@ func TestBulkCallsTakeTheirMethodsFaults(t *testing.T) {
 func TestBulkHookFailsTheWholeCall(t *testing.T) {
 	s, inner := newStore(t)
 	boom := errors.New("second key")
-	s.Before(coordinator.MethodCompleteMany, func(_ context.Context, k coordinator.Key) error {
+	s.Before(idemevent.MethodCompleteMany, func(_ context.Context, k idemstore.Key) error {
 		if k != key {
 			return boom
 		}
 		return nil
 	})
-	if err := bulkCall(t.Context(), s, coordinator.MethodCompleteMany); !errors.Is(err, boom) {
+	if err := bulkCall(t.Context(), s, idemevent.MethodCompleteMany); !errors.Is(err, boom) {
 		t.Fatalf("CompleteMany with a failing hook on its second key: %v, want the hook's error", err)
 	}
 	untouched(t, inner)
@@ -79,17 +81,17 @@ func TestBulkHookFailsTheWholeCall(t *testing.T) {
 
 func TestBulkLostReply(t *testing.T) {
 	s, inner := newStore(t)
-	s.LoseReplies(coordinator.MethodCompleteMany, 1, nil)
-	if err := bulkCall(t.Context(), s, coordinator.MethodCompleteMany); !errors.Is(err, faultstore.ErrInjected) {
+	s.LoseReplies(idemevent.MethodCompleteMany, 1, nil)
+	if err := bulkCall(t.Context(), s, idemevent.MethodCompleteMany); !errors.Is(err, faultstore.ErrInjected) {
 		t.Fatalf("CompleteMany with its reply lost: %v, want ErrInjected", err)
 	}
-	if got := inner.Snapshot(key); got.State != coordinator.StateCompleted {
+	if got := inner.Snapshot(key); got.State != idemstore.StateCompleted {
 		t.Errorf("inner record after a lost CompleteMany reply: %v, want completed (the call reached the store)", got.State)
 	}
 }
 
 // notBulk is a Store without bulk operations.
-type notBulk struct{ coordinator.Store }
+type notBulk struct{ idemstore.Store }
 
 func TestBulkNeedsABulkInner(t *testing.T) {
 	_, inner := newStore(t)

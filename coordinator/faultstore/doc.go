@@ -1,4 +1,4 @@
-// Package faultstore wraps a [coordinator.Store] in one that fails on demand,
+// Package faultstore wraps a [idemstore.Store] in one that fails on demand,
 // for tests of what code built on the coordinator does when its store fails.
 //
 // [Wrap] returns a [Store] that passes every call through to the inner store
@@ -11,7 +11,7 @@
 //
 //	inner := memstore.New()
 //	store := faultstore.Wrap(inner)
-//	store.FailOnce(coordinator.MethodComplete, nil) // saving the result fails
+//	store.FailOnce(idemevent.MethodComplete, nil) // saving the result fails
 //
 // A call that fails does not reach the inner store: a failed Reserve reserved
 // nothing, a failed Complete stored nothing. That is the failure a client

@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/idemkit/idempotency/coordinator/faultstore"
 	"github.com/idemkit/idempotency/coordinator/memstore"
 )
@@ -14,18 +16,18 @@ func Example() {
 	ctx := context.Background()
 	inner := memstore.New()
 	store := faultstore.Wrap(inner)
-	key := coordinator.Key{Operation: "payment.charge", Key: "order-42"}
-	w := coordinator.Write{State: coordinator.StatePending, Token: "tok", TTL: 30 * time.Second}
+	key := idemstore.Key{Operation: "payment.charge", Key: "order-42"}
+	w := idemstore.Write{State: idemstore.StatePending, Token: "tok", TTL: 30 * time.Second}
 
 	// The first reservation fails, as if Redis were down; the retry passes.
-	store.FailOnce(coordinator.MethodReserve, nil)
+	store.FailOnce(idemevent.MethodReserve, nil)
 	_, _, err := store.Reserve(ctx, key, w)
 	fmt.Println("first reserve:", err)
 	fmt.Println("keys after the failed reserve:", inner.Len())
 
 	_, written, err := store.Reserve(ctx, key, w)
 	fmt.Println("second reserve:", written, err)
-	fmt.Println("reserve calls:", store.Calls(coordinator.MethodReserve))
+	fmt.Println("reserve calls:", store.Calls(idemevent.MethodReserve))
 
 	// Output:
 	// first reserve: faultstore: injected failure
@@ -40,14 +42,14 @@ func ExampleStore_Before() {
 	ctx := context.Background()
 	inner := memstore.New()
 	store := faultstore.Wrap(inner)
-	key := coordinator.Key{Operation: "payment.charge", Key: "order-42"}
+	key := idemstore.Key{Operation: "payment.charge", Key: "order-42"}
 
-	store.Before(coordinator.MethodComplete, func(ctx context.Context, key coordinator.Key) error {
-		inner.Put(key, coordinator.Record{State: coordinator.StatePending, Token: "someone-else", TTL: time.Minute})
+	store.Before(idemevent.MethodComplete, func(ctx context.Context, key idemstore.Key) error {
+		inner.Put(key, idemstore.Record{State: idemstore.StatePending, Token: "someone-else", TTL: time.Minute})
 		return nil
 	})
-	_, _, _ = store.Reserve(ctx, key, coordinator.Write{State: coordinator.StatePending, Token: "tok", TTL: time.Minute})
-	ok, err := store.Complete(ctx, key, "tok", coordinator.Completion{State: coordinator.StateCompleted, Result: []byte(`{"id":"ch_1"}`), TTL: time.Hour})
+	_, _, _ = store.Reserve(ctx, key, idemstore.Write{State: idemstore.StatePending, Token: "tok", TTL: time.Minute})
+	ok, err := store.Complete(ctx, key, "tok", idemstore.Completion{State: idemstore.StateCompleted, Result: []byte(`{"id":"ch_1"}`), TTL: time.Hour})
 	fmt.Println("completed:", ok, err)
 	fmt.Println("owner now:", inner.Snapshot(key).Token)
 

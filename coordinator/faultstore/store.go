@@ -7,7 +7,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
 )
 
 // ErrInjected is the error a failing call returns when no other error was
@@ -18,9 +19,9 @@ var ErrInjected = errors.New("faultstore: injected failure")
 // A non-nil error fails the call with that error, which then does not reach
 // the inner store. A Hook may block (honouring ctx, as a slow network
 // would), and may call the inner store or the Store itself.
-type Hook func(ctx context.Context, key coordinator.Key) error
+type Hook func(ctx context.Context, key idemstore.Key) error
 
-// Store is a coordinator.Store that passes calls to an inner store and fails
+// Store is a idemstore.Store that passes calls to an inner store and fails
 // them on demand. Create one with Wrap. Its methods are safe for concurrent
 // use.
 //
@@ -30,12 +31,12 @@ type Hook func(ctx context.Context, key coordinator.Key) error
 // FailTimes does not reach the inner store; one failed by LoseReplies does,
 // and fails after it.
 type Store struct {
-	inner coordinator.Store
+	inner idemstore.Store
 
 	mu    sync.Mutex
-	rules map[coordinator.Method]rule
-	hooks map[coordinator.Method]Hook
-	calls map[coordinator.Method]int
+	rules map[idemevent.Method]rule
+	hooks map[idemevent.Method]Hook
+	calls map[idemevent.Method]int
 }
 
 // rule is an armed failure: the next n calls fail with err; n < 0 means
@@ -46,10 +47,10 @@ type rule struct {
 	after bool
 }
 
-var _ coordinator.Store = (*Store)(nil)
+var _ idemstore.Store = (*Store)(nil)
 
 // Wrap returns a Store that passes every call to inner until told to fail.
-func Wrap(inner coordinator.Store) *Store {
+func Wrap(inner idemstore.Store) *Store {
 	s := &Store{inner: inner}
 	s.Reset()
 	return s
@@ -58,16 +59,16 @@ func Wrap(inner coordinator.Store) *Store {
 // Fail makes every call of method fail with err (ErrInjected when err is
 // nil), until Reset or another Fail, FailOnce, FailTimes or LoseReplies for
 // method.
-func (s *Store) Fail(method coordinator.Method, err error) { s.arm(method, -1, err, false) }
+func (s *Store) Fail(method idemevent.Method, err error) { s.arm(method, -1, err, false) }
 
 // FailOnce makes the next call of method fail with err (ErrInjected when err
 // is nil); the calls after it pass. It replaces what was armed for method.
-func (s *Store) FailOnce(method coordinator.Method, err error) { s.arm(method, 1, err, false) }
+func (s *Store) FailOnce(method idemevent.Method, err error) { s.arm(method, 1, err, false) }
 
 // FailTimes makes the next n calls of method fail with err (ErrInjected when
 // err is nil); the calls after them pass. It replaces what was armed for
 // method; n <= 0 disarms it.
-func (s *Store) FailTimes(method coordinator.Method, n int, err error) {
+func (s *Store) FailTimes(method idemevent.Method, n int, err error) {
 	s.arm(method, max(n, 0), err, false)
 }
 
@@ -77,11 +78,11 @@ func (s *Store) FailTimes(method coordinator.Method, n int, err error) {
 // timed out after the server acted. A Reserve whose reply is lost has
 // reserved the key; a Complete has stored the result. It replaces what was
 // armed for method; n <= 0 disarms it.
-func (s *Store) LoseReplies(method coordinator.Method, n int, err error) {
+func (s *Store) LoseReplies(method idemevent.Method, n int, err error) {
 	s.arm(method, max(n, 0), err, true)
 }
 
-func (s *Store) arm(method coordinator.Method, n int, err error, after bool) {
+func (s *Store) arm(method idemevent.Method, n int, err error, after bool) {
 	if err == nil {
 		err = ErrInjected
 	}
@@ -96,7 +97,7 @@ func (s *Store) arm(method coordinator.Method, n int, err error, after bool) {
 
 // Before sets the Hook that runs before each call of method, replacing any
 // earlier one; nil removes it.
-func (s *Store) Before(method coordinator.Method, hook Hook) {
+func (s *Store) Before(method idemevent.Method, hook Hook) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if hook == nil {
@@ -108,7 +109,7 @@ func (s *Store) Before(method coordinator.Method, hook Hook) {
 
 // Calls returns how many times method was called since Wrap or Reset,
 // failed calls included.
-func (s *Store) Calls(method coordinator.Method) int {
+func (s *Store) Calls(method idemevent.Method) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.calls[method]
@@ -119,15 +120,15 @@ func (s *Store) Calls(method coordinator.Method) int {
 func (s *Store) Reset() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.rules = make(map[coordinator.Method]rule)
-	s.hooks = make(map[coordinator.Method]Hook)
-	s.calls = make(map[coordinator.Method]int)
+	s.rules = make(map[idemevent.Method]rule)
+	s.hooks = make(map[idemevent.Method]Hook)
+	s.calls = make(map[idemevent.Method]int)
 }
 
 // enter counts a call of method, runs its Hook and takes one armed failure.
 // A non-nil err fails the call before it reaches the inner store; a non-nil
 // lost replaces the inner store's answer.
-func (s *Store) enter(ctx context.Context, method coordinator.Method, key coordinator.Key) (lost, err error) {
+func (s *Store) enter(ctx context.Context, method idemevent.Method, key idemstore.Key) (lost, err error) {
 	hook := s.count(method)
 	if hook != nil {
 		if err := hook(ctx, key); err != nil {
@@ -138,7 +139,7 @@ func (s *Store) enter(ctx context.Context, method coordinator.Method, key coordi
 }
 
 // count counts a call of method and returns its Hook.
-func (s *Store) count(method coordinator.Method) Hook {
+func (s *Store) count(method idemevent.Method) Hook {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.calls[method]++
@@ -146,7 +147,7 @@ func (s *Store) count(method coordinator.Method) Hook {
 }
 
 // take takes one armed failure of method; see enter.
-func (s *Store) take(method coordinator.Method) (lost, err error) {
+func (s *Store) take(method idemevent.Method) (lost, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r, ok := s.rules[method]
@@ -169,56 +170,56 @@ func (s *Store) take(method coordinator.Method) (lost, err error) {
 
 // Reserve calls the inner store's Reserve unless the call fails before it;
 // see Store.
-func (s *Store) Reserve(ctx context.Context, key coordinator.Key, w coordinator.Write) (coordinator.Record, bool, error) {
-	lost, err := s.enter(ctx, coordinator.MethodReserve, key)
+func (s *Store) Reserve(ctx context.Context, key idemstore.Key, w idemstore.Write) (idemstore.Record, bool, error) {
+	lost, err := s.enter(ctx, idemevent.MethodReserve, key)
 	if err != nil {
-		return coordinator.Record{}, false, err
+		return idemstore.Record{}, false, err
 	}
 	rec, ok, err := s.inner.Reserve(ctx, key, w)
 	if lost != nil {
-		return coordinator.Record{}, false, lost
+		return idemstore.Record{}, false, lost
 	}
 	return rec, ok, err
 }
 
 // ReserveFenced calls the inner store's ReserveFenced unless the call fails
 // before it, as Reserve does (its faults are Reserve's, under
-// coordinator.MethodReserve); see Store. It returns an error when the inner
-// store is not a coordinator.Fencer.
-func (s *Store) ReserveFenced(ctx context.Context, key coordinator.Key, w coordinator.Write) (coordinator.Record, uint64, bool, error) {
-	f, ok := s.inner.(coordinator.Fencer)
+// idemevent.MethodReserve); see Store. It returns an error when the inner
+// store is not a idemstore.Fencer.
+func (s *Store) ReserveFenced(ctx context.Context, key idemstore.Key, w idemstore.Write) (idemstore.Record, uint64, bool, error) {
+	f, ok := s.inner.(idemstore.Fencer)
 	if !ok {
-		return coordinator.Record{}, 0, false, fmt.Errorf("faultstore: the inner store (%T) hands out no fences", s.inner)
+		return idemstore.Record{}, 0, false, fmt.Errorf("faultstore: the inner store (%T) hands out no fences", s.inner)
 	}
-	lost, err := s.enter(ctx, coordinator.MethodReserve, key)
+	lost, err := s.enter(ctx, idemevent.MethodReserve, key)
 	if err != nil {
-		return coordinator.Record{}, 0, false, err
+		return idemstore.Record{}, 0, false, err
 	}
 	rec, fence, written, err := f.ReserveFenced(ctx, key, w)
 	if lost != nil {
-		return coordinator.Record{}, 0, false, lost
+		return idemstore.Record{}, 0, false, lost
 	}
 	return rec, fence, written, err
 }
 
 // Get calls the inner store's Get unless the call fails before it;
 // see Store.
-func (s *Store) Get(ctx context.Context, key coordinator.Key) (coordinator.Record, error) {
-	lost, err := s.enter(ctx, coordinator.MethodGet, key)
+func (s *Store) Get(ctx context.Context, key idemstore.Key) (idemstore.Record, error) {
+	lost, err := s.enter(ctx, idemevent.MethodGet, key)
 	if err != nil {
-		return coordinator.Record{}, err
+		return idemstore.Record{}, err
 	}
 	rec, err := s.inner.Get(ctx, key)
 	if lost != nil {
-		return coordinator.Record{}, lost
+		return idemstore.Record{}, lost
 	}
 	return rec, err
 }
 
 // Complete calls the inner store's Complete unless the call fails before it;
 // see Store.
-func (s *Store) Complete(ctx context.Context, key coordinator.Key, token string, c coordinator.Completion) (bool, error) {
-	lost, err := s.enter(ctx, coordinator.MethodComplete, key)
+func (s *Store) Complete(ctx context.Context, key idemstore.Key, token string, c idemstore.Completion) (bool, error) {
+	lost, err := s.enter(ctx, idemevent.MethodComplete, key)
 	if err != nil {
 		return false, err
 	}
@@ -231,8 +232,8 @@ func (s *Store) Complete(ctx context.Context, key coordinator.Key, token string,
 
 // Release calls the inner store's Release unless the call fails before it;
 // see Store.
-func (s *Store) Release(ctx context.Context, key coordinator.Key, token string) (bool, error) {
-	lost, err := s.enter(ctx, coordinator.MethodRelease, key)
+func (s *Store) Release(ctx context.Context, key idemstore.Key, token string) (bool, error) {
+	lost, err := s.enter(ctx, idemevent.MethodRelease, key)
 	if err != nil {
 		return false, err
 	}
@@ -245,8 +246,8 @@ func (s *Store) Release(ctx context.Context, key coordinator.Key, token string) 
 
 // Renew calls the inner store's Renew unless the call fails before it;
 // see Store.
-func (s *Store) Renew(ctx context.Context, key coordinator.Key, token string, lease time.Duration) (bool, error) {
-	lost, err := s.enter(ctx, coordinator.MethodRenew, key)
+func (s *Store) Renew(ctx context.Context, key idemstore.Key, token string, lease time.Duration) (bool, error) {
+	lost, err := s.enter(ctx, idemevent.MethodRenew, key)
 	if err != nil {
 		return false, err
 	}

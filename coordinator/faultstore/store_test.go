@@ -8,30 +8,32 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/idemkit/idempotency/coordinator/faultstore"
 	"github.com/idemkit/idempotency/coordinator/memstore"
 	"github.com/idemkit/idempotency/coordinator/storetest"
 )
 
-var key = coordinator.Key{Operation: "op", Key: "k"}
+var key = idemstore.Key{Operation: "op", Key: "k"}
 
 // call makes one call of method on s, on key with token "tok", and returns
 // its error.
-func call(ctx context.Context, s coordinator.Store, method coordinator.Method) error {
+func call(ctx context.Context, s idemstore.Store, method idemevent.Method) error {
 	var err error
 	switch method {
-	case coordinator.MethodReserve:
-		_, _, err = s.Reserve(ctx, key, coordinator.Write{State: coordinator.StatePending, Token: "tok", TTL: time.Minute})
-	case coordinator.MethodGet:
+	case idemevent.MethodReserve:
+		_, _, err = s.Reserve(ctx, key, idemstore.Write{State: idemstore.StatePending, Token: "tok", TTL: time.Minute})
+	case idemevent.MethodGet:
 		_, err = s.Get(ctx, key)
-	case coordinator.MethodComplete:
-		_, err = s.Complete(ctx, key, "tok", coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("result"), TTL: time.Hour})
-	case coordinator.MethodRelease:
+	case idemevent.MethodComplete:
+		_, err = s.Complete(ctx, key, "tok", idemstore.Completion{State: idemstore.StateCompleted, Result: []byte("result"), TTL: time.Hour})
+	case idemevent.MethodRelease:
 		_, err = s.Release(ctx, key, "tok")
-	case coordinator.MethodRenew:
+	case idemevent.MethodRenew:
 		_, err = s.Renew(ctx, key, "tok", 2*time.Minute)
-	case coordinator.MethodReserveMany, coordinator.MethodCompleteMany:
+	case idemevent.MethodReserveMany, idemevent.MethodCompleteMany:
 		fs, ok := s.(*faultstore.Store)
 		if !ok {
 			panic("a bulk method needs a *faultstore.Store")
@@ -48,7 +50,7 @@ func call(ctx context.Context, s coordinator.Store, method coordinator.Method) e
 func newStore(t *testing.T) (*faultstore.Store, *memstore.Store) {
 	t.Helper()
 	inner := memstore.New(memstore.WithClock(memstore.NewFakeClock(time.Unix(0, 0)).Now))
-	inner.Put(key, coordinator.Record{State: coordinator.StatePending, Token: "tok", TTL: time.Minute})
+	inner.Put(key, idemstore.Record{State: idemstore.StatePending, Token: "tok", TTL: time.Minute})
 	return faultstore.Wrap(inner), inner
 }
 
@@ -57,7 +59,7 @@ func newStore(t *testing.T) (*faultstore.Store, *memstore.Store) {
 func untouched(t *testing.T, inner *memstore.Store) {
 	t.Helper()
 	got := inner.Snapshot(key)
-	if got.State != coordinator.StatePending || got.Token != "tok" || got.TTL != time.Minute {
+	if got.State != idemstore.StatePending || got.Token != "tok" || got.TTL != time.Minute {
 		t.Fatalf("inner record = %+v, want the planted pending record: a failed call reached the inner store", got)
 	}
 }
@@ -70,15 +72,15 @@ func TestConformance(t *testing.T) {
 		return storetest.Harness{
 			Store:   faultstore.Wrap(inner),
 			Advance: clock.Advance,
-			Corrupt: func(t *testing.T, key coordinator.Key) {
-				inner.Put(key, coordinator.Record{State: coordinator.StateUnreadable})
+			Corrupt: func(t *testing.T, key idemstore.Key) {
+				inner.Put(key, idemstore.Record{State: idemstore.StateUnreadable})
 			},
 		}
 	})
 }
 
 func TestFailAlways(t *testing.T) {
-	for _, m := range coordinator.Methods() {
+	for _, m := range idemevent.Methods() {
 		t.Run(string(m), func(t *testing.T) {
 			s, inner := newStore(t)
 			s.Fail(m, nil)
@@ -88,9 +90,9 @@ func TestFailAlways(t *testing.T) {
 				}
 			}
 			untouched(t, inner)
-			other := coordinator.MethodGet
+			other := idemevent.MethodGet
 			if m == other {
-				other = coordinator.MethodRenew
+				other = idemevent.MethodRenew
 			}
 			if err := call(t.Context(), s, other); err != nil {
 				t.Fatalf("%s with only %s failing: %v", other, m, err)
@@ -103,7 +105,7 @@ func TestFailAlways(t *testing.T) {
 }
 
 func TestFailOnce(t *testing.T) {
-	for _, m := range coordinator.Methods() {
+	for _, m := range idemevent.Methods() {
 		t.Run(string(m), func(t *testing.T) {
 			s, inner := newStore(t)
 			s.FailOnce(m, nil)
@@ -120,20 +122,20 @@ func TestFailOnce(t *testing.T) {
 
 func TestFailTimes(t *testing.T) {
 	s, inner := newStore(t)
-	s.FailTimes(coordinator.MethodRenew, 3, nil)
+	s.FailTimes(idemevent.MethodRenew, 3, nil)
 	for i := range 3 {
-		if err := call(t.Context(), s, coordinator.MethodRenew); !errors.Is(err, faultstore.ErrInjected) {
+		if err := call(t.Context(), s, idemevent.MethodRenew); !errors.Is(err, faultstore.ErrInjected) {
 			t.Fatalf("call %d: error %v, want %v", i+1, err, faultstore.ErrInjected)
 		}
 	}
 	untouched(t, inner)
-	if err := call(t.Context(), s, coordinator.MethodRenew); err != nil {
+	if err := call(t.Context(), s, idemevent.MethodRenew); err != nil {
 		t.Fatalf("call 4: error %v, want nil", err)
 	}
 	if got := inner.Snapshot(key).TTL; got != 2*time.Minute {
 		t.Fatalf("TTL after the passing Renew = %v, want 2m", got)
 	}
-	if got := s.Calls(coordinator.MethodRenew); got != 4 {
+	if got := s.Calls(idemevent.MethodRenew); got != 4 {
 		t.Fatalf("Calls(renew) = %d, want 4", got)
 	}
 }
@@ -141,9 +143,9 @@ func TestFailTimes(t *testing.T) {
 func TestFailTimesZeroDisarms(t *testing.T) {
 	for _, n := range []int{0, -1} {
 		s, _ := newStore(t)
-		s.Fail(coordinator.MethodGet, nil)
-		s.FailTimes(coordinator.MethodGet, n, nil)
-		if err := call(t.Context(), s, coordinator.MethodGet); err != nil {
+		s.Fail(idemevent.MethodGet, nil)
+		s.FailTimes(idemevent.MethodGet, n, nil)
+		if err := call(t.Context(), s, idemevent.MethodGet); err != nil {
 			t.Fatalf("Get after FailTimes(get, %d): error %v, want nil", n, err)
 		}
 	}
@@ -151,12 +153,12 @@ func TestFailTimesZeroDisarms(t *testing.T) {
 
 func TestLastArmingWins(t *testing.T) {
 	s, _ := newStore(t)
-	s.Fail(coordinator.MethodGet, nil)
-	s.FailOnce(coordinator.MethodGet, nil)
-	if err := call(t.Context(), s, coordinator.MethodGet); err == nil {
+	s.Fail(idemevent.MethodGet, nil)
+	s.FailOnce(idemevent.MethodGet, nil)
+	if err := call(t.Context(), s, idemevent.MethodGet); err == nil {
 		t.Fatal("first Get: error nil, want the FailOnce error")
 	}
-	if err := call(t.Context(), s, coordinator.MethodGet); err != nil {
+	if err := call(t.Context(), s, idemevent.MethodGet); err != nil {
 		t.Fatalf("second Get: error %v, want nil (FailOnce replaced Fail)", err)
 	}
 }
@@ -164,8 +166,8 @@ func TestLastArmingWins(t *testing.T) {
 func TestChosenError(t *testing.T) {
 	s, _ := newStore(t)
 	timeout := context.DeadlineExceeded
-	s.Fail(coordinator.MethodReserve, timeout)
-	err := call(t.Context(), s, coordinator.MethodReserve)
+	s.Fail(idemevent.MethodReserve, timeout)
+	err := call(t.Context(), s, idemevent.MethodReserve)
 	if err != timeout {
 		t.Fatalf("error %v, want exactly %v", err, timeout)
 	}
@@ -173,18 +175,18 @@ func TestChosenError(t *testing.T) {
 
 func TestBeforeHook(t *testing.T) {
 	s, inner := newStore(t)
-	var gotKey coordinator.Key
+	var gotKey idemstore.Key
 	var gotCtx context.Context
-	s.Before(coordinator.MethodComplete, func(ctx context.Context, k coordinator.Key) error {
+	s.Before(idemevent.MethodComplete, func(ctx context.Context, k idemstore.Key) error {
 		gotCtx, gotKey = ctx, k
 		// Another caller takes over between reserve and complete: the
 		// lease is lost.
-		inner.Put(k, coordinator.Record{State: coordinator.StatePending, Token: "someone-else", TTL: time.Minute})
+		inner.Put(k, idemstore.Record{State: idemstore.StatePending, Token: "someone-else", TTL: time.Minute})
 		return nil
 	})
 	type ctxKey struct{}
 	ctx := context.WithValue(t.Context(), ctxKey{}, "marker")
-	ok, err := s.Complete(ctx, key, "tok", coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("result"), TTL: time.Hour})
+	ok, err := s.Complete(ctx, key, "tok", idemstore.Completion{State: idemstore.StateCompleted, Result: []byte("result"), TTL: time.Hour})
 	if err != nil || ok {
 		t.Fatalf("Complete after the hook took the key over = %v, %v; want false, nil", ok, err)
 	}
@@ -195,9 +197,9 @@ func TestBeforeHook(t *testing.T) {
 		t.Fatal("hook did not get the call's context")
 	}
 
-	s.Before(coordinator.MethodComplete, nil)
-	inner.Put(key, coordinator.Record{State: coordinator.StatePending, Token: "tok", TTL: time.Minute})
-	if ok, err := s.Complete(t.Context(), key, "tok", coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("result"), TTL: time.Hour}); err != nil || !ok {
+	s.Before(idemevent.MethodComplete, nil)
+	inner.Put(key, idemstore.Record{State: idemstore.StatePending, Token: "tok", TTL: time.Minute})
+	if ok, err := s.Complete(t.Context(), key, "tok", idemstore.Completion{State: idemstore.StateCompleted, Result: []byte("result"), TTL: time.Hour}); err != nil || !ok {
 		t.Fatalf("Complete after the hook was removed = %v, %v; want true, nil", ok, err)
 	}
 }
@@ -205,16 +207,16 @@ func TestBeforeHook(t *testing.T) {
 func TestBeforeHookError(t *testing.T) {
 	s, inner := newStore(t)
 	hookErr := errors.New("connection reset")
-	s.Before(coordinator.MethodRelease, func(context.Context, coordinator.Key) error { return hookErr })
-	s.FailOnce(coordinator.MethodRelease, nil)
-	if err := call(t.Context(), s, coordinator.MethodRelease); err != hookErr {
+	s.Before(idemevent.MethodRelease, func(context.Context, idemstore.Key) error { return hookErr })
+	s.FailOnce(idemevent.MethodRelease, nil)
+	if err := call(t.Context(), s, idemevent.MethodRelease); err != hookErr {
 		t.Fatalf("error %v, want the hook's %v", err, hookErr)
 	}
 	untouched(t, inner)
 
 	// The hook's failure did not use up the armed one.
-	s.Before(coordinator.MethodRelease, nil)
-	if err := call(t.Context(), s, coordinator.MethodRelease); !errors.Is(err, faultstore.ErrInjected) {
+	s.Before(idemevent.MethodRelease, nil)
+	if err := call(t.Context(), s, idemevent.MethodRelease); !errors.Is(err, faultstore.ErrInjected) {
 		t.Fatalf("error after the hook was removed: %v, want %v", err, faultstore.ErrInjected)
 	}
 }
@@ -225,14 +227,14 @@ func TestBeforeHookHangsUntilDeadline(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const timeout = 10 * time.Millisecond
 		s, inner := newStore(t)
-		s.Before(coordinator.MethodGet, func(ctx context.Context, _ coordinator.Key) error {
+		s.Before(idemevent.MethodGet, func(ctx context.Context, _ idemstore.Key) error {
 			<-ctx.Done()
 			return ctx.Err()
 		})
 		ctx, cancel := context.WithTimeout(t.Context(), timeout)
 		defer cancel()
 		start := time.Now()
-		if err := call(ctx, s, coordinator.MethodGet); !errors.Is(err, context.DeadlineExceeded) {
+		if err := call(ctx, s, idemevent.MethodGet); !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("error %v, want %v", err, context.DeadlineExceeded)
 		}
 		if d := time.Since(start); d != timeout {
@@ -245,30 +247,30 @@ func TestBeforeHookHangsUntilDeadline(t *testing.T) {
 func TestHookMayCallTheStore(t *testing.T) {
 	// Hooks run without the Store's lock held.
 	s, _ := newStore(t)
-	s.Before(coordinator.MethodGet, func(ctx context.Context, k coordinator.Key) error {
-		s.FailOnce(coordinator.MethodRenew, nil)
-		_ = s.Calls(coordinator.MethodGet)
+	s.Before(idemevent.MethodGet, func(ctx context.Context, k idemstore.Key) error {
+		s.FailOnce(idemevent.MethodRenew, nil)
+		_ = s.Calls(idemevent.MethodGet)
 		_, err := s.Renew(ctx, k, "tok", time.Minute)
 		return err
 	})
-	if err := call(t.Context(), s, coordinator.MethodGet); !errors.Is(err, faultstore.ErrInjected) {
+	if err := call(t.Context(), s, idemevent.MethodGet); !errors.Is(err, faultstore.ErrInjected) {
 		t.Fatalf("error %v, want the nested Renew's %v", err, faultstore.ErrInjected)
 	}
 }
 
 func TestReset(t *testing.T) {
 	s, _ := newStore(t)
-	for _, m := range coordinator.Methods() {
+	for _, m := range idemevent.Methods() {
 		s.Fail(m, nil)
-		s.Before(m, func(context.Context, coordinator.Key) error { return errors.New("hook") })
+		s.Before(m, func(context.Context, idemstore.Key) error { return errors.New("hook") })
 		_ = call(t.Context(), s, m)
 	}
 	s.Reset()
-	for _, m := range coordinator.Methods() {
+	for _, m := range idemevent.Methods() {
 		if got := s.Calls(m); got != 0 {
 			t.Errorf("Calls(%s) after Reset = %d, want 0", m, got)
 		}
-		if m == coordinator.MethodRelease {
+		if m == idemevent.MethodRelease {
 			continue // would delete the record the others need
 		}
 		if err := call(t.Context(), s, m); err != nil {
@@ -279,12 +281,12 @@ func TestReset(t *testing.T) {
 
 func TestCallsCountsEveryMethod(t *testing.T) {
 	s, _ := newStore(t)
-	for i, m := range coordinator.Methods() {
+	for i, m := range idemevent.Methods() {
 		for range i + 1 {
 			_ = call(t.Context(), s, m)
 		}
 	}
-	for i, m := range coordinator.Methods() {
+	for i, m := range idemevent.Methods() {
 		if got := s.Calls(m); got != i+1 {
 			t.Errorf("Calls(%s) = %d, want %d", m, got, i+1)
 		}
@@ -294,7 +296,7 @@ func TestCallsCountsEveryMethod(t *testing.T) {
 func TestFailTimesConcurrent(t *testing.T) {
 	const goroutines, n = 64, 10
 	s, _ := newStore(t)
-	s.FailTimes(coordinator.MethodGet, n, nil)
+	s.FailTimes(idemevent.MethodGet, n, nil)
 	var (
 		wg     sync.WaitGroup
 		mu     sync.Mutex
@@ -302,7 +304,7 @@ func TestFailTimesConcurrent(t *testing.T) {
 	)
 	for range goroutines {
 		wg.Go(func() {
-			if err := call(t.Context(), s, coordinator.MethodGet); err != nil {
+			if err := call(t.Context(), s, idemevent.MethodGet); err != nil {
 				mu.Lock()
 				failed++
 				mu.Unlock()
@@ -313,7 +315,7 @@ func TestFailTimesConcurrent(t *testing.T) {
 	if failed != n {
 		t.Fatalf("%d concurrent Gets with %d failures armed: %d failed, want %d", goroutines, n, failed, n)
 	}
-	if got := s.Calls(coordinator.MethodGet); got != goroutines {
+	if got := s.Calls(idemevent.MethodGet); got != goroutines {
 		t.Fatalf("Calls(get) = %d, want %d", got, goroutines)
 	}
 }
@@ -322,38 +324,38 @@ func TestLoseReplies(t *testing.T) {
 	ctx := t.Context()
 	inner := memstore.New()
 	s := faultstore.Wrap(inner)
-	s.LoseReplies(coordinator.MethodReserve, 1, nil)
-	s.LoseReplies(coordinator.MethodComplete, 2, context.DeadlineExceeded)
+	s.LoseReplies(idemevent.MethodReserve, 1, nil)
+	s.LoseReplies(idemevent.MethodComplete, 2, context.DeadlineExceeded)
 
 	// The reservation is made, but the caller is told it failed.
-	_, ok, err := s.Reserve(ctx, key, coordinator.Write{State: coordinator.StatePending, Token: "tok", TTL: time.Minute})
+	_, ok, err := s.Reserve(ctx, key, idemstore.Write{State: idemstore.StatePending, Token: "tok", TTL: time.Minute})
 	if !errors.Is(err, faultstore.ErrInjected) || ok {
 		t.Fatalf("Reserve with its reply lost = %v, %v; want false, %v", ok, err, faultstore.ErrInjected)
 	}
-	if got := inner.Snapshot(key); got.State != coordinator.StatePending || got.Token != "tok" {
+	if got := inner.Snapshot(key); got.State != idemstore.StatePending || got.Token != "tok" {
 		t.Fatalf("inner record after a lost Reserve reply = %+v, want pending, owned by tok", got)
 	}
 
 	// The result is stored; both replies are lost, the third passes.
 	for i := range 2 {
-		ok, err := s.Complete(ctx, key, "tok", coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("result"), TTL: time.Hour})
+		ok, err := s.Complete(ctx, key, "tok", idemstore.Completion{State: idemstore.StateCompleted, Result: []byte("result"), TTL: time.Hour})
 		if err != context.DeadlineExceeded || ok {
 			t.Fatalf("Complete %d with its reply lost = %v, %v; want false, %v", i+1, ok, err, context.DeadlineExceeded)
 		}
 	}
-	if got := inner.Snapshot(key); got.State != coordinator.StateCompleted || string(got.Result) != "result" {
+	if got := inner.Snapshot(key); got.State != idemstore.StateCompleted || string(got.Result) != "result" {
 		t.Fatalf("inner record after a lost Complete reply = %+v, want completed", got)
 	}
-	if ok, err := s.Complete(ctx, key, "tok", coordinator.Completion{State: coordinator.StateCompleted, Result: []byte("again"), TTL: time.Hour}); err != nil || ok {
+	if ok, err := s.Complete(ctx, key, "tok", idemstore.Completion{State: idemstore.StateCompleted, Result: []byte("again"), TTL: time.Hour}); err != nil || ok {
 		t.Fatalf("third Complete = %v, %v; want the inner store's answer false, nil", ok, err)
 	}
-	if got := s.Calls(coordinator.MethodComplete); got != 3 {
+	if got := s.Calls(idemevent.MethodComplete); got != 3 {
 		t.Fatalf("Calls(complete) = %d, want 3", got)
 	}
 }
 
 func TestLoseRepliesStepIsDone(t *testing.T) {
-	for _, m := range []coordinator.Method{coordinator.MethodComplete, coordinator.MethodRelease, coordinator.MethodRenew} {
+	for _, m := range []idemevent.Method{idemevent.MethodComplete, idemevent.MethodRelease, idemevent.MethodRenew} {
 		t.Run(string(m), func(t *testing.T) {
 			s, inner := newStore(t)
 			s.LoseReplies(m, 1, nil)
@@ -363,17 +365,17 @@ func TestLoseRepliesStepIsDone(t *testing.T) {
 			got := inner.Snapshot(key)
 			var reached bool
 			switch m {
-			case coordinator.MethodComplete:
-				reached = got.State == coordinator.StateCompleted
-			case coordinator.MethodRelease:
-				reached = got.State == coordinator.StateAbsent
-			case coordinator.MethodRenew:
+			case idemevent.MethodComplete:
+				reached = got.State == idemstore.StateCompleted
+			case idemevent.MethodRelease:
+				reached = got.State == idemstore.StateAbsent
+			case idemevent.MethodRenew:
 				reached = got.TTL == 2*time.Minute
 			}
 			if !reached {
 				t.Fatalf("inner record after a lost %s reply = %+v: the call did not reach the inner store", m, got)
 			}
-			if err := call(t.Context(), s, coordinator.MethodGet); err != nil {
+			if err := call(t.Context(), s, idemevent.MethodGet); err != nil {
 				t.Fatalf("Get after the lost reply: %v", err)
 			}
 		})

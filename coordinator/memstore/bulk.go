@@ -4,18 +4,18 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
 )
 
-var _ coordinator.BulkStore = (*Store)(nil)
+var _ idemstore.BulkStore = (*Store)(nil)
 
-// GetMany implements coordinator.BulkStore: the records under keys, as Get
+// GetMany implements idemstore.BulkStore: the records under keys, as Get
 // reports each.
-func (s *Store) GetMany(ctx context.Context, keys []coordinator.Key) ([]coordinator.Record, error) {
+func (s *Store) GetMany(ctx context.Context, keys []idemstore.Key) ([]idemstore.Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	recs := make([]coordinator.Record, len(keys))
+	recs := make([]idemstore.Record, len(keys))
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
@@ -27,10 +27,10 @@ func (s *Store) GetMany(ctx context.Context, keys []coordinator.Key) ([]coordina
 	return recs, nil
 }
 
-// ReserveMany implements coordinator.BulkStore: Reserve for each entry, all
+// ReserveMany implements idemstore.BulkStore: Reserve for each entry, all
 // of them under the Store's lock, so that an all-or-nothing call that
 // collides is never seen half written.
-func (s *Store) ReserveMany(ctx context.Context, keys []coordinator.Key, ws []coordinator.Write, allOrNothing bool) ([]coordinator.Record, []bool, error) {
+func (s *Store) ReserveMany(ctx context.Context, keys []idemstore.Key, ws []idemstore.Write, allOrNothing bool) ([]idemstore.Record, []bool, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, nil, err
 	}
@@ -42,7 +42,7 @@ func (s *Store) ReserveMany(ctx context.Context, keys []coordinator.Key, ws []co
 			return nil, nil, err
 		}
 	}
-	existing, written := make([]coordinator.Record, len(keys)), make([]bool, len(keys))
+	existing, written := make([]idemstore.Record, len(keys)), make([]bool, len(keys))
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
@@ -62,8 +62,8 @@ func (s *Store) ReserveMany(ctx context.Context, keys []coordinator.Key, ws []co
 	return existing, written, nil
 }
 
-// CompleteMany implements coordinator.BulkStore: Complete for each entry.
-func (s *Store) CompleteMany(ctx context.Context, keys []coordinator.Key, tokens []string, cs []coordinator.Completion) ([]bool, error) {
+// CompleteMany implements idemstore.BulkStore: Complete for each entry.
+func (s *Store) CompleteMany(ctx context.Context, keys []idemstore.Key, tokens []string, cs []idemstore.Completion) ([]bool, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -88,9 +88,9 @@ func (s *Store) CompleteMany(ctx context.Context, keys []coordinator.Key, tokens
 	return ok, nil
 }
 
-// DeleteMany implements coordinator.BulkStore: it deletes the live records
+// DeleteMany implements idemstore.BulkStore: it deletes the live records
 // under keys and returns how many there were.
-func (s *Store) DeleteMany(ctx context.Context, keys []coordinator.Key) (int, error) {
+func (s *Store) DeleteMany(ctx context.Context, keys []idemstore.Key) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}

@@ -1,4 +1,4 @@
-// Package memstore is an in-memory [coordinator.Store], for unit tests and
+// Package memstore is an in-memory [idemstore.Store], for unit tests and
 // single-process development.
 //
 // A [Store] keeps records in a map behind a mutex. It honours leases and time
@@ -10,9 +10,9 @@
 //	// ... reserve a key with a 30s lease ...
 //	clock.Advance(31 * time.Second) // the lease has run out: the key is absent
 //
-// Besides the [coordinator.Store] methods, a Store has helpers for tests:
+// Besides the [idemstore.Store] methods, a Store has helpers for tests:
 // [Store.Put] plants any record (a completed result, a pending reservation
-// held by "someone else", or a [coordinator.StateUnreadable] record to test
+// held by "someone else", or a [idemstore.StateUnreadable] record to test
 // how a caller heals a corrupt key), [Store.Snapshot] reads a record without a
 // context, and [Store.Len] counts the live keys.
 //

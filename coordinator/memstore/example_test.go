@@ -5,7 +5,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/idemkit/idempotency/coordinator/memstore"
 )
 
@@ -13,14 +14,14 @@ func Example() {
 	ctx := context.Background()
 	clock := memstore.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	store := memstore.New(memstore.WithClock(clock.Now))
-	key := coordinator.Key{Operation: "payment.charge", Key: "order-42"}
+	key := idemstore.Key{Operation: "payment.charge", Key: "order-42"}
 
-	_, written, _ := store.Reserve(ctx, key, coordinator.Write{
-		State: coordinator.StatePending, Token: "tok", TTL: 30 * time.Second,
+	_, written, _ := store.Reserve(ctx, key, idemstore.Write{
+		State: idemstore.StatePending, Token: "tok", TTL: 30 * time.Second,
 	})
 	fmt.Println("reserved:", written)
 
-	ok, _ := store.Complete(ctx, key, "tok", coordinator.Completion{State: coordinator.StateCompleted, Result: []byte(`{"id":"ch_1"}`), TTL: time.Hour})
+	ok, _ := store.Complete(ctx, key, "tok", idemstore.Completion{State: idemstore.StateCompleted, Result: []byte(`{"id":"ch_1"}`), TTL: time.Hour})
 	fmt.Println("completed:", ok)
 
 	clock.Advance(59 * time.Minute)
@@ -42,8 +43,8 @@ func Example() {
 // corrupt bytes heals instead of failing every retry.
 func ExampleStore_Put() {
 	store := memstore.New()
-	key := coordinator.Key{Operation: "payment.charge", Key: "order-42"}
-	store.Put(key, coordinator.Record{State: coordinator.StateUnreadable, Result: []byte("\x00garbage")})
+	key := idemstore.Key{Operation: "payment.charge", Key: "order-42"}
+	store.Put(key, idemstore.Record{State: idemstore.StateUnreadable, Result: []byte("\x00garbage")})
 
 	fmt.Println(store.Snapshot(key).State)
 	// Output: unreadable

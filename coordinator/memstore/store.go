@@ -7,10 +7,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
 )
 
-// Store is an in-memory coordinator.Store. Create one with New; the zero
+// Store is an in-memory idemstore.Store. Create one with New; the zero
 // value is not usable. It is safe for concurrent use.
 //
 // Expired records are absent: every method treats a record whose time to
@@ -29,10 +29,10 @@ type Store struct {
 	now func() time.Time
 
 	mu      sync.Mutex
-	records map[coordinator.Key]entry
+	records map[idemstore.Key]entry
 	// fences is the last fence handed out per key (ReserveFenced); never
 	// swept, so that fences only grow.
-	fences map[coordinator.Key]uint64
+	fences map[idemstore.Key]uint64
 	// sweepAt is the number of records at which the next write sweeps out
 	// the expired ones, so that keys nobody reads again do not pile up.
 	sweepAt int
@@ -41,14 +41,14 @@ type Store struct {
 // entry is a stored record. Its TTL field is unused: expires is the
 // deadline, and the zero time means the record never expires.
 type entry struct {
-	rec     coordinator.Record
+	rec     idemstore.Record
 	expires time.Time
 	fence   uint64 // the fence of a fenced reservation, else 0
 }
 
 const minSweep = 1024
 
-var _ coordinator.Store = (*Store)(nil)
+var _ idemstore.Store = (*Store)(nil)
 
 // New returns an empty Store. Without options it uses time.Now as its clock.
 func New(opts ...Option) *Store {
@@ -63,38 +63,38 @@ func New(opts ...Option) *Store {
 	}
 	return &Store{
 		now:     c.now,
-		records: make(map[coordinator.Key]entry),
+		records: make(map[idemstore.Key]entry),
 		sweepAt: minSweep,
 	}
 }
 
-// Reserve implements coordinator.Store: if the key is absent, or w.Replace is
+// Reserve implements idemstore.Store: if the key is absent, or w.Replace is
 // set and the record under the key is not pending and has token
 // w.ReplaceToken, it writes w with time to live w.TTL and returns
-// (coordinator.Record{}, true, nil); otherwise it returns the record under the
+// (idemstore.Record{}, true, nil); otherwise it returns the record under the
 // key and false.
-func (s *Store) Reserve(ctx context.Context, key coordinator.Key, w coordinator.Write) (coordinator.Record, bool, error) {
+func (s *Store) Reserve(ctx context.Context, key idemstore.Key, w idemstore.Write) (idemstore.Record, bool, error) {
 	rec, _, written, err := s.reserve(ctx, key, w, false)
 	return rec, written, err
 }
 
-// ReserveFenced implements coordinator.Fencer: it is Reserve, and the
+// ReserveFenced implements idemstore.Fencer: it is Reserve, and the
 // pending record it writes gets the key's next fence, one more than the last.
 // The Store keeps the last fence of every key it ever fenced, for as long as
 // the Store lives, so fences grow across expiry, release and takeover.
-func (s *Store) ReserveFenced(ctx context.Context, key coordinator.Key, w coordinator.Write) (coordinator.Record, uint64, bool, error) {
-	if w.State != coordinator.StatePending {
-		return coordinator.Record{}, 0, false, fmt.Errorf("memstore: reserve fenced %s: write state is %s, want pending", key, w.State)
+func (s *Store) ReserveFenced(ctx context.Context, key idemstore.Key, w idemstore.Write) (idemstore.Record, uint64, bool, error) {
+	if w.State != idemstore.StatePending {
+		return idemstore.Record{}, 0, false, fmt.Errorf("memstore: reserve fenced %s: write state is %s, want pending", key, w.State)
 	}
 	return s.reserve(ctx, key, w, true)
 }
 
-func (s *Store) reserve(ctx context.Context, key coordinator.Key, w coordinator.Write, fenced bool) (coordinator.Record, uint64, bool, error) {
+func (s *Store) reserve(ctx context.Context, key idemstore.Key, w idemstore.Write, fenced bool) (idemstore.Record, uint64, bool, error) {
 	if err := ctx.Err(); err != nil {
-		return coordinator.Record{}, 0, false, err
+		return idemstore.Record{}, 0, false, err
 	}
 	if err := checkWrite(key, w); err != nil {
-		return coordinator.Record{}, 0, false, err
+		return idemstore.Record{}, 0, false, err
 	}
 
 	s.mu.Lock()
@@ -104,54 +104,54 @@ func (s *Store) reserve(ctx context.Context, key coordinator.Key, w coordinator.
 }
 
 // reserveLocked is reserve on checked arguments. s.mu must be held.
-func (s *Store) reserveLocked(key coordinator.Key, w coordinator.Write, fenced bool, now time.Time) (coordinator.Record, uint64, bool) {
+func (s *Store) reserveLocked(key idemstore.Key, w idemstore.Write, fenced bool, now time.Time) (idemstore.Record, uint64, bool) {
 	if e, ok := s.lookup(key, now); ok {
-		replaceable := w.Replace && e.rec.State != coordinator.StatePending && e.rec.Token == w.ReplaceToken
+		replaceable := w.Replace && e.rec.State != idemstore.StatePending && e.rec.Token == w.ReplaceToken
 		if !replaceable {
 			var fence uint64
-			if fenced && e.rec.State == coordinator.StatePending && e.rec.Token == w.Token {
+			if fenced && e.rec.State == idemstore.StatePending && e.rec.Token == w.Token {
 				fence = e.fence
 			}
 			return e.out(now), fence, false
 		}
 	}
-	rec := coordinator.Record{State: w.State, Token: w.Token, Fingerprint: w.Fingerprint}
+	rec := idemstore.Record{State: w.State, Token: w.Token, Fingerprint: w.Fingerprint}
 	if final(w.State) {
 		rec.Result = bytes.Clone(w.Result)
 	}
 	e := entry{rec: rec, expires: now.Add(w.TTL)}
 	if fenced {
 		if s.fences == nil {
-			s.fences = make(map[coordinator.Key]uint64)
+			s.fences = make(map[idemstore.Key]uint64)
 		}
 		s.fences[key]++
 		e.fence = s.fences[key]
 	}
 	s.store(key, e, now)
-	return coordinator.Record{}, e.fence, true
+	return idemstore.Record{}, e.fence, true
 }
 
 // checkWrite returns an error for a write the coordinator never sends.
-func checkWrite(key coordinator.Key, w coordinator.Write) error {
-	if w.State != coordinator.StatePending && !final(w.State) {
+func checkWrite(key idemstore.Key, w idemstore.Write) error {
+	if w.State != idemstore.StatePending && !final(w.State) {
 		return fmt.Errorf("memstore: reserve %s: write state is %s, want pending, completed or not_replayable", key, w.State)
 	}
 	return checkTTL("reserve", key, w.TTL)
 }
 
-// Get implements coordinator.Store: it returns the record under key, or a
-// Record with State coordinator.StateAbsent.
-func (s *Store) Get(ctx context.Context, key coordinator.Key) (coordinator.Record, error) {
+// Get implements idemstore.Store: it returns the record under key, or a
+// Record with State idemstore.StateAbsent.
+func (s *Store) Get(ctx context.Context, key idemstore.Key) (idemstore.Record, error) {
 	if err := ctx.Err(); err != nil {
-		return coordinator.Record{}, err
+		return idemstore.Record{}, err
 	}
 	return s.Snapshot(key), nil
 }
 
-// Complete implements coordinator.Store: if key holds a pending record owned
+// Complete implements idemstore.Store: if key holds a pending record owned
 // by token, it makes it a record in state c.State with c.Result (copied) and
 // time to live c.TTL, keeping its token and fingerprint, and reports true.
-func (s *Store) Complete(ctx context.Context, key coordinator.Key, token string, c coordinator.Completion) (bool, error) {
+func (s *Store) Complete(ctx context.Context, key idemstore.Key, token string, c idemstore.Completion) (bool, error) {
 	if !final(c.State) {
 		return false, fmt.Errorf("memstore: complete %s: state is %s, want completed or not_replayable", key, c.State)
 	}
@@ -159,7 +159,7 @@ func (s *Store) Complete(ctx context.Context, key coordinator.Key, token string,
 }
 
 // completion returns the change Complete makes to a pending entry.
-func completion(c coordinator.Completion) func(*entry) {
+func completion(c idemstore.Completion) func(*entry) {
 	return func(e *entry) {
 		e.rec.State = c.State
 		e.rec.Result = bytes.Clone(c.Result)
@@ -167,13 +167,13 @@ func completion(c coordinator.Completion) func(*entry) {
 }
 
 // final reports whether st is a state a completion writes.
-func final(st coordinator.State) bool {
-	return st == coordinator.StateCompleted || st == coordinator.StateNotReplayable
+func final(st idemstore.State) bool {
+	return st == idemstore.StateCompleted || st == idemstore.StateNotReplayable
 }
 
-// Release implements coordinator.Store: if key holds a pending record owned by
+// Release implements idemstore.Store: if key holds a pending record owned by
 // token, it deletes it and reports true.
-func (s *Store) Release(ctx context.Context, key coordinator.Key, token string) (bool, error) {
+func (s *Store) Release(ctx context.Context, key idemstore.Key, token string) (bool, error) {
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
@@ -184,7 +184,7 @@ func (s *Store) Release(ctx context.Context, key coordinator.Key, token string) 
 }
 
 // releaseLocked is Release. s.mu must be held.
-func (s *Store) releaseLocked(key coordinator.Key, token string, now time.Time) bool {
+func (s *Store) releaseLocked(key idemstore.Key, token string, now time.Time) bool {
 	if _, ok := s.owned(key, token, now); !ok {
 		return false
 	}
@@ -192,16 +192,16 @@ func (s *Store) releaseLocked(key coordinator.Key, token string, now time.Time) 
 	return true
 }
 
-// Renew implements coordinator.Store: if key holds a pending record owned by
+// Renew implements idemstore.Store: if key holds a pending record owned by
 // token, it sets its time to live to lease and reports true.
-func (s *Store) Renew(ctx context.Context, key coordinator.Key, token string, lease time.Duration) (bool, error) {
+func (s *Store) Renew(ctx context.Context, key idemstore.Key, token string, lease time.Duration) (bool, error) {
 	return s.extendOwned(ctx, "renew", key, token, lease, nil)
 }
 
 // extendOwned is Complete and Renew: if key holds a pending record owned by
 // token, it applies change (when not nil), sets the time to live to ttl and
 // reports true.
-func (s *Store) extendOwned(ctx context.Context, method string, key coordinator.Key, token string, ttl time.Duration, change func(*entry)) (bool, error) {
+func (s *Store) extendOwned(ctx context.Context, method string, key idemstore.Key, token string, ttl time.Duration, change func(*entry)) (bool, error) {
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
@@ -215,7 +215,7 @@ func (s *Store) extendOwned(ctx context.Context, method string, key coordinator.
 }
 
 // extendLocked is extendOwned on checked arguments. s.mu must be held.
-func (s *Store) extendLocked(key coordinator.Key, token string, ttl time.Duration, change func(*entry), now time.Time) bool {
+func (s *Store) extendLocked(key idemstore.Key, token string, ttl time.Duration, change func(*entry), now time.Time) bool {
 	e, ok := s.owned(key, token, now)
 	if !ok {
 		return false
@@ -231,14 +231,14 @@ func (s *Store) extendLocked(key coordinator.Key, token string, ttl time.Duratio
 // Put stores rec under key as it is, whatever its State, replacing any
 // record there, for tests that need a record the coordinator would not
 // write: another caller's pending reservation, a completed result, or a
-// coordinator.StateUnreadable record standing for corrupt bytes. rec.TTL is
+// idemstore.StateUnreadable record standing for corrupt bytes. rec.TTL is
 // the record's time to live; 0 or less means it never expires. A rec with
-// State coordinator.StateAbsent deletes the key. rec.Result is copied.
-func (s *Store) Put(key coordinator.Key, rec coordinator.Record) {
+// State idemstore.StateAbsent deletes the key. rec.Result is copied.
+func (s *Store) Put(key idemstore.Key, rec idemstore.Record) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
-	if rec.State == coordinator.StateAbsent {
+	if rec.State == idemstore.StateAbsent {
 		delete(s.records, key)
 		return
 	}
@@ -252,16 +252,16 @@ func (s *Store) Put(key coordinator.Key, rec coordinator.Record) {
 }
 
 // Snapshot returns the record under key as Get would, without a context: a
-// Record with State coordinator.StateAbsent when there is none or it has
+// Record with State idemstore.StateAbsent when there is none or it has
 // expired. Its TTL is the remaining time to live, or 0 for a record that
 // never expires. Its Result is a copy.
-func (s *Store) Snapshot(key coordinator.Key) coordinator.Record {
+func (s *Store) Snapshot(key idemstore.Key) idemstore.Record {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
 	e, ok := s.lookup(key, now)
 	if !ok {
-		return coordinator.Record{}
+		return idemstore.Record{}
 	}
 	return e.out(now)
 }
@@ -276,7 +276,7 @@ func (s *Store) Len() int {
 
 // lookup returns the live entry under key, deleting it if it has expired.
 // s.mu must be held.
-func (s *Store) lookup(key coordinator.Key, now time.Time) (entry, bool) {
+func (s *Store) lookup(key idemstore.Key, now time.Time) (entry, bool) {
 	e, ok := s.records[key]
 	if !ok {
 		return entry{}, false
@@ -290,9 +290,9 @@ func (s *Store) lookup(key coordinator.Key, now time.Time) (entry, bool) {
 
 // owned returns the live entry under key if it is pending and owned by
 // token. s.mu must be held.
-func (s *Store) owned(key coordinator.Key, token string, now time.Time) (entry, bool) {
+func (s *Store) owned(key idemstore.Key, token string, now time.Time) (entry, bool) {
 	e, ok := s.lookup(key, now)
-	if !ok || e.rec.State != coordinator.StatePending || e.rec.Token != token {
+	if !ok || e.rec.State != idemstore.StatePending || e.rec.Token != token {
 		return entry{}, false
 	}
 	return e, true
@@ -300,7 +300,7 @@ func (s *Store) owned(key coordinator.Key, token string, now time.Time) (entry, 
 
 // store writes e under key, sweeping out expired records first when the map
 // has doubled since the last sweep. s.mu must be held.
-func (s *Store) store(key coordinator.Key, e entry, now time.Time) {
+func (s *Store) store(key idemstore.Key, e entry, now time.Time) {
 	if len(s.records) >= s.sweepAt {
 		s.sweep(now)
 		s.sweepAt = max(2*len(s.records), minSweep)
@@ -323,7 +323,7 @@ func (e entry) expired(now time.Time) bool {
 
 // out returns the record as a caller sees it: with its remaining TTL and a
 // copy of its result.
-func (e entry) out(now time.Time) coordinator.Record {
+func (e entry) out(now time.Time) idemstore.Record {
 	rec := e.rec
 	rec.Result = bytes.Clone(e.rec.Result)
 	if !e.expires.IsZero() {
@@ -332,7 +332,7 @@ func (e entry) out(now time.Time) coordinator.Record {
 	return rec
 }
 
-func checkTTL(method string, key coordinator.Key, ttl time.Duration) error {
+func checkTTL(method string, key idemstore.Key, ttl time.Duration) error {
 	if ttl <= 0 {
 		return fmt.Errorf("memstore: %s %s: time to live %v is not positive", method, key, ttl)
 	}

@@ -7,7 +7,8 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/idemkit/idempotency/coordinator/memstore"
 	"github.com/idemkit/idempotency/coordinator/storetest"
 )
@@ -27,8 +28,8 @@ func TestConformance(t *testing.T) {
 			Store:   s,
 			Advance: clock.Advance,
 			Fences:  true,
-			Corrupt: func(t *testing.T, key coordinator.Key) {
-				s.Put(key, coordinator.Record{State: coordinator.StateUnreadable, Result: []byte("\xff garbage"), TTL: time.Minute})
+			Corrupt: func(t *testing.T, key idemstore.Key) {
+				s.Put(key, idemstore.Record{State: idemstore.StateUnreadable, Result: []byte("\xff garbage"), TTL: time.Minute})
 			},
 		}
 	})
@@ -46,8 +47,8 @@ func TestConformanceRealClock(t *testing.T) {
 			Store:  s,
 			Tick:   20 * time.Millisecond,
 			Fences: true,
-			Corrupt: func(t *testing.T, key coordinator.Key) {
-				s.Put(key, coordinator.Record{State: coordinator.StateUnreadable})
+			Corrupt: func(t *testing.T, key idemstore.Key) {
+				s.Put(key, idemstore.Record{State: idemstore.StateUnreadable})
 			},
 		}
 	})
@@ -55,8 +56,8 @@ func TestConformanceRealClock(t *testing.T) {
 
 func TestTTLIsRemainingTime(t *testing.T) {
 	s, clock := newStore(t)
-	key := coordinator.Key{Operation: "op", Key: "k"}
-	if _, ok, err := s.Reserve(t.Context(), key, coordinator.Write{State: coordinator.StatePending, Token: "t", TTL: 10 * time.Second}); err != nil || !ok {
+	key := idemstore.Key{Operation: "op", Key: "k"}
+	if _, ok, err := s.Reserve(t.Context(), key, idemstore.Write{State: idemstore.StatePending, Token: "t", TTL: 10 * time.Second}); err != nil || !ok {
 		t.Fatalf("Reserve = %v, %v; want true, nil", ok, err)
 	}
 	clock.Advance(3 * time.Second)
@@ -68,7 +69,7 @@ func TestTTLIsRemainingTime(t *testing.T) {
 		t.Fatalf("TTL 1ns before expiry = %v, want %v", got, want)
 	}
 	clock.Advance(time.Nanosecond)
-	if got := s.Snapshot(key); got.State != coordinator.StateAbsent {
+	if got := s.Snapshot(key); got.State != idemstore.StateAbsent {
 		t.Fatalf("record at its deadline = %+v, want absent", got)
 	}
 }
@@ -80,12 +81,12 @@ func TestLenCountsLiveKeys(t *testing.T) {
 		t.Fatalf("Len of a new store = %d, want 0", got)
 	}
 	for i, ttl := range []time.Duration{time.Second, 2 * time.Second, 3 * time.Second} {
-		key := coordinator.Key{Operation: "op", Key: string(rune('a' + i))}
-		if _, ok, err := s.Reserve(ctx, key, coordinator.Write{State: coordinator.StatePending, Token: "t", TTL: ttl}); err != nil || !ok {
+		key := idemstore.Key{Operation: "op", Key: string(rune('a' + i))}
+		if _, ok, err := s.Reserve(ctx, key, idemstore.Write{State: idemstore.StatePending, Token: "t", TTL: ttl}); err != nil || !ok {
 			t.Fatalf("Reserve(%s) = %v, %v; want true, nil", key, ok, err)
 		}
 	}
-	s.Put(coordinator.Key{Operation: "op", Key: "forever"}, coordinator.Record{State: coordinator.StateUnreadable})
+	s.Put(idemstore.Key{Operation: "op", Key: "forever"}, idemstore.Record{State: idemstore.StateUnreadable})
 	if got := s.Len(); got != 4 {
 		t.Fatalf("Len = %d, want 4", got)
 	}
@@ -101,29 +102,29 @@ func TestLenCountsLiveKeys(t *testing.T) {
 
 func TestPut(t *testing.T) {
 	s, clock := newStore(t)
-	key := coordinator.Key{Operation: "op", Key: "k"}
+	key := idemstore.Key{Operation: "op", Key: "k"}
 	result := []byte("planted")
-	s.Put(key, coordinator.Record{State: coordinator.StatePending, Token: "someone-else", Fingerprint: "fp", TTL: time.Minute})
-	s.Put(key, coordinator.Record{State: coordinator.StateCompleted, Token: "tok", Fingerprint: "fp", Result: result, TTL: time.Minute})
+	s.Put(key, idemstore.Record{State: idemstore.StatePending, Token: "someone-else", Fingerprint: "fp", TTL: time.Minute})
+	s.Put(key, idemstore.Record{State: idemstore.StateCompleted, Token: "tok", Fingerprint: "fp", Result: result, TTL: time.Minute})
 	result[0] = 'X'
 
 	got, err := s.Get(t.Context(), key)
 	if err != nil {
 		t.Fatalf("Get: %v", err)
 	}
-	if got.State != coordinator.StateCompleted || got.Token != "tok" || got.Fingerprint != "fp" || string(got.Result) != "planted" || got.TTL != time.Minute {
+	if got.State != idemstore.StateCompleted || got.Token != "tok" || got.Fingerprint != "fp" || string(got.Result) != "planted" || got.TTL != time.Minute {
 		t.Fatalf("Get after Put = %+v, want the second planted record with TTL 1m", got)
 	}
 
 	// A record with no TTL never expires.
-	s.Put(key, coordinator.Record{State: coordinator.StateUnreadable})
+	s.Put(key, idemstore.Record{State: idemstore.StateUnreadable})
 	clock.Advance(1000 * time.Hour)
-	if got := s.Snapshot(key); got.State != coordinator.StateUnreadable || got.TTL != 0 {
+	if got := s.Snapshot(key); got.State != idemstore.StateUnreadable || got.TTL != 0 {
 		t.Fatalf("Snapshot of a record put without TTL = %+v, want unreadable with TTL 0", got)
 	}
 
 	// Putting an absent record deletes the key.
-	s.Put(key, coordinator.Record{})
+	s.Put(key, idemstore.Record{})
 	if got := s.Len(); got != 0 {
 		t.Fatalf("Len after putting an absent record = %d, want 0", got)
 	}
@@ -131,8 +132,8 @@ func TestPut(t *testing.T) {
 
 func TestSnapshotIsACopy(t *testing.T) {
 	s, _ := newStore(t)
-	key := coordinator.Key{Operation: "op", Key: "k"}
-	s.Put(key, coordinator.Record{State: coordinator.StateCompleted, Token: "tok", Result: []byte("abc")})
+	key := idemstore.Key{Operation: "op", Key: "k"}
+	s.Put(key, idemstore.Record{State: idemstore.StateCompleted, Token: "tok", Result: []byte("abc")})
 	got := s.Snapshot(key)
 	got.Result[0] = 'X'
 	if again := s.Snapshot(key); !bytes.Equal(again.Result, []byte("abc")) {
@@ -142,8 +143,8 @@ func TestSnapshotIsACopy(t *testing.T) {
 
 func TestPendingWriteDropsResult(t *testing.T) {
 	s, _ := newStore(t)
-	key := coordinator.Key{Operation: "op", Key: "k"}
-	w := coordinator.Write{State: coordinator.StatePending, Token: "t", Result: []byte("stray"), TTL: time.Second}
+	key := idemstore.Key{Operation: "op", Key: "k"}
+	w := idemstore.Write{State: idemstore.StatePending, Token: "t", Result: []byte("stray"), TTL: time.Second}
 	if _, ok, err := s.Reserve(t.Context(), key, w); err != nil || !ok {
 		t.Fatalf("Reserve = %v, %v; want true, nil", ok, err)
 	}
@@ -154,17 +155,17 @@ func TestPendingWriteDropsResult(t *testing.T) {
 
 func TestDoneContext(t *testing.T) {
 	s, _ := newStore(t)
-	key := coordinator.Key{Operation: "op", Key: "k"}
+	key := idemstore.Key{Operation: "op", Key: "k"}
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
 
-	if _, _, err := s.Reserve(ctx, key, coordinator.Write{State: coordinator.StatePending, Token: "t", TTL: time.Second}); err != context.Canceled {
+	if _, _, err := s.Reserve(ctx, key, idemstore.Write{State: idemstore.StatePending, Token: "t", TTL: time.Second}); err != context.Canceled {
 		t.Errorf("Reserve with a canceled context: error %v, want %v", err, context.Canceled)
 	}
 	if _, err := s.Get(ctx, key); err != context.Canceled {
 		t.Errorf("Get with a canceled context: error %v, want %v", err, context.Canceled)
 	}
-	if _, err := s.Complete(ctx, key, "t", coordinator.Completion{State: coordinator.StateCompleted, Result: nil, TTL: time.Second}); err != context.Canceled {
+	if _, err := s.Complete(ctx, key, "t", idemstore.Completion{State: idemstore.StateCompleted, Result: nil, TTL: time.Second}); err != context.Canceled {
 		t.Errorf("Complete with a canceled context: error %v, want %v", err, context.Canceled)
 	}
 	if _, err := s.Release(ctx, key, "t"); err != context.Canceled {
@@ -179,29 +180,29 @@ func TestDoneContext(t *testing.T) {
 }
 
 func TestInvalidArguments(t *testing.T) {
-	key := coordinator.Key{Operation: "op", Key: "k"}
+	key := idemstore.Key{Operation: "op", Key: "k"}
 	tests := []struct {
 		name string
 		call func(ctx context.Context, s *memstore.Store) error
 	}{
 		{"ReserveZeroTTL", func(ctx context.Context, s *memstore.Store) error {
-			_, _, err := s.Reserve(ctx, key, coordinator.Write{State: coordinator.StatePending, Token: "t"})
+			_, _, err := s.Reserve(ctx, key, idemstore.Write{State: idemstore.StatePending, Token: "t"})
 			return err
 		}},
 		{"ReserveNegativeTTL", func(ctx context.Context, s *memstore.Store) error {
-			_, _, err := s.Reserve(ctx, key, coordinator.Write{State: coordinator.StateCompleted, Token: "t", TTL: -time.Second})
+			_, _, err := s.Reserve(ctx, key, idemstore.Write{State: idemstore.StateCompleted, Token: "t", TTL: -time.Second})
 			return err
 		}},
 		{"ReserveAbsentState", func(ctx context.Context, s *memstore.Store) error {
-			_, _, err := s.Reserve(ctx, key, coordinator.Write{Token: "t", TTL: time.Second})
+			_, _, err := s.Reserve(ctx, key, idemstore.Write{Token: "t", TTL: time.Second})
 			return err
 		}},
 		{"ReserveUnreadableState", func(ctx context.Context, s *memstore.Store) error {
-			_, _, err := s.Reserve(ctx, key, coordinator.Write{State: coordinator.StateUnreadable, Token: "t", TTL: time.Second})
+			_, _, err := s.Reserve(ctx, key, idemstore.Write{State: idemstore.StateUnreadable, Token: "t", TTL: time.Second})
 			return err
 		}},
 		{"CompleteZeroTTL", func(ctx context.Context, s *memstore.Store) error {
-			_, err := s.Complete(ctx, key, "t", coordinator.Completion{State: coordinator.StateCompleted, Result: nil, TTL: 0})
+			_, err := s.Complete(ctx, key, "t", idemstore.Completion{State: idemstore.StateCompleted, Result: nil, TTL: 0})
 			return err
 		}},
 		{"RenewZeroLease", func(ctx context.Context, s *memstore.Store) error {
@@ -212,11 +213,11 @@ func TestInvalidArguments(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			s, _ := newStore(t)
-			s.Put(key, coordinator.Record{State: coordinator.StatePending, Token: "t", TTL: time.Minute})
+			s.Put(key, idemstore.Record{State: idemstore.StatePending, Token: "t", TTL: time.Minute})
 			if err := tt.call(t.Context(), s); err == nil {
 				t.Fatal("error = nil, want one")
 			}
-			if got := s.Snapshot(key); got.State != coordinator.StatePending || got.TTL != time.Minute {
+			if got := s.Snapshot(key); got.State != idemstore.StatePending || got.TTL != time.Minute {
 				t.Fatalf("record after the refused call = %+v, want it unchanged", got)
 			}
 		})
@@ -228,16 +229,16 @@ func TestDefaultClockIsTimeNow(t *testing.T) {
 	// that reads time.Now sees exactly the time the test lets pass.
 	synctest.Test(t, func(t *testing.T) {
 		for _, s := range []*memstore.Store{memstore.New(), memstore.New(memstore.WithClock(nil))} {
-			key := coordinator.Key{Operation: "op", Key: "k"}
-			if _, ok, err := s.Reserve(t.Context(), key, coordinator.Write{State: coordinator.StatePending, Token: "t", TTL: time.Millisecond}); err != nil || !ok {
+			key := idemstore.Key{Operation: "op", Key: "k"}
+			if _, ok, err := s.Reserve(t.Context(), key, idemstore.Write{State: idemstore.StatePending, Token: "t", TTL: time.Millisecond}); err != nil || !ok {
 				t.Fatalf("Reserve = %v, %v; want true, nil", ok, err)
 			}
 			<-time.After(time.Millisecond - time.Nanosecond)
-			if got := s.Snapshot(key); got.State != coordinator.StatePending || got.TTL != time.Nanosecond {
+			if got := s.Snapshot(key); got.State != idemstore.StatePending || got.TTL != time.Nanosecond {
 				t.Fatalf("record 1ns before its 1ms lease runs out on time.Now = %+v, want pending with 1ns left", got)
 			}
 			<-time.After(time.Nanosecond)
-			if got := s.Snapshot(key); got.State != coordinator.StateAbsent {
+			if got := s.Snapshot(key); got.State != idemstore.StateAbsent {
 				t.Fatalf("record when its 1ms lease ran out on time.Now = %+v, want absent", got)
 			}
 		}

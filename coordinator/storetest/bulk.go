@@ -5,32 +5,32 @@ import (
 	"strconv"
 	"testing"
 
-	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
 )
 
-// The subtests of coordinator.BulkStore, run when the store is one.
+// The subtests of idemstore.BulkStore, run when the store is one.
 
 // bulk returns the store as a BulkStore, or skips the subtest.
-func (e *env) bulk() coordinator.BulkStore {
+func (e *env) bulk() idemstore.BulkStore {
 	e.t.Helper()
-	b, ok := e.h.Store.(coordinator.BulkStore)
+	b, ok := e.h.Store.(idemstore.BulkStore)
 	if !ok {
-		e.t.Skipf("%T is not a coordinator.BulkStore", e.h.Store)
+		e.t.Skipf("%T is not a idemstore.BulkStore", e.h.Store)
 	}
 	return b
 }
 
 // keys returns n keys of the store nobody else uses, named name.0 to
 // name.(n-1): on Redis Cluster they fall into many hash slots.
-func (e *env) keys(name string, n int) []coordinator.Key {
-	ks := make([]coordinator.Key, n)
+func (e *env) keys(name string, n int) []idemstore.Key {
+	ks := make([]idemstore.Key, n)
 	for i := range ks {
 		ks[i] = e.key(name + "." + strconv.Itoa(i))
 	}
 	return ks
 }
 
-func (e *env) getMany(keys []coordinator.Key) []coordinator.Record {
+func (e *env) getMany(keys []idemstore.Key) []idemstore.Record {
 	e.t.Helper()
 	recs, err := e.bulk().GetMany(e.t.Context(), keys)
 	if err != nil {
@@ -42,7 +42,7 @@ func (e *env) getMany(keys []coordinator.Key) []coordinator.Record {
 	return recs
 }
 
-func (e *env) reserveMany(keys []coordinator.Key, ws []coordinator.Write, allOrNothing bool) ([]coordinator.Record, []bool) {
+func (e *env) reserveMany(keys []idemstore.Key, ws []idemstore.Write, allOrNothing bool) ([]idemstore.Record, []bool) {
 	e.t.Helper()
 	existing, written, err := e.bulk().ReserveMany(e.t.Context(), keys, ws, allOrNothing)
 	if err != nil {
@@ -59,7 +59,7 @@ func (e *env) reserveMany(keys []coordinator.Key, ws []coordinator.Write, allOrN
 	return existing, written
 }
 
-func (e *env) completeMany(keys []coordinator.Key, tokens []string, cs []coordinator.Completion) []bool {
+func (e *env) completeMany(keys []idemstore.Key, tokens []string, cs []idemstore.Completion) []bool {
 	e.t.Helper()
 	ok, err := e.bulk().CompleteMany(e.t.Context(), keys, tokens, cs)
 	if err != nil {
@@ -71,7 +71,7 @@ func (e *env) completeMany(keys []coordinator.Key, tokens []string, cs []coordin
 	return ok
 }
 
-func (e *env) deleteMany(keys []coordinator.Key) int {
+func (e *env) deleteMany(keys []idemstore.Key) int {
 	e.t.Helper()
 	n, err := e.bulk().DeleteMany(e.t.Context(), keys)
 	if err != nil {
@@ -83,17 +83,17 @@ func (e *env) deleteMany(keys []coordinator.Key) int {
 // mixed plants one key of each state the single-key methods make (absent,
 // pending, completed, not replayable, and unreadable when the harness can
 // plant it) and returns the keys and what Get must report for each.
-func (e *env) mixed(name string) ([]coordinator.Key, []coordinator.Record) {
+func (e *env) mixed(name string) ([]idemstore.Key, []idemstore.Record) {
 	e.t.Helper()
 	absent, pend, done, nr := e.key(name+".absent"), e.key(name+".pending"), e.key(name+".completed"), e.key(name+".not-replayable")
 	wp := pending(token(), "fp-p", lease)
 	e.mustReserve(pend, wp)
 	wc := completed(token(), "fp-c", []byte("result"), longTTL)
 	e.mustReserve(done, wc)
-	wn := coordinator.Write{State: coordinator.StateNotReplayable, Token: token(), Result: []byte("too large"), TTL: longTTL}
+	wn := idemstore.Write{State: idemstore.StateNotReplayable, Token: token(), Result: []byte("too large"), TTL: longTTL}
 	e.mustReserve(nr, wn)
-	keys := []coordinator.Key{absent, pend, done, nr}
-	want := []coordinator.Record{{}, record(wp), record(wc), record(wn)}
+	keys := []idemstore.Key{absent, pend, done, nr}
+	want := []idemstore.Record{{}, record(wp), record(wc), record(wn)}
 	if e.h.Corrupt != nil {
 		bad := e.key(name + ".unreadable")
 		keys = append(keys, bad)
@@ -125,14 +125,14 @@ func testReserveManyMixed(t *testing.T, e *env) {
 	keys, want := e.mixed("reserve-many")
 	free := e.key("reserve-many.free")
 	keys = append(keys, free)
-	want = append(want, coordinator.Record{})
-	ws := make([]coordinator.Write, len(keys))
+	want = append(want, idemstore.Record{})
+	ws := make([]idemstore.Write, len(keys))
 	for i := range ws {
 		ws[i] = pending(token(), "fp-new", lease)
 	}
 	existing, written := e.reserveMany(keys, ws, false)
 	for i, k := range keys {
-		if want[i].State == coordinator.StateAbsent {
+		if want[i].State == idemstore.StateAbsent {
 			if !written[i] {
 				t.Errorf("ReserveMany entry %d (%s), an absent key: not written, existing %s", i, k, show(existing[i]))
 			}
@@ -153,7 +153,7 @@ func testReserveManyAllOrNothing(t *testing.T, e *env) {
 	keys := e.keys("all-or-nothing", 5)
 	held := pending(token(), "fp-held", lease)
 	e.mustReserve(keys[3], held)
-	ws := make([]coordinator.Write, len(keys))
+	ws := make([]idemstore.Write, len(keys))
 	for i := range ws {
 		ws[i] = completed(token(), "fp", []byte("r"+strconv.Itoa(i)), longTTL)
 	}
@@ -166,7 +166,7 @@ func testReserveManyAllOrNothing(t *testing.T, e *env) {
 			e.check("ReserveMany all-or-nothing, the colliding entry", existing[i], record(held), 0)
 			continue
 		}
-		e.check(fmt.Sprintf("Get(%s) after an all-or-nothing ReserveMany that collided", k), e.get(k), coordinator.Record{}, 0)
+		e.check(fmt.Sprintf("Get(%s) after an all-or-nothing ReserveMany that collided", k), e.get(k), idemstore.Record{}, 0)
 	}
 	e.check("Get of the colliding key", e.get(keys[3]), record(held), 0)
 
@@ -184,10 +184,10 @@ func testReserveManyAllOrNothing(t *testing.T, e *env) {
 func testReserveManyReplace(t *testing.T, e *env) {
 	e.bulk()
 	keys := e.keys("reserve-many-replace", 2)
-	old := [2]coordinator.Write{completed(token(), "fp", []byte("old"), longTTL), completed(token(), "fp", []byte("old"), longTTL)}
+	old := [2]idemstore.Write{completed(token(), "fp", []byte("old"), longTTL), completed(token(), "fp", []byte("old"), longTTL)}
 	e.mustReserve(keys[0], old[0])
 	e.mustReserve(keys[1], old[1])
-	ws := []coordinator.Write{
+	ws := []idemstore.Write{
 		replace(pending(token(), "fp", lease), old[0].Token),
 		replace(pending(token(), "fp", lease), token()), // another token: refused
 	}
@@ -205,8 +205,8 @@ func testReserveManyReplace(t *testing.T, e *env) {
 func testReserveManySameKeyTwice(t *testing.T, e *env) {
 	e.bulk()
 	k := e.key("reserve-many-twice")
-	ws := []coordinator.Write{pending(token(), "fp", lease), pending(token(), "fp", lease)}
-	existing, written := e.reserveMany([]coordinator.Key{k, k}, ws, false)
+	ws := []idemstore.Write{pending(token(), "fp", lease), pending(token(), "fp", lease)}
+	existing, written := e.reserveMany([]idemstore.Key{k, k}, ws, false)
 	if !written[0] || written[1] {
 		t.Fatalf("ReserveMany of one key twice: written %v, want [true false]", written)
 	}
@@ -216,21 +216,21 @@ func testReserveManySameKeyTwice(t *testing.T, e *env) {
 func testBulkMismatchedLengths(t *testing.T, e *env) {
 	b := e.bulk()
 	keys := e.keys("mismatch", 2)
-	if _, _, err := b.ReserveMany(e.ctx(), keys, []coordinator.Write{pending(token(), "", lease)}, false); err == nil {
+	if _, _, err := b.ReserveMany(e.ctx(), keys, []idemstore.Write{pending(token(), "", lease)}, false); err == nil {
 		t.Error("ReserveMany with 2 keys and 1 write: no error")
 	}
-	if _, err := b.CompleteMany(e.ctx(), keys, []string{token()}, make([]coordinator.Completion, 2)); err == nil {
+	if _, err := b.CompleteMany(e.ctx(), keys, []string{token()}, make([]idemstore.Completion, 2)); err == nil {
 		t.Error("CompleteMany with 2 keys and 1 token: no error")
 	}
 	for _, k := range keys {
-		e.check("Get after the refused calls", e.get(k), coordinator.Record{}, 0)
+		e.check("Get after the refused calls", e.get(k), idemstore.Record{}, 0)
 	}
 }
 
 func testCompleteManyOwners(t *testing.T, e *env) {
 	e.bulk()
 	keys := e.keys("complete-many", 4)
-	ws := make([]coordinator.Write, 3)
+	ws := make([]idemstore.Write, 3)
 	for i := range ws {
 		ws[i] = pending(token(), "fp-"+strconv.Itoa(i), lease)
 		e.mustReserve(keys[i], ws[i])
@@ -238,22 +238,22 @@ func testCompleteManyOwners(t *testing.T, e *env) {
 	// keys[0]: the owner completes; keys[1]: the owner, not replayable;
 	// keys[2]: another token; keys[3]: absent.
 	tokens := []string{ws[0].Token, ws[1].Token, token(), token()}
-	cs := []coordinator.Completion{
-		{State: coordinator.StateCompleted, Result: []byte("done"), TTL: longTTL},
-		{State: coordinator.StateNotReplayable, Result: []byte("why"), TTL: longTTL},
-		{State: coordinator.StateCompleted, Result: []byte("stolen"), TTL: longTTL},
-		{State: coordinator.StateCompleted, Result: []byte("nobody"), TTL: longTTL},
+	cs := []idemstore.Completion{
+		{State: idemstore.StateCompleted, Result: []byte("done"), TTL: longTTL},
+		{State: idemstore.StateNotReplayable, Result: []byte("why"), TTL: longTTL},
+		{State: idemstore.StateCompleted, Result: []byte("stolen"), TTL: longTTL},
+		{State: idemstore.StateCompleted, Result: []byte("nobody"), TTL: longTTL},
 	}
 	ok := e.completeMany(keys, tokens, cs)
 	if want := []bool{true, true, false, false}; fmt.Sprint(ok) != fmt.Sprint(want) {
 		t.Errorf("CompleteMany: ok %v, want %v", ok, want)
 	}
 	e.check("Get of the completed key", e.get(keys[0]),
-		coordinator.Record{State: coordinator.StateCompleted, Token: ws[0].Token, Fingerprint: "fp-0", Result: []byte("done"), TTL: longTTL}, 0)
+		idemstore.Record{State: idemstore.StateCompleted, Token: ws[0].Token, Fingerprint: "fp-0", Result: []byte("done"), TTL: longTTL}, 0)
 	e.check("Get of the not-replayable key", e.get(keys[1]),
-		coordinator.Record{State: coordinator.StateNotReplayable, Token: ws[1].Token, Fingerprint: "fp-1", Result: []byte("why"), TTL: longTTL}, 0)
+		idemstore.Record{State: idemstore.StateNotReplayable, Token: ws[1].Token, Fingerprint: "fp-1", Result: []byte("why"), TTL: longTTL}, 0)
 	e.check("Get of the key completed by another token", e.get(keys[2]), record(ws[2]), 0)
-	e.check("Get of the absent key", e.get(keys[3]), coordinator.Record{}, 0)
+	e.check("Get of the absent key", e.get(keys[3]), idemstore.Record{}, 0)
 }
 
 func testDeleteMany(t *testing.T, e *env) {
@@ -261,7 +261,7 @@ func testDeleteMany(t *testing.T, e *env) {
 	keys, want := e.mixed("delete-many")
 	present := 0
 	for _, r := range want {
-		if r.State != coordinator.StateAbsent {
+		if r.State != idemstore.StateAbsent {
 			present++
 		}
 	}
@@ -269,7 +269,7 @@ func testDeleteMany(t *testing.T, e *env) {
 		t.Errorf("DeleteMany of %d keys, %d of them present: %d deleted", len(keys), present, n)
 	}
 	for i, rec := range e.getMany(keys) {
-		e.check(fmt.Sprintf("GetMany entry %d (%s) after DeleteMany", i, keys[i]), rec, coordinator.Record{}, 0)
+		e.check(fmt.Sprintf("GetMany entry %d (%s) after DeleteMany", i, keys[i]), rec, idemstore.Record{}, 0)
 	}
 	if n := e.deleteMany(nil); n != 0 {
 		t.Errorf("DeleteMany(no keys) = %d", n)
@@ -282,16 +282,16 @@ func testBulkManyKeys(t *testing.T, e *env) {
 	e.bulk()
 	const n = 1100
 	keys := e.keys("many", n)
-	ws := make([]coordinator.Write, n)
+	ws := make([]idemstore.Write, n)
 	tokens := make([]string, n)
-	cs := make([]coordinator.Completion, n)
+	cs := make([]idemstore.Completion, n)
 	for i := range ws {
 		ws[i] = pending(token(), "fp", lease)
 		tokens[i] = ws[i].Token
-		cs[i] = coordinator.Completion{State: coordinator.StateCompleted, Result: []byte(strconv.Itoa(i)), TTL: longTTL}
+		cs[i] = idemstore.Completion{State: idemstore.StateCompleted, Result: []byte(strconv.Itoa(i)), TTL: longTTL}
 	}
 	// Every tenth key is held by someone else.
-	others := map[int]coordinator.Write{}
+	others := map[int]idemstore.Write{}
 	for i := 0; i < n; i += 10 {
 		others[i] = pending(token(), "fp-other", lease)
 		e.mustReserve(keys[i], others[i])
@@ -320,7 +320,7 @@ func testBulkManyKeys(t *testing.T, e *env) {
 			t.Fatalf("CompleteMany entry %d (%s): not completed", i, keys[i])
 		}
 		e.check(fmt.Sprintf("GetMany entry %d", i), rec,
-			coordinator.Record{State: coordinator.StateCompleted, Token: tokens[i], Fingerprint: "fp", Result: cs[i].Result, TTL: longTTL}, 0)
+			idemstore.Record{State: idemstore.StateCompleted, Token: tokens[i], Fingerprint: "fp", Result: cs[i].Result, TTL: longTTL}, 0)
 	}
 	if d := e.deleteMany(keys); d != n {
 		t.Errorf("DeleteMany of %d present keys: %d deleted", n, d)
@@ -335,9 +335,9 @@ func testConcurrentReserveMany(t *testing.T, e *env) {
 	const n = 20
 	keys := e.keys("concurrent-many", n)
 	type attempt struct {
-		keys     []coordinator.Key
-		ws       []coordinator.Write
-		existing []coordinator.Record
+		keys     []idemstore.Key
+		ws       []idemstore.Write
+		existing []idemstore.Record
 		written  []bool
 		err      error
 	}
@@ -353,7 +353,7 @@ func testConcurrentReserveMany(t *testing.T, e *env) {
 		a := &att[g]
 		a.existing, a.written, a.err = b.ReserveMany(e.ctx(), a.keys, a.ws, false)
 	})
-	winner := map[coordinator.Key]coordinator.Write{}
+	winner := map[idemstore.Key]idemstore.Write{}
 	for g, a := range att {
 		if a.err != nil {
 			t.Fatalf("ReserveMany by caller %d: %v", g, a.err)
@@ -389,10 +389,10 @@ func testConcurrentReserveMany(t *testing.T, e *env) {
 func testExpiryReserveMany(t *testing.T, e *env) {
 	e.bulk()
 	keys := e.keys("expiry-many", 2)
-	ws := []coordinator.Write{pending(token(), "fp", e.tick), pending(token(), "fp", longTTL)}
+	ws := []idemstore.Write{pending(token(), "fp", e.tick), pending(token(), "fp", longTTL)}
 	e.reserveMany(keys, ws, false)
 	e.pass(2 * e.tick)
 	recs := e.getMany(keys)
-	e.check("GetMany of the short lease after it passed", recs[0], coordinator.Record{}, 0)
+	e.check("GetMany of the short lease after it passed", recs[0], idemstore.Record{}, 0)
 	e.check("GetMany of the long lease", recs[1], record(ws[1]), 0)
 }

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
 )
 
 // The subtests of concurrent callers of one key.
@@ -12,7 +12,7 @@ import (
 // outcome is what one goroutine of a concurrency subtest saw.
 type outcome struct {
 	written  bool
-	existing coordinator.Record
+	existing idemstore.Record
 	err      error
 }
 
@@ -20,9 +20,9 @@ type outcome struct {
 // token and w as a template, and checks that exactly one wrote and that all
 // the others were shown the winner's pending record. It returns the winning
 // write.
-func reserveAll(t *testing.T, e *env, key coordinator.Key, w coordinator.Write) coordinator.Write {
+func reserveAll(t *testing.T, e *env, key idemstore.Key, w idemstore.Write) idemstore.Write {
 	t.Helper()
-	ws := make([]coordinator.Write, goroutines)
+	ws := make([]idemstore.Write, goroutines)
 	for i := range ws {
 		ws[i] = w
 		ws[i].Token = token()
@@ -100,7 +100,7 @@ func testConcurrentCompleteRelease(t *testing.T, e *env) {
 	out := make([]done, goroutines)
 	runAll(goroutines, func(i int) {
 		if i%2 == 0 {
-			out[i].ok, out[i].err = e.h.Store.Complete(e.ctx(), key, w.Token, coordinator.Completion{State: coordinator.StateCompleted, Result: results[i], TTL: longTTL})
+			out[i].ok, out[i].err = e.h.Store.Complete(e.ctx(), key, w.Token, idemstore.Completion{State: idemstore.StateCompleted, Result: results[i], TTL: longTTL})
 		} else {
 			out[i].ok, out[i].err = e.h.Store.Release(e.ctx(), key, w.Token)
 		}
@@ -122,9 +122,9 @@ func testConcurrentCompleteRelease(t *testing.T, e *env) {
 	if winner < 0 {
 		t.Fatalf("%d Completes and Releases by the owner of %s at once: none succeeded, want exactly one", goroutines, key)
 	}
-	want := coordinator.Record{} // a Release won
+	want := idemstore.Record{} // a Release won
 	if winner%2 == 0 {
-		want = coordinator.Record{State: coordinator.StateCompleted, Token: w.Token, Fingerprint: w.Fingerprint, Result: results[winner], TTL: longTTL}
+		want = idemstore.Record{State: idemstore.StateCompleted, Token: w.Token, Fingerprint: w.Fingerprint, Result: results[winner], TTL: longTTL}
 	}
 	e.check(fmt.Sprintf("Get after call %d won", winner), e.get(key), want, 0)
 }

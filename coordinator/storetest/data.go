@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/idemkit/idempotency/coordinator"
 )
 
@@ -22,7 +24,7 @@ func roundTrip(t *testing.T, e *env, name string, result []byte) {
 	if !e.complete(key, w.Token, result, longTTL) {
 		t.Fatalf("Complete(%s) by the owner: false, want true", key)
 	}
-	want := coordinator.Record{State: coordinator.StateCompleted, Token: w.Token, Fingerprint: w.Fingerprint, Result: result, TTL: longTTL}
+	want := idemstore.Record{State: idemstore.StateCompleted, Token: w.Token, Fingerprint: w.Fingerprint, Result: result, TTL: longTTL}
 	e.check("Get after Complete", e.get(key), want, 0)
 
 	key = e.key(name + "-write")
@@ -67,7 +69,7 @@ func testResultCopied(t *testing.T, e *env) {
 		t.Fatalf("Complete(%s) by the owner: false, want true", key)
 	}
 	copy(result, "CHANGED!") // the caller reuses its buffer
-	want := coordinator.Record{State: coordinator.StateCompleted, Token: w.Token, Fingerprint: w.Fingerprint, Result: []byte("original"), TTL: longTTL}
+	want := idemstore.Record{State: idemstore.StateCompleted, Token: w.Token, Fingerprint: w.Fingerprint, Result: []byte("original"), TTL: longTTL}
 	got := e.get(key)
 	e.check("Get after the caller changed the slice it passed to Complete", got, want, 0)
 	copy(got.Result, "CHANGED!") // a reader changes what it got
@@ -84,7 +86,7 @@ func testResultCopied(t *testing.T, e *env) {
 
 // lifecycle runs a key through reserve, a refused second reserve, renew,
 // complete and a replay, and a second key through reserve and release.
-func lifecycle(t *testing.T, e *env, key, other coordinator.Key) {
+func lifecycle(t *testing.T, e *env, key, other idemstore.Key) {
 	t.Helper()
 	validKeys(t, key, other)
 	w := pending(token(), "fp-1", lease)
@@ -100,7 +102,7 @@ func lifecycle(t *testing.T, e *env, key, other coordinator.Key) {
 	if !e.complete(key, w.Token, []byte("result"), longTTL) {
 		t.Fatalf("Complete(%q) by the owner: false, want true", key)
 	}
-	want := coordinator.Record{State: coordinator.StateCompleted, Token: w.Token, Fingerprint: w.Fingerprint, Result: []byte("result"), TTL: longTTL}
+	want := idemstore.Record{State: idemstore.StateCompleted, Token: w.Token, Fingerprint: w.Fingerprint, Result: []byte("result"), TTL: longTTL}
 	e.check(fmt.Sprintf("Get(%q) after Complete", key), e.get(key), want, 0)
 
 	o := pending(token(), "fp-2", lease)
@@ -108,13 +110,13 @@ func lifecycle(t *testing.T, e *env, key, other coordinator.Key) {
 	if !e.release(other, o.Token) {
 		t.Fatalf("Release(%q) by the owner: false, want true", other)
 	}
-	e.check(fmt.Sprintf("Get(%q) after Release", other), e.get(other), coordinator.Record{}, 0)
+	e.check(fmt.Sprintf("Get(%q) after Release", other), e.get(other), idemstore.Record{}, 0)
 	e.check(fmt.Sprintf("Get(%q) after another key was released", key), e.get(key), want, 0)
 }
 
 // validKeys fails the test if a key it made is one the coordinator would
 // refuse: the suite only tests what a Store can be given.
-func validKeys(t *testing.T, keys ...coordinator.Key) {
+func validKeys(t *testing.T, keys ...idemstore.Key) {
 	t.Helper()
 	for _, k := range keys {
 		if err := coordinator.ValidateOperation(k.Operation); err != nil {
@@ -139,16 +141,16 @@ func testKeyVisibleASCII(t *testing.T, e *env) {
 	// Quotes, backslashes, braces (Redis Cluster hash tags), colons (the
 	// separator of operation and key), percent signs, asterisks...
 	suffix := rand.Text()
-	key := coordinator.Key{Operation: "storetest", Key: visible() + suffix}
-	other := coordinator.Key{Operation: "storetest", Key: `{}:"\'` + suffix}
+	key := idemstore.Key{Operation: "storetest", Key: visible() + suffix}
+	other := idemstore.Key{Operation: "storetest", Key: `{}:"\'` + suffix}
 	lifecycle(t, e, key, other)
 }
 
 func testKeyMaxLength(t *testing.T, e *env) {
 	suffix := rand.Text()
 	op := pad("storetest."+suffix, coordinator.MaxOperationLen, "._-x")
-	key := coordinator.Key{Operation: op, Key: pad(suffix+visible(), coordinator.MaxKeyLen, `{}:"\'`)}
-	other := coordinator.Key{Operation: op, Key: pad(suffix+"other", coordinator.MaxKeyLen, "z")}
+	key := idemstore.Key{Operation: op, Key: pad(suffix+visible(), coordinator.MaxKeyLen, `{}:"\'`)}
+	other := idemstore.Key{Operation: op, Key: pad(suffix+"other", coordinator.MaxKeyLen, "z")}
 	if len(key.Operation) != coordinator.MaxOperationLen || len(key.Key) != coordinator.MaxKeyLen {
 		t.Fatalf("test bug: operation of %d bytes, key of %d", len(key.Operation), len(key.Key))
 	}
@@ -161,7 +163,7 @@ func testKeyDistinct(t *testing.T, e *env) {
 	// splits of one string into operation and key that a store joining them
 	// without the ":" separator would confuse.
 	base := "k" + rand.Text()
-	keys := []coordinator.Key{
+	keys := []idemstore.Key{
 		{Operation: "storetest.a", Key: base},
 		{Operation: "storetest.b", Key: base},
 		{Operation: "storetest.a", Key: strings.ToLower(base)},
@@ -172,7 +174,7 @@ func testKeyDistinct(t *testing.T, e *env) {
 		{Operation: "storetest.a", Key: "x" + base},
 	}
 	validKeys(t, keys...)
-	writes := make([]coordinator.Write, len(keys))
+	writes := make([]idemstore.Write, len(keys))
 	for i, k := range keys {
 		writes[i] = pending(token(), fmt.Sprintf("fp-%d", i), lease)
 		if existing, ok := e.reserve(k, writes[i]); !ok {
@@ -193,6 +195,6 @@ func testFingerprintMaxLength(t *testing.T, e *env) {
 	if !e.complete(key, w.Token, []byte("result"), longTTL) {
 		t.Fatalf("Complete(%s) by the owner: false, want true", key)
 	}
-	want := coordinator.Record{State: coordinator.StateCompleted, Token: w.Token, Fingerprint: fp, Result: []byte("result"), TTL: longTTL}
+	want := idemstore.Record{State: idemstore.StateCompleted, Token: w.Token, Fingerprint: fp, Result: []byte("result"), TTL: longTTL}
 	e.check("Get after Complete", e.get(key), want, 0)
 }

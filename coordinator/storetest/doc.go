@@ -1,4 +1,4 @@
-// Package storetest checks that a [coordinator.Store] keeps the Store
+// Package storetest checks that a [idemstore.Store] keeps the Store
 // contract, in the spirit of testing/fstest.TestFS.
 //
 // Call [TestStore] from a test of your store, with a function that gives each
@@ -12,8 +12,8 @@
 //			return storetest.Harness{
 //				Store:   s,
 //				Advance: clock.Advance,
-//				Corrupt: func(t *testing.T, key coordinator.Key) {
-//					s.Put(key, coordinator.Record{State: coordinator.StateUnreadable, TTL: time.Minute})
+//				Corrupt: func(t *testing.T, key idemstore.Key) {
+//					s.Put(key, idemstore.Record{State: idemstore.StateUnreadable, TTL: time.Minute})
 //				},
 //			}
 //		})

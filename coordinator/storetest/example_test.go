@@ -4,7 +4,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/idemkit/idempotency/coordinator/memstore"
 	"github.com/idemkit/idempotency/coordinator/storetest"
 )
@@ -20,8 +21,8 @@ func ExampleTestStore() {
 			return storetest.Harness{
 				Store:   store,
 				Advance: clock.Advance,
-				Corrupt: func(t *testing.T, key coordinator.Key) {
-					store.Put(key, coordinator.Record{State: coordinator.StateUnreadable, TTL: time.Minute})
+				Corrupt: func(t *testing.T, key idemstore.Key) {
+					store.Put(key, idemstore.Record{State: idemstore.StateUnreadable, TTL: time.Minute})
 				},
 			}
 		})
@@ -34,15 +35,15 @@ func ExampleTestStore() {
 // cannot parse straight to the server.
 func ExampleHarness_realServer() {
 	var (
-		newStore  func(t *testing.T) coordinator.Store              // e.g. redisrepo.New on a client of the test server
-		writeJunk func(t *testing.T, key coordinator.Key, v string) // e.g. client.Set(ctx, prefix+op+":"+key, v, time.Minute)
+		newStore  func(t *testing.T) idemstore.Store              // e.g. redisrepo.New on a client of the test server
+		writeJunk func(t *testing.T, key idemstore.Key, v string) // e.g. client.Set(ctx, prefix+op+":"+key, v, time.Minute)
 	)
 	testConformance := func(t *testing.T) {
 		storetest.TestStore(t, func(t *testing.T) storetest.Harness {
 			return storetest.Harness{
 				Store: newStore(t),
 				Tick:  100 * time.Millisecond,
-				Corrupt: func(t *testing.T, key coordinator.Key) {
+				Corrupt: func(t *testing.T, key idemstore.Key) {
 					writeJunk(t, key, "not a record")
 				},
 			}

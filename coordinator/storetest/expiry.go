@@ -3,7 +3,7 @@ package storetest
 import (
 	"testing"
 
-	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
 )
 
 // The subtests of expiry: they let time pass, with Harness.Advance or by
@@ -13,7 +13,7 @@ func testExpiryPending(t *testing.T, e *env) {
 	key := e.key("expire-pending")
 	e.mustReserve(key, pending(token(), "fp-1", e.tick))
 	e.pass(2 * e.tick)
-	e.check("Get after the lease ran out", e.get(key), coordinator.Record{}, 0)
+	e.check("Get after the lease ran out", e.get(key), idemstore.Record{}, 0)
 
 	// A crashed holder's key is free again.
 	next := pending(token(), "fp-1", lease)
@@ -25,7 +25,7 @@ func testExpiryCompleted(t *testing.T, e *env) {
 	key := e.key("expire-completed")
 	e.mustReserve(key, completed(token(), "fp-1", []byte("result"), e.tick))
 	e.pass(2 * e.tick)
-	e.check("Get after the TTL ran out", e.get(key), coordinator.Record{}, 0)
+	e.check("Get after the TTL ran out", e.get(key), idemstore.Record{}, 0)
 }
 
 func testExpiryCompleteSetsTTL(t *testing.T, e *env) {
@@ -37,7 +37,7 @@ func testExpiryCompleteSetsTTL(t *testing.T, e *env) {
 		t.Fatalf("Complete(%s) by the owner: false, want true", key)
 	}
 	e.pass(2 * e.tick)
-	e.check("Get after the record TTL ran out", e.get(key), coordinator.Record{}, 0)
+	e.check("Get after the record TTL ran out", e.get(key), idemstore.Record{}, 0)
 }
 
 func testExpiryReplaceSetsTTL(t *testing.T, e *env) {
@@ -50,7 +50,7 @@ func testExpiryReplaceSetsTTL(t *testing.T, e *env) {
 		t.Fatalf("Reserve(%s) replacing a completed record with its token: written = false, existing %s", key, show(existing))
 	}
 	e.pass(2 * e.tick)
-	e.check("Get after the replacing lease ran out", e.get(key), coordinator.Record{}, 0)
+	e.check("Get after the replacing lease ran out", e.get(key), idemstore.Record{}, 0)
 }
 
 func testExpiryLeaseLost(t *testing.T, e *env) {
@@ -63,7 +63,7 @@ func testExpiryLeaseLost(t *testing.T, e *env) {
 	if e.renew(key, first.Token, lease) {
 		t.Fatalf("Renew(%s) after the lease ran out: true, want false", key)
 	}
-	e.check("Get after the late Renew", e.get(key), coordinator.Record{}, 0)
+	e.check("Get after the late Renew", e.get(key), idemstore.Record{}, 0)
 
 	second := pending(token(), "fp-1", lease)
 	e.mustReserve(key, second)

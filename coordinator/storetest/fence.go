@@ -4,26 +4,26 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
 )
 
-// The subtests of coordinator.Fencer, run when Harness.Fences is true.
+// The subtests of idemstore.Fencer, run when Harness.Fences is true.
 
 // fencer returns the store as a Fencer, or skips the subtest.
-func (e *env) fencer() coordinator.Fencer {
+func (e *env) fencer() idemstore.Fencer {
 	e.t.Helper()
 	if !e.h.Fences {
 		e.t.Skip("Harness.Fences is false: the store hands out no fences")
 	}
-	f, ok := e.h.Store.(coordinator.Fencer)
+	f, ok := e.h.Store.(idemstore.Fencer)
 	if !ok {
-		e.t.Fatalf("Harness.Fences is true, but %T is not a coordinator.Fencer", e.h.Store)
+		e.t.Fatalf("Harness.Fences is true, but %T is not a idemstore.Fencer", e.h.Store)
 	}
 	return f
 }
 
 // reserveFenced calls ReserveFenced and checks what every call must return.
-func (e *env) reserveFenced(key coordinator.Key, w coordinator.Write) (coordinator.Record, uint64, bool) {
+func (e *env) reserveFenced(key idemstore.Key, w idemstore.Write) (idemstore.Record, uint64, bool) {
 	e.t.Helper()
 	rec, fence, ok, err := e.fencer().ReserveFenced(e.t.Context(), key, w)
 	if err != nil {
@@ -34,14 +34,14 @@ func (e *env) reserveFenced(key coordinator.Key, w coordinator.Write) (coordinat
 		e.t.Errorf("ReserveFenced(%s) wrote and returned %s, want the zero Record", key, show(rec))
 	case ok && fence == 0:
 		e.t.Errorf("ReserveFenced(%s) wrote with fence 0, want a fence above 0", key)
-	case !ok && fence != 0 && (rec.State != coordinator.StatePending || rec.Token != w.Token):
+	case !ok && fence != 0 && (rec.State != idemstore.StatePending || rec.Token != w.Token):
 		e.t.Errorf("ReserveFenced(%s) did not write, met %s, and returned fence %d: want 0 unless the record is the caller's own", key, show(rec), fence)
 	}
 	return rec, fence, ok
 }
 
 // mustFence reserves an absent key with a fence above last and returns it.
-func (e *env) mustFence(what string, key coordinator.Key, w coordinator.Write, last uint64) uint64 {
+func (e *env) mustFence(what string, key idemstore.Key, w idemstore.Write, last uint64) uint64 {
 	e.t.Helper()
 	rec, fence, ok := e.reserveFenced(key, w)
 	if !ok {
@@ -103,7 +103,7 @@ func testFenceOfOwnRecord(t *testing.T, e *env) {
 	if !e.complete(key, w.Token, []byte("result"), longTTL) {
 		t.Fatalf("Complete(%s) by the owner: false", key)
 	}
-	if rec, fence, ok := e.reserveFenced(key, pending(w.Token, "fp-1", lease)); ok || fence != 0 || rec.State != coordinator.StateCompleted {
+	if rec, fence, ok := e.reserveFenced(key, pending(w.Token, "fp-1", lease)); ok || fence != 0 || rec.State != idemstore.StateCompleted {
 		t.Errorf("ReserveFenced(%s) over its completed record: written = %t, fence %d, record %s; want false, 0 and the completed record", key, ok, fence, show(rec))
 	}
 }

@@ -3,7 +3,7 @@ package storetest
 import (
 	"testing"
 
-	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
 )
 
 // The subtests of the Store methods, one rule each. Only
@@ -37,7 +37,7 @@ func testReserveExistingPending(t *testing.T, e *env) {
 
 	// A second writer with everything different, and a longer TTL: nothing
 	// of it may reach the record, not even its TTL.
-	for _, w := range []coordinator.Write{
+	for _, w := range []idemstore.Write{
 		pending(token(), "fp-2", longTTL),
 		completed(token(), "fp-2", []byte("second"), longTTL),
 	} {
@@ -60,7 +60,7 @@ func testReserveExistingPendingShorterLease(t *testing.T, e *env) {
 	first := pending(token(), "fp-1", longTTL)
 	e.mustReserve(key, first)
 	for range 3 {
-		for _, w := range []coordinator.Write{
+		for _, w := range []idemstore.Write{
 			pending(token(), "fp-1", longTTL/100),
 			pending(token(), "fp-2", longTTL/100),
 			completed(token(), "fp-1", []byte("second"), longTTL/100),
@@ -211,7 +211,7 @@ func testReplaceUnreadable(t *testing.T, e *env) {
 
 func testGetAbsent(t *testing.T, e *env) {
 	key := e.key("get-absent")
-	e.check("Get of a key never written", e.get(key), coordinator.Record{}, 0)
+	e.check("Get of a key never written", e.get(key), idemstore.Record{}, 0)
 }
 
 func testGetUnreadable(t *testing.T, e *env) {
@@ -231,7 +231,7 @@ func testCompleteOwner(t *testing.T, e *env) {
 	if !e.complete(key, w.Token, result, longTTL) {
 		t.Fatalf("Complete(%s) by the owner: false, want true", key)
 	}
-	want := coordinator.Record{State: coordinator.StateCompleted, Token: w.Token, Fingerprint: w.Fingerprint, Result: result, TTL: longTTL}
+	want := idemstore.Record{State: idemstore.StateCompleted, Token: w.Token, Fingerprint: w.Fingerprint, Result: result, TTL: longTTL}
 	// The TTL must be the record TTL given to Complete, not the lease.
 	e.check("Get after Complete", e.get(key), want, lease)
 }
@@ -254,7 +254,7 @@ func testCompleteAbsent(t *testing.T, e *env) {
 	if e.complete(key, token(), []byte("result"), longTTL) {
 		t.Fatalf("Complete(%s) of an absent key: true, want false", key)
 	}
-	e.check("Get after the refused Complete", e.get(key), coordinator.Record{}, 0)
+	e.check("Get after the refused Complete", e.get(key), idemstore.Record{}, 0)
 }
 
 func testCompleteCompleted(t *testing.T, e *env) {
@@ -267,7 +267,7 @@ func testCompleteCompleted(t *testing.T, e *env) {
 	if e.complete(key, w.Token, []byte("second"), longTTL) {
 		t.Fatalf("second Complete(%s) with the same token: true, want false (the record is no longer pending)", key)
 	}
-	want := coordinator.Record{State: coordinator.StateCompleted, Token: w.Token, Fingerprint: w.Fingerprint, Result: []byte("first"), TTL: longTTL}
+	want := idemstore.Record{State: idemstore.StateCompleted, Token: w.Token, Fingerprint: w.Fingerprint, Result: []byte("first"), TTL: longTTL}
 	e.check("Get after the second Complete", e.get(key), want, 0)
 
 	// Nor may Complete touch a completed record written without a
@@ -297,7 +297,7 @@ func testReleaseOwner(t *testing.T, e *env) {
 	if !e.release(key, w.Token) {
 		t.Fatalf("Release(%s) by the owner: false, want true", key)
 	}
-	e.check("Get after Release", e.get(key), coordinator.Record{}, 0)
+	e.check("Get after Release", e.get(key), idemstore.Record{}, 0)
 	if e.release(key, w.Token) {
 		t.Fatalf("second Release(%s) by the owner: true, want false", key)
 	}
@@ -325,7 +325,7 @@ func testReleaseAbsent(t *testing.T, e *env) {
 	if e.release(key, token()) {
 		t.Fatalf("Release(%s) of an absent key: true, want false", key)
 	}
-	e.check("Get after the refused Release", e.get(key), coordinator.Record{}, 0)
+	e.check("Get after the refused Release", e.get(key), idemstore.Record{}, 0)
 }
 
 func testReleaseCompleted(t *testing.T, e *env) {
@@ -338,7 +338,7 @@ func testReleaseCompleted(t *testing.T, e *env) {
 	if e.release(key, w.Token) {
 		t.Fatalf("Release(%s) of a completed record with its token: true, want false (failures release, results stay)", key)
 	}
-	want := coordinator.Record{State: coordinator.StateCompleted, Token: w.Token, Fingerprint: w.Fingerprint, Result: []byte("done"), TTL: longTTL}
+	want := idemstore.Record{State: idemstore.StateCompleted, Token: w.Token, Fingerprint: w.Fingerprint, Result: []byte("done"), TTL: longTTL}
 	e.check("Get after the refused Release", e.get(key), want, 0)
 }
 
@@ -375,7 +375,7 @@ func testRenewOutlivesLease(t *testing.T, e *env) {
 	want.TTL = 4 * e.tick
 	e.check("Get after the first lease ran out", e.get(key), want, 0)
 	e.pass(3 * e.tick) // past the second lease
-	e.check("Get after the renewed lease ran out", e.get(key), coordinator.Record{}, 0)
+	e.check("Get after the renewed lease ran out", e.get(key), idemstore.Record{}, 0)
 }
 
 func testRenewNotOwner(t *testing.T, e *env) {
@@ -395,7 +395,7 @@ func testRenewAbsent(t *testing.T, e *env) {
 	if e.renew(key, token(), lease) {
 		t.Fatalf("Renew(%s) of an absent key: true, want false", key)
 	}
-	e.check("Get after the refused Renew", e.get(key), coordinator.Record{}, 0)
+	e.check("Get after the refused Renew", e.get(key), idemstore.Record{}, 0)
 }
 
 func testRenewCompleted(t *testing.T, e *env) {
@@ -408,7 +408,7 @@ func testRenewCompleted(t *testing.T, e *env) {
 	if e.renew(key, w.Token, longTTL) {
 		t.Fatalf("Renew(%s) of a completed record with its token: true, want false", key)
 	}
-	want := coordinator.Record{State: coordinator.StateCompleted, Token: w.Token, Fingerprint: w.Fingerprint, Result: []byte("done"), TTL: lease}
+	want := idemstore.Record{State: idemstore.StateCompleted, Token: w.Token, Fingerprint: w.Fingerprint, Result: []byte("done"), TTL: lease}
 	e.check("Get after the refused Renew (TTL not extended)", e.get(key), want, 0)
 }
 

@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
 )
 
 // The subtests of the not-replayable state: a completion or a write whose
@@ -17,11 +17,11 @@ import (
 // which trims or re-encodes text would change.
 var reason = []byte(pad("result of 2 MiB exceeds the limit of 1 MiB;\t\"ü\" ", 256, "-"))
 
-func notReplayable(tok, fp string, why []byte, ttl time.Duration) coordinator.Write {
-	return coordinator.Write{State: coordinator.StateNotReplayable, Token: tok, Fingerprint: fp, Result: why, TTL: ttl}
+func notReplayable(tok, fp string, why []byte, ttl time.Duration) idemstore.Write {
+	return idemstore.Write{State: idemstore.StateNotReplayable, Token: tok, Fingerprint: fp, Result: why, TTL: ttl}
 }
 
-func (e *env) completeWith(key coordinator.Key, tok string, c coordinator.Completion) bool {
+func (e *env) completeWith(key idemstore.Key, tok string, c idemstore.Completion) bool {
 	e.t.Helper()
 	ok, err := e.h.Store.Complete(e.t.Context(), key, tok, c)
 	if err != nil {
@@ -35,10 +35,10 @@ func testNotReplayableComplete(t *testing.T, e *env) {
 	w := pending(token(), "fp-1", lease)
 	e.mustReserve(key, w)
 
-	if !e.completeWith(key, w.Token, coordinator.Completion{State: coordinator.StateNotReplayable, Result: reason, TTL: longTTL}) {
+	if !e.completeWith(key, w.Token, idemstore.Completion{State: idemstore.StateNotReplayable, Result: reason, TTL: longTTL}) {
 		t.Fatalf("Complete(%s) of a not-replayable completion by the owner: false, want true", key)
 	}
-	want := coordinator.Record{State: coordinator.StateNotReplayable, Token: w.Token, Fingerprint: w.Fingerprint, Result: reason, TTL: longTTL}
+	want := idemstore.Record{State: idemstore.StateNotReplayable, Token: w.Token, Fingerprint: w.Fingerprint, Result: reason, TTL: longTTL}
 	// The TTL must be the record TTL given to Complete, not the lease.
 	e.check("Get after Complete", e.get(key), want, lease)
 	existing, ok := e.reserve(key, pending(token(), "fp-1", lease))
@@ -54,7 +54,7 @@ func testNotReplayableWrite(t *testing.T, e *env) {
 	e.mustReserve(key, w)
 	e.check("Get after Reserve", e.get(key), record(w), 0)
 
-	for _, second := range []coordinator.Write{
+	for _, second := range []idemstore.Write{
 		pending(token(), "fp-1", lease),
 		completed(token(), "fp-1", []byte("second"), lease),
 		notReplayable(token(), "fp-1", []byte("second"), lease),
@@ -91,5 +91,5 @@ func testNotReplayableExpires(t *testing.T, e *env) {
 	key := e.key("not-replayable-expires")
 	e.mustReserve(key, notReplayable(token(), "fp-1", reason, e.tick))
 	e.pass(2 * e.tick)
-	e.check("Get after the TTL", e.get(key), coordinator.Record{}, 0)
+	e.check("Get after the TTL", e.get(key), idemstore.Record{}, 0)
 }

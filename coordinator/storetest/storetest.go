@@ -10,14 +10,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
 )
 
 // Harness is what the suite needs to test one store. TestStore asks for a
 // fresh Harness in every subtest.
 type Harness struct {
 	// Store is the store under test. Required.
-	Store coordinator.Store
+	Store idemstore.Store
 
 	// Advance makes d pass on the clock that decides expiry in Store, e.g.
 	// the Advance method of a memstore.FakeClock, or miniredis's
@@ -28,11 +28,11 @@ type Harness struct {
 	Advance func(d time.Duration)
 
 	// Corrupt plants under key something that Store reports as
-	// coordinator.StateUnreadable (corrupt bytes, a wrong type, an unknown
+	// idemstore.StateUnreadable (corrupt bytes, a wrong type, an unknown
 	// format version). Give it a time to live on a shared server: the suite
 	// cannot delete it. Corrupt reports its own failures through t. nil skips
 	// the subtests that need an unreadable record.
-	Corrupt func(t *testing.T, key coordinator.Key)
+	Corrupt func(t *testing.T, key idemstore.Key)
 
 	// Tick is the short lease or time to live of the expiry subtests, and the
 	// unit of time they let pass: they wait two ticks for a record to expire,
@@ -41,7 +41,7 @@ type Harness struct {
 	// slow one. It must be a whole number of milliseconds.
 	Tick time.Duration
 
-	// Fences says that Store hands out fences: it is a coordinator.Fencer,
+	// Fences says that Store hands out fences: it is a idemstore.Fencer,
 	// and fences are on in its configuration. false skips the Fences
 	// subtests.
 	Fences bool
@@ -66,10 +66,10 @@ const (
 )
 
 // TestStore runs the conformance suite: one subtest per rule of the
-// coordinator.Store contract, grouped by method (Reserve, Replace, Get,
+// idemstore.Store contract, grouped by method (Reserve, Replace, Get,
 // Complete, Release, Renew), then Expiry, Results, NotReplayable, Keys,
 // Fences (with Harness.Fences), Bulk (when the store is a
-// coordinator.BulkStore) and Concurrency.
+// idemstore.BulkStore) and Concurrency.
 // newHarness is called once at the start of every subtest, on the subtest's
 // t, so it can register cleanups there; it may return the same store each
 // time, or a new one. The subtests run one after another.
@@ -238,8 +238,8 @@ func (e *env) pass(d time.Duration) {
 }
 
 // key returns a key of the store nobody else uses.
-func (e *env) key(name string) coordinator.Key {
-	return coordinator.Key{Operation: "storetest", Key: name + "." + rand.Text()}
+func (e *env) key(name string) idemstore.Key {
+	return idemstore.Key{Operation: "storetest", Key: name + "." + rand.Text()}
 }
 
 // token returns a fresh owner token, in the coordinator's form.
@@ -249,7 +249,7 @@ func token() string {
 	return hex.EncodeToString(b)
 }
 
-func (e *env) reserve(key coordinator.Key, w coordinator.Write) (coordinator.Record, bool) {
+func (e *env) reserve(key idemstore.Key, w idemstore.Write) (idemstore.Record, bool) {
 	e.t.Helper()
 	rec, ok, err := e.h.Store.Reserve(e.t.Context(), key, w)
 	if err != nil {
@@ -262,14 +262,14 @@ func (e *env) reserve(key coordinator.Key, w coordinator.Write) (coordinator.Rec
 }
 
 // mustReserve reserves an absent key and fails the test if it does not.
-func (e *env) mustReserve(key coordinator.Key, w coordinator.Write) {
+func (e *env) mustReserve(key idemstore.Key, w idemstore.Write) {
 	e.t.Helper()
 	if rec, ok := e.reserve(key, w); !ok {
 		e.t.Fatalf("Reserve(%s) on an absent key: written = false, existing %s", key, show(rec))
 	}
 }
 
-func (e *env) get(key coordinator.Key) coordinator.Record {
+func (e *env) get(key idemstore.Key) idemstore.Record {
 	e.t.Helper()
 	rec, err := e.h.Store.Get(e.t.Context(), key)
 	if err != nil {
@@ -278,16 +278,16 @@ func (e *env) get(key coordinator.Key) coordinator.Record {
 	return rec
 }
 
-func (e *env) complete(key coordinator.Key, tok string, result []byte, ttl time.Duration) bool {
+func (e *env) complete(key idemstore.Key, tok string, result []byte, ttl time.Duration) bool {
 	e.t.Helper()
-	ok, err := e.h.Store.Complete(e.t.Context(), key, tok, coordinator.Completion{State: coordinator.StateCompleted, Result: result, TTL: ttl})
+	ok, err := e.h.Store.Complete(e.t.Context(), key, tok, idemstore.Completion{State: idemstore.StateCompleted, Result: result, TTL: ttl})
 	if err != nil {
 		e.t.Fatalf("Complete(%s): %v", key, err)
 	}
 	return ok
 }
 
-func (e *env) release(key coordinator.Key, tok string) bool {
+func (e *env) release(key idemstore.Key, tok string) bool {
 	e.t.Helper()
 	ok, err := e.h.Store.Release(e.t.Context(), key, tok)
 	if err != nil {
@@ -296,7 +296,7 @@ func (e *env) release(key coordinator.Key, tok string) bool {
 	return ok
 }
 
-func (e *env) renew(key coordinator.Key, tok string, d time.Duration) bool {
+func (e *env) renew(key idemstore.Key, tok string, d time.Duration) bool {
 	e.t.Helper()
 	ok, err := e.h.Store.Renew(e.t.Context(), key, tok, d)
 	if err != nil {
@@ -307,11 +307,11 @@ func (e *env) renew(key coordinator.Key, tok string, d time.Duration) bool {
 
 // corrupt plants an unreadable record under key and returns it as Get
 // reports it.
-func (e *env) corrupt(key coordinator.Key) coordinator.Record {
+func (e *env) corrupt(key idemstore.Key) idemstore.Record {
 	e.t.Helper()
 	e.h.Corrupt(e.t, key)
 	rec := e.get(key)
-	if rec.State != coordinator.StateUnreadable {
+	if rec.State != idemstore.StateUnreadable {
 		e.t.Fatalf("Get(%s) after Harness.Corrupt: %s, want state unreadable", key, show(rec))
 	}
 	return rec
@@ -322,9 +322,9 @@ func (e *env) corrupt(key coordinator.Key) coordinator.Record {
 // equal). When want.TTL is positive, got.TTL must lie in (above, want.TTL];
 // when it is 0, got.TTL is not checked. An absent record must be the zero
 // Record.
-func (e *env) check(what string, got, want coordinator.Record, above time.Duration) {
+func (e *env) check(what string, got, want idemstore.Record, above time.Duration) {
 	e.t.Helper()
-	if want.State == coordinator.StateAbsent {
+	if want.State == idemstore.StateAbsent {
 		if !isZero(got) {
 			e.t.Errorf("%s: got %s, want the zero Record (absent)", what, show(got))
 		}
@@ -348,11 +348,11 @@ func (e *env) check(what string, got, want coordinator.Record, above time.Durati
 	}
 }
 
-func isZero(r coordinator.Record) bool {
-	return r.State == coordinator.StateAbsent && r.Token == "" && r.Fingerprint == "" && r.Result == nil && r.TTL == 0
+func isZero(r idemstore.Record) bool {
+	return r.State == idemstore.StateAbsent && r.Token == "" && r.Fingerprint == "" && r.Result == nil && r.TTL == 0
 }
 
-func show(r coordinator.Record) string {
+func show(r idemstore.Record) string {
 	return fmt.Sprintf("{%s token=%q fingerprint=%q result=%s ttl=%v}", r.State, r.Token, r.Fingerprint, showBytes(r.Result), r.TTL)
 }
 
@@ -367,25 +367,25 @@ func showBytes(b []byte) string {
 	return fmt.Sprintf("%q", b)
 }
 
-func pending(tok, fp string, ttl time.Duration) coordinator.Write {
-	return coordinator.Write{State: coordinator.StatePending, Token: tok, Fingerprint: fp, TTL: ttl}
+func pending(tok, fp string, ttl time.Duration) idemstore.Write {
+	return idemstore.Write{State: idemstore.StatePending, Token: tok, Fingerprint: fp, TTL: ttl}
 }
 
-func completed(tok, fp string, result []byte, ttl time.Duration) coordinator.Write {
-	return coordinator.Write{State: coordinator.StateCompleted, Token: tok, Fingerprint: fp, Result: result, TTL: ttl}
+func completed(tok, fp string, result []byte, ttl time.Duration) idemstore.Write {
+	return idemstore.Write{State: idemstore.StateCompleted, Token: tok, Fingerprint: fp, Result: result, TTL: ttl}
 }
 
 // replace returns w as a compare-and-swap of the record with token old.
-func replace(w coordinator.Write, old string) coordinator.Write {
+func replace(w idemstore.Write, old string) idemstore.Write {
 	w.Replace = true
 	w.ReplaceToken = old
 	return w
 }
 
 // record returns the record a store should report after writing w.
-func record(w coordinator.Write) coordinator.Record {
-	r := coordinator.Record{State: w.State, Token: w.Token, Fingerprint: w.Fingerprint, TTL: w.TTL}
-	if w.State == coordinator.StateCompleted || w.State == coordinator.StateNotReplayable {
+func record(w idemstore.Write) idemstore.Record {
+	r := idemstore.Record{State: w.State, Token: w.Token, Fingerprint: w.Fingerprint, TTL: w.TTL}
+	if w.State == idemstore.StateCompleted || w.State == idemstore.StateNotReplayable {
 		r.Result = w.Result
 	}
 	return r

@@ -10,22 +10,23 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/idemkit/idempotency/coordinator/memstore"
 	"github.com/idemkit/idempotency/coordinator/storetest"
 )
 
 // harness returns a Harness over store wrapping a fresh memstore on a fake
 // clock.
-func harness(wrap func(*memstore.Store) coordinator.Store) func(t *testing.T) storetest.Harness {
+func harness(wrap func(*memstore.Store) idemstore.Store) func(t *testing.T) storetest.Harness {
 	return func(t *testing.T) storetest.Harness {
 		clock := memstore.NewFakeClock(time.Unix(1e9, 0))
 		inner := memstore.New(memstore.WithClock(clock.Now))
 		return storetest.Harness{
 			Store:   wrap(inner),
 			Advance: clock.Advance,
-			Corrupt: func(t *testing.T, key coordinator.Key) {
-				inner.Put(key, coordinator.Record{State: coordinator.StateUnreadable, TTL: time.Minute})
+			Corrupt: func(t *testing.T, key idemstore.Key) {
+				inner.Put(key, idemstore.Record{State: idemstore.StateUnreadable, TTL: time.Minute})
 			},
 		}
 	}
@@ -34,13 +35,13 @@ func harness(wrap func(*memstore.Store) coordinator.Store) func(t *testing.T) st
 // noTTL is a store that does not report TTLs.
 type noTTL struct{ *memstore.Store }
 
-func (s noTTL) Reserve(ctx context.Context, key coordinator.Key, w coordinator.Write) (coordinator.Record, bool, error) {
+func (s noTTL) Reserve(ctx context.Context, key idemstore.Key, w idemstore.Write) (idemstore.Record, bool, error) {
 	rec, ok, err := s.Store.Reserve(ctx, key, w)
 	rec.TTL = 0
 	return rec, ok, err
 }
 
-func (s noTTL) Get(ctx context.Context, key coordinator.Key) (coordinator.Record, error) {
+func (s noTTL) Get(ctx context.Context, key idemstore.Key) (idemstore.Record, error) {
 	rec, err := s.Store.Get(ctx, key)
 	rec.TTL = 0
 	return rec, err
@@ -48,7 +49,7 @@ func (s noTTL) Get(ctx context.Context, key coordinator.Key) (coordinator.Record
 
 func TestTTLUnknown(t *testing.T) {
 	storetest.TestStore(t, func(t *testing.T) storetest.Harness {
-		h := harness(func(s *memstore.Store) coordinator.Store { return noTTL{s} })(t)
+		h := harness(func(s *memstore.Store) idemstore.Store { return noTTL{s} })(t)
 		h.TTLUnknown = true
 		return h
 	})
@@ -56,7 +57,7 @@ func TestTTLUnknown(t *testing.T) {
 
 func TestWithoutCorrupt(t *testing.T) {
 	storetest.TestStore(t, func(t *testing.T) storetest.Harness {
-		h := harness(func(s *memstore.Store) coordinator.Store { return s })(t)
+		h := harness(func(s *memstore.Store) idemstore.Store { return s })(t)
 		h.Corrupt = nil
 		return h
 	})
@@ -65,43 +66,43 @@ func TestWithoutCorrupt(t *testing.T) {
 // Stores that each break one rule of the contract, and the subtests that
 // must catch them.
 var broken = map[string]struct {
-	wrap  func(*memstore.Store) coordinator.Store
+	wrap  func(*memstore.Store) idemstore.Store
 	fails []string
 }{
 	"CompleteIgnoresToken": {
-		func(s *memstore.Store) coordinator.Store { return completeAnyToken{s} },
+		func(s *memstore.Store) idemstore.Store { return completeAnyToken{s} },
 		[]string{"Complete/NotOwner", "Expiry/ExpiredLeaseIsLost"},
 	},
 	"ReleaseAnyState": {
-		func(s *memstore.Store) coordinator.Store { return releaseAnyState{s} },
+		func(s *memstore.Store) idemstore.Store { return releaseAnyState{s} },
 		[]string{"Release/Completed"},
 	},
 	"ReplacePending": {
-		func(s *memstore.Store) coordinator.Store { return replacePending{s} },
+		func(s *memstore.Store) idemstore.Store { return replacePending{s} },
 		[]string{"Replace/PendingIsNeverReplaced"},
 	},
 	"RenewKeepsTTL": {
-		func(s *memstore.Store) coordinator.Store { return renewKeepsTTL{s} },
+		func(s *memstore.Store) idemstore.Store { return renewKeepsTTL{s} },
 		[]string{"Renew/Owner", "Renew/OwnerOutlivesFirstLease"},
 	},
 	"IgnoresOperation": {
-		func(s *memstore.Store) coordinator.Store { return ignoresOperation{s} },
+		func(s *memstore.Store) idemstore.Store { return ignoresOperation{s} },
 		[]string{"Keys/Distinct"},
 	},
 	"LosesNotReplayable": {
-		func(s *memstore.Store) coordinator.Store { return losesNotReplayable{s} },
+		func(s *memstore.Store) idemstore.Store { return losesNotReplayable{s} },
 		[]string{"NotReplayable/CompleteKeepsIt", "NotReplayable/WriteKeepsIt"},
 	},
 	"ReserveManyKeepsPartial": {
-		func(s *memstore.Store) coordinator.Store { return reserveManyPartial{s} },
+		func(s *memstore.Store) idemstore.Store { return reserveManyPartial{s} },
 		[]string{"Bulk/ReserveManyAllOrNothing"},
 	},
 	"CompleteManyIgnoresToken": {
-		func(s *memstore.Store) coordinator.Store { return completeManyAnyToken{s} },
+		func(s *memstore.Store) idemstore.Store { return completeManyAnyToken{s} },
 		[]string{"Bulk/CompleteManyOwners", "Bulk/ManyKeys"},
 	},
 	"NotAtomic": {
-		func(s *memstore.Store) coordinator.Store { return &notAtomic{Store: s} },
+		func(s *memstore.Store) idemstore.Store { return &notAtomic{Store: s} },
 		[]string{"Concurrency/ReserveOneWinner", "Concurrency/ReplaceCompletedOneWinner"},
 	},
 }
@@ -156,15 +157,15 @@ func TestSuiteCatchesBrokenStores(t *testing.T) {
 
 type completeAnyToken struct{ *memstore.Store }
 
-func (s completeAnyToken) Complete(ctx context.Context, key coordinator.Key, _ string, c coordinator.Completion) (bool, error) {
+func (s completeAnyToken) Complete(ctx context.Context, key idemstore.Key, _ string, c idemstore.Completion) (bool, error) {
 	return s.Store.Complete(ctx, key, s.Snapshot(key).Token, c)
 }
 
 type releaseAnyState struct{ *memstore.Store }
 
-func (s releaseAnyState) Release(ctx context.Context, key coordinator.Key, token string) (bool, error) {
-	if rec := s.Snapshot(key); rec.State != coordinator.StateAbsent && rec.Token == token {
-		s.Put(key, coordinator.Record{})
+func (s releaseAnyState) Release(ctx context.Context, key idemstore.Key, token string) (bool, error) {
+	if rec := s.Snapshot(key); rec.State != idemstore.StateAbsent && rec.Token == token {
+		s.Put(key, idemstore.Record{})
 		return true, nil
 	}
 	return false, nil
@@ -172,10 +173,10 @@ func (s releaseAnyState) Release(ctx context.Context, key coordinator.Key, token
 
 type replacePending struct{ *memstore.Store }
 
-func (s replacePending) Reserve(ctx context.Context, key coordinator.Key, w coordinator.Write) (coordinator.Record, bool, error) {
-	if rec := s.Snapshot(key); w.Replace && rec.State == coordinator.StatePending && rec.Token == w.ReplaceToken {
-		s.Put(key, coordinator.Record{State: w.State, Token: w.Token, Fingerprint: w.Fingerprint, TTL: w.TTL})
-		return coordinator.Record{}, true, nil
+func (s replacePending) Reserve(ctx context.Context, key idemstore.Key, w idemstore.Write) (idemstore.Record, bool, error) {
+	if rec := s.Snapshot(key); w.Replace && rec.State == idemstore.StatePending && rec.Token == w.ReplaceToken {
+		s.Put(key, idemstore.Record{State: w.State, Token: w.Token, Fingerprint: w.Fingerprint, TTL: w.TTL})
+		return idemstore.Record{}, true, nil
 	}
 	return s.Store.Reserve(ctx, key, w)
 }
@@ -184,48 +185,48 @@ func (s replacePending) Reserve(ctx context.Context, key coordinator.Key, w coor
 // redisrepo did before it had the state.
 type losesNotReplayable struct{ *memstore.Store }
 
-func (s losesNotReplayable) Reserve(ctx context.Context, key coordinator.Key, w coordinator.Write) (coordinator.Record, bool, error) {
-	if w.State == coordinator.StateNotReplayable {
-		w.State = coordinator.StateCompleted
+func (s losesNotReplayable) Reserve(ctx context.Context, key idemstore.Key, w idemstore.Write) (idemstore.Record, bool, error) {
+	if w.State == idemstore.StateNotReplayable {
+		w.State = idemstore.StateCompleted
 	}
 	return s.Store.Reserve(ctx, key, w)
 }
 
-func (s losesNotReplayable) Complete(ctx context.Context, key coordinator.Key, token string, c coordinator.Completion) (bool, error) {
-	c.State = coordinator.StateCompleted
+func (s losesNotReplayable) Complete(ctx context.Context, key idemstore.Key, token string, c idemstore.Completion) (bool, error) {
+	c.State = idemstore.StateCompleted
 	return s.Store.Complete(ctx, key, token, c)
 }
 
 type renewKeepsTTL struct{ *memstore.Store }
 
-func (s renewKeepsTTL) Renew(_ context.Context, key coordinator.Key, token string, _ time.Duration) (bool, error) {
+func (s renewKeepsTTL) Renew(_ context.Context, key idemstore.Key, token string, _ time.Duration) (bool, error) {
 	rec := s.Snapshot(key)
-	return rec.State == coordinator.StatePending && rec.Token == token, nil
+	return rec.State == idemstore.StatePending && rec.Token == token, nil
 }
 
 type ignoresOperation struct{ *memstore.Store }
 
-func (s ignoresOperation) strip(key coordinator.Key) coordinator.Key {
-	return coordinator.Key{Key: key.Key}
+func (s ignoresOperation) strip(key idemstore.Key) idemstore.Key {
+	return idemstore.Key{Key: key.Key}
 }
 
-func (s ignoresOperation) Reserve(ctx context.Context, key coordinator.Key, w coordinator.Write) (coordinator.Record, bool, error) {
+func (s ignoresOperation) Reserve(ctx context.Context, key idemstore.Key, w idemstore.Write) (idemstore.Record, bool, error) {
 	return s.Store.Reserve(ctx, s.strip(key), w)
 }
 
-func (s ignoresOperation) Get(ctx context.Context, key coordinator.Key) (coordinator.Record, error) {
+func (s ignoresOperation) Get(ctx context.Context, key idemstore.Key) (idemstore.Record, error) {
 	return s.Store.Get(ctx, s.strip(key))
 }
 
-func (s ignoresOperation) Complete(ctx context.Context, key coordinator.Key, token string, c coordinator.Completion) (bool, error) {
+func (s ignoresOperation) Complete(ctx context.Context, key idemstore.Key, token string, c idemstore.Completion) (bool, error) {
 	return s.Store.Complete(ctx, s.strip(key), token, c)
 }
 
-func (s ignoresOperation) Release(ctx context.Context, key coordinator.Key, token string) (bool, error) {
+func (s ignoresOperation) Release(ctx context.Context, key idemstore.Key, token string) (bool, error) {
 	return s.Store.Release(ctx, s.strip(key), token)
 }
 
-func (s ignoresOperation) Renew(ctx context.Context, key coordinator.Key, token string, lease time.Duration) (bool, error) {
+func (s ignoresOperation) Renew(ctx context.Context, key idemstore.Key, token string, lease time.Duration) (bool, error) {
 	return s.Store.Renew(ctx, s.strip(key), token, lease)
 }
 
@@ -241,17 +242,17 @@ type notAtomic struct {
 	race *rendezvous
 }
 
-func (s *notAtomic) Reserve(ctx context.Context, key coordinator.Key, w coordinator.Write) (coordinator.Record, bool, error) {
+func (s *notAtomic) Reserve(ctx context.Context, key idemstore.Key, w idemstore.Write) (idemstore.Record, bool, error) {
 	rec := s.Snapshot(key)
-	replaceable := w.Replace && rec.State != coordinator.StatePending && rec.Token == w.ReplaceToken
-	if rec.State != coordinator.StateAbsent && !replaceable {
+	replaceable := w.Replace && rec.State != idemstore.StatePending && rec.Token == w.ReplaceToken
+	if rec.State != idemstore.StateAbsent && !replaceable {
 		return rec, false, nil
 	}
-	if s.race != nil && w.State == coordinator.StatePending {
+	if s.race != nil && w.State == idemstore.StatePending {
 		s.race.arrive()
 	}
-	s.Put(key, coordinator.Record{State: w.State, Token: w.Token, Fingerprint: w.Fingerprint, Result: w.Result, TTL: w.TTL})
-	return coordinator.Record{}, true, nil
+	s.Put(key, idemstore.Record{State: w.State, Token: w.Token, Fingerprint: w.Fingerprint, Result: w.Result, TTL: w.TTL})
+	return idemstore.Record{}, true, nil
 }
 
 // rendezvous holds its first caller until a second one arrives; from then
@@ -276,7 +277,7 @@ func (r *rendezvous) arrive() {
 // entry collides.
 type reserveManyPartial struct{ *memstore.Store }
 
-func (s reserveManyPartial) ReserveMany(ctx context.Context, keys []coordinator.Key, ws []coordinator.Write, _ bool) ([]coordinator.Record, []bool, error) {
+func (s reserveManyPartial) ReserveMany(ctx context.Context, keys []idemstore.Key, ws []idemstore.Write, _ bool) ([]idemstore.Record, []bool, error) {
 	return s.Store.ReserveMany(ctx, keys, ws, false)
 }
 
@@ -284,7 +285,7 @@ func (s reserveManyPartial) ReserveMany(ctx context.Context, keys []coordinator.
 // it finds.
 type completeManyAnyToken struct{ *memstore.Store }
 
-func (s completeManyAnyToken) CompleteMany(ctx context.Context, keys []coordinator.Key, _ []string, cs []coordinator.Completion) ([]bool, error) {
+func (s completeManyAnyToken) CompleteMany(ctx context.Context, keys []idemstore.Key, _ []string, cs []idemstore.Completion) ([]bool, error) {
 	tokens := make([]string, len(keys))
 	for i, k := range keys {
 		tokens[i] = s.Snapshot(k).Token

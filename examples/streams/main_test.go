@@ -18,9 +18,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"go.uber.org/goleak"
 
-	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/internal/redistest"
 	"github.com/idemkit/idempotency/redisrepo"
 )
@@ -81,9 +82,9 @@ func TestKilledMidStream(t *testing.T) {
 	// inFlight counts the orders whose idempotency record is pending: a
 	// handler holds the key, in the middle of its work.
 	records := redisrepo.New(rdb, redisrepo.WithKeyPrefix(prefix+"idem:"))
-	var keys []coordinator.Key
+	var keys []idemstore.Key
 	for i := range messages {
-		keys = append(keys, coordinator.Key{Operation: "billing.credit", Key: "order-" + strconv.Itoa(i)})
+		keys = append(keys, idemstore.Key{Operation: "billing.credit", Key: "order-" + strconv.Itoa(i)})
 	}
 	// held is the set of orders reserved at the previous kill: a dead
 	// consumer's reservations outlive it by up to a lease.
@@ -95,7 +96,7 @@ func TestKilledMidStream(t *testing.T) {
 		}
 		n, now := 0, make(map[string]bool)
 		for i, in := range infos {
-			if in.State == coordinator.StatePending {
+			if in.State == idemstore.StatePending {
 				now[keys[i].Key] = true
 				if !held[keys[i].Key] {
 					n++

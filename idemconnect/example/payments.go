@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"connectrpc.com/connect"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -17,7 +19,6 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/protobuf/types/known/structpb"
 
-	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/idempg"
 )
 
@@ -77,7 +78,7 @@ type paymentsParams struct {
 	// Store is the idempotency store. Asking for it puts its start hook,
 	// which checks the database and applies the store's schema, before the
 	// one that creates the charges table.
-	Store coordinator.Store
+	Store idemstore.Store
 }
 
 // newPayments returns the service, which creates the charges table on

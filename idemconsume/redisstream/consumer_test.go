@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idempotency/coordinator"
@@ -92,7 +94,7 @@ func TestKilledConsumerEntriesAreClaimed(t *testing.T) {
 	// of its work until the kill. A killed process does not release its
 	// reservations either: they stay until their lease (3s) runs out.
 	dead := faultstore.Wrap(e.store)
-	dead.Fail(coordinator.MethodRelease, errors.New("killed"))
+	dead.Fail(idemevent.MethodRelease, errors.New("killed"))
 	var stuck atomic.Int64
 	victim := e.start(lossyAcks{Client: e.rdb, drop: func(string) bool { return true }}, e.processor(e.coordinator(dead)),
 		func(ctx context.Context, m idemconsume.Message) error {
@@ -227,9 +229,9 @@ func TestStorageErrorModes(t *testing.T) {
 			e := newEnv(t)
 			store := faultstore.Wrap(e.store)
 			down := errors.New("connection refused")
-			store.Fail(coordinator.MethodReserve, down)
-			store.Fail(coordinator.MethodReserveMany, down)
-			store.Fail(coordinator.MethodGet, down)
+			store.Fail(idemevent.MethodReserve, down)
+			store.Fail(idemevent.MethodReserveMany, down)
+			store.Fail(idemevent.MethodGet, down)
 			p := e.processor(e.coordinator(store, coordinator.WithOnStorageError(mode)))
 			e.publish("order-1")
 			dec := newDecisions()

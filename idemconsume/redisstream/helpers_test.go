@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
@@ -50,7 +52,7 @@ func newEnv(t *testing.T) *env {
 
 // coordinator returns a coordinator over store with a short lease, closed
 // when the test ends.
-func (e *env) coordinator(store coordinator.Store, opts ...coordinator.Option) *coordinator.Coordinator {
+func (e *env) coordinator(store idemstore.Store, opts ...coordinator.Option) *coordinator.Coordinator {
 	e.t.Helper()
 	opts = append([]coordinator.Option{coordinator.WithLease(3 * time.Second)}, opts...)
 	c, err := coordinator.New(store, opts...)

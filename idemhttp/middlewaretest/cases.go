@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+
 	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/coordinator/faultstore"
 	"github.com/idemkit/idempotency/idemhttp"
@@ -323,7 +325,7 @@ func overTheLimit(e *env) {
 
 func storeDownRaise(e *env) {
 	fs := faultstore.Wrap(e.newStore(e.t))
-	fs.Fail(coordinator.MethodReserve, errors.New("dial tcp: connection refused"))
+	fs.Fail(idemevent.MethodReserve, errors.New("dial tcp: connection refused"))
 	var runs atomic.Int64
 	s := e.serve(setup{store: fs, coordinator: []coordinator.Option{
 		coordinator.WithOnStorageError(coordinator.OnStorageErrorRaise),
@@ -341,7 +343,7 @@ func storeDownRaise(e *env) {
 
 func storeDownRun(e *env) {
 	fs := faultstore.Wrap(e.newStore(e.t))
-	fs.Fail(coordinator.MethodReserve, errors.New("dial tcp: connection refused"))
+	fs.Fail(idemevent.MethodReserve, errors.New("dial tcp: connection refused"))
 	var runs atomic.Int64
 	s := e.serve(setup{store: fs, coordinator: []coordinator.Option{
 		coordinator.WithOnStorageError(coordinator.OnStorageErrorRun),

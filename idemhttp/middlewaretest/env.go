@@ -13,6 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
+
 	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/idemhttp"
 )
@@ -21,12 +24,12 @@ import (
 type env struct {
 	t        *testing.T
 	fw       Framework
-	newStore func(t *testing.T) coordinator.Store
+	newStore func(t *testing.T) idemstore.Store
 }
 
 // setup configures the server of a case.
 type setup struct {
-	store       coordinator.Store // nil: a store from newStore
+	store       idemstore.Store // nil: a store from newStore
 	coordinator []coordinator.Option
 	middleware  []idemhttp.Option
 }
@@ -180,13 +183,13 @@ type events struct {
 	inFlight chan struct{}
 }
 
-func (e *events) Observe(_ context.Context, ev coordinator.Event) {
+func (e *events) Observe(_ context.Context, ev idemevent.Event) {
 	switch ev.Kind {
-	case coordinator.EventMiss:
+	case idemevent.Miss:
 		e.mu.Lock()
 		e.miss = append(e.miss, ev.Key.Operation)
 		e.mu.Unlock()
-	case coordinator.EventInFlight:
+	case idemevent.InFlight:
 		select {
 		case e.inFlight <- struct{}{}:
 		default:

@@ -9,7 +9,7 @@
 // c.String, ...); then they call TestMiddleware with the store to run on:
 //
 //	func TestBehaviour(t *testing.T) {
-//		middlewaretest.TestMiddleware(t, ginFramework{}, func(t *testing.T) coordinator.Store {
+//		middlewaretest.TestMiddleware(t, ginFramework{}, func(t *testing.T) idemstore.Store {
 //			return redisrepo.New(redistest.Server(t), redisrepo.WithKeyPrefix(redistest.Prefix(t)))
 //		})
 //	}
@@ -24,6 +24,8 @@ package middlewaretest
 import (
 	"net/http"
 	"testing"
+
+	"github.com/idemkit/idempotency/coordinator/idemstore"
 
 	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/idemhttp"
@@ -98,7 +100,7 @@ func PathPattern(path string) string {
 // TestMiddleware runs the table against fw, each case with a coordinator
 // over a store from newStore (a fresh one per case, or one with a key prefix
 // of the case's own).
-func TestMiddleware(t *testing.T, fw Framework, newStore func(t *testing.T) coordinator.Store) {
+func TestMiddleware(t *testing.T, fw Framework, newStore func(t *testing.T) idemstore.Store) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.run(&env{t: t, fw: fw, newStore: newStore})

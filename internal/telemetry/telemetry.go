@@ -11,7 +11,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
 )
 
 // KeyHash returns what stands for key in log lines and spans: the first 16
@@ -24,7 +24,7 @@ func KeyHash(key string) string {
 
 // HashedKey is what stands for k's key in an error message when keys are
 // hashed: "<key HASH>".
-func HashedKey(k coordinator.Key) string { return "<key " + KeyHash(k.Key) + ">" }
+func HashedKey(k idemstore.Key) string { return "<key " + KeyHash(k.Key) + ">" }
 
 // OmittedKey is what stands for a key in an error message when keys are
 // omitted.
@@ -39,7 +39,7 @@ const minRedactLen = 8
 // key name) or quoted, and a key of minRedactLen bytes or more is replaced
 // wherever it occurs. It is best effort: a key quoted or escaped some other
 // way by a custom store stays visible.
-func Redact(msg string, k coordinator.Key, hidden string) string {
+func Redact(msg string, k idemstore.Key, hidden string) string {
 	if k.Key == "" || !strings.Contains(msg, k.Key) {
 		return msg
 	}

@@ -36,6 +36,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+
 	"go.uber.org/fx"
 	"go.uber.org/zap"
 
@@ -82,17 +84,17 @@ type callKey struct{}
 // observer reports the events the suite's checker needs, by call.
 type observer struct{ o *out }
 
-func (ob observer) Observe(ctx context.Context, e coordinator.Event) {
+func (ob observer) Observe(ctx context.Context, e idemevent.Event) {
 	id, _ := ctx.Value(callKey{}).(int)
 	var name string
 	switch e.Kind {
-	case coordinator.EventUnprotected:
+	case idemevent.Unprotected:
 		name = "unprotected"
-	case coordinator.EventStored:
+	case idemevent.Stored:
 		name = "stored"
-	case coordinator.EventError:
+	case idemevent.Error:
 		name = string(e.ErrorType)
-	case coordinator.EventStorageCall:
+	case idemevent.StorageCall:
 		if e.Err == nil {
 			return
 		}
@@ -143,7 +145,7 @@ func main() {
 		fx.NopLogger,
 		fx.Supply(zap.NewNop()),
 		idempotency.Module,
-		fx.Provide(fx.Annotate(func() coordinator.Observer { return observer{o} },
+		fx.Provide(fx.Annotate(func() idemevent.Observer { return observer{o} },
 			fx.ResultTags(`group:"`+idempotency.ObserversGroup+`"`))),
 		fx.Populate(&co),
 	)

@@ -10,7 +10,8 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+
 	"github.com/idemkit/idempotency/idemconsume"
 	"github.com/idemkit/idempotency/observability"
 	"github.com/idemkit/idempotency/observability/mixin"
@@ -174,18 +175,18 @@ func TestSchemaIsTheDocumentedOne(t *testing.T) {
 		sort.Strings(out)
 		return out
 	}
-	methods := func(extra ...coordinator.Method) []string {
+	methods := func(extra ...idemevent.Method) []string {
 		var out []string
-		for _, m := range append(coordinator.Methods(), extra...) {
+		for _, m := range append(idemevent.Methods(), extra...) {
 			out = append(out, string(m))
 		}
 		return out
 	}
 	var errorTypes, waitOutcomes []string
-	for _, e := range coordinator.ErrorTypes() {
+	for _, e := range idemevent.ErrorTypes() {
 		errorTypes = append(errorTypes, string(e))
 	}
-	for _, o := range coordinator.WaitOutcomes() {
+	for _, o := range idemevent.WaitOutcomes() {
 		waitOutcomes = append(waitOutcomes, string(o))
 	}
 	ops := str(promcheck.Operations, []string{observability.OtherOperation})
@@ -201,7 +202,7 @@ func TestSchemaIsTheDocumentedOne(t *testing.T) {
 		"idempotency_requests_total":                 {"operation": ops, "outcome": str(promcheck.RequestOutcomes())},
 		"idempotency_errors_total":                   {"operation": ops, "error_type": str(errorTypes)},
 		"idempotency_stored_total":                   {"operation": ops},
-		"idempotency_unprotected_total":              {"operation": ops, "method": str(methods(coordinator.MethodNone))},
+		"idempotency_unprotected_total":              {"operation": ops, "method": str(methods(idemevent.MethodNone))},
 		"idempotency_wait_duration_seconds_count":    {"operation": ops, "outcome": str(waitOutcomes)},
 		"idempotency_storage_duration_seconds_count": {"method": str(methods()), "result": str(promcheck.StorageResults)},
 		"idempotency_storage_refusals_total":         {"operation": ops, "reason": str(promcheck.RefusalReasons)},

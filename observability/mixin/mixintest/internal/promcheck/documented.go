@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+
 	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/idemconsume"
 	"github.com/idemkit/idempotency/observability"
@@ -69,8 +71,8 @@ var RefusalReasons = []string{"credentials", "permission", "database", "breaker_
 // RequestOutcomes are the values of the outcome label of requests_total:
 // the names of the events that count there.
 func RequestOutcomes() []string {
-	return []string{coordinator.EventHit.String(), coordinator.EventMiss.String(), coordinator.EventInFlight.String(),
-		coordinator.EventNotReplayable.String()}
+	return []string{idemevent.Hit.String(), idemevent.Miss.String(), idemevent.InFlight.String(),
+		idemevent.NotReplayable.String()}
 }
 
 var operationDomain = domain{check: func(v string) error {
@@ -100,22 +102,22 @@ var documented = map[string]map[string]domain{
 	},
 	"idempotency_errors_total": {
 		"operation":  operationDomain,
-		"error_type": enum(coordinator.ErrorTypes(), []coordinator.ErrorType{unknownValue}),
+		"error_type": enum(idemevent.ErrorTypes(), []idemevent.ErrorType{unknownValue}),
 	},
 	"idempotency_stored_total": {
 		"operation": operationDomain,
 	},
 	"idempotency_unprotected_total": {
 		"operation": operationDomain,
-		"method":    enum(coordinator.Methods(), []coordinator.Method{coordinator.MethodNone, unknownValue}),
+		"method":    enum(idemevent.Methods(), []idemevent.Method{idemevent.MethodNone, unknownValue}),
 	},
 	"idempotency_wait_duration_seconds": {
 		"operation": operationDomain,
-		"outcome":   enum(coordinator.WaitOutcomes(), []coordinator.WaitOutcome{unknownValue}),
+		"outcome":   enum(idemevent.WaitOutcomes(), []idemevent.WaitOutcome{unknownValue}),
 		"le":        leDomain,
 	},
 	"idempotency_storage_duration_seconds": {
-		"method": enum(coordinator.Methods(), []coordinator.Method{unknownValue}),
+		"method": enum(idemevent.Methods(), []idemevent.Method{unknownValue}),
 		"result": enum(StorageResults),
 		"le":     leDomain,
 	},

@@ -8,6 +8,8 @@ import (
 	"sort"
 	"strconv"
 
+	"github.com/idemkit/idempotency/coordinator/idemevent"
+
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
@@ -146,7 +148,7 @@ func LibrarySchema(namespace string) (*Schema, error) {
 		do(Operations[0], "k-1"), // miss, stored
 		do(Operations[0], "k-1"), // hit
 	)
-	store.FailOnce(coordinator.MethodReserve, errors.New("connection refused"))
+	store.FailOnce(idemevent.MethodReserve, errors.New("connection refused"))
 	errs = append(errs,
 		do(Operations[1], "k-2"),    // storage error, unprotected
 		do("refund.process", "k-3"), // past the limit: ~other

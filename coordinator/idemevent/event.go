@@ -1,8 +1,16 @@
-package coordinator
+// Package idemevent holds what the coordinator reports as it works, for
+// the writers of observers: the Observer interface, the Event it receives,
+// and the bounded sets of kinds, error types, store methods and wait
+// outcomes that metrics use as labels. An application hands an Observer to
+// coordinator.WithObserver; the package observability turns events into
+// Prometheus metrics and zap log lines, and idemotel into spans.
+package idemevent
 
 import (
 	"context"
 	"time"
+
+	"github.com/idemkit/idempotency/coordinator/idemstore"
 )
 
 // Observer receives the coordinator's events. Observe is called
@@ -30,81 +38,82 @@ type NopObserver struct{}
 // Observe does nothing.
 func (NopObserver) Observe(context.Context, Event) {}
 
-// EventKind says what happened.
-type EventKind uint8
+// Kind says what happened.
+type Kind uint8
 
 // The events the coordinator reports. Each names the fields of Event it sets
 // beyond Kind and Key.
 const (
-	// EventHit: a completed record was replayed. Every replay reports one.
-	EventHit EventKind = iota + 1
-	// EventMiss: the action is about to run under this caller's reservation
+	// Hit: a completed record was replayed. Every replay reports one.
+	Hit Kind = iota + 1
+	// Miss: the action is about to run under this caller's reservation
 	// (or, in in-flight mode "run", without one).
-	EventMiss
-	// EventInFlight: another caller holds the key (a collision). Mode is the
+	Miss
+	// InFlight: another caller holds the key (a collision). Mode is the
 	// in-flight mode that decides what happens next.
-	EventInFlight
-	// EventWaited: a caller stopped waiting for another caller's result.
+	InFlight
+	// Waited: a caller stopped waiting for another caller's result.
 	// Duration is the time spent waiting; Outcome says how it ended.
-	EventWaited
-	// EventError: something went wrong. ErrorType classifies it; Err is the
+	Waited
+	// Error: something went wrong. ErrorType classifies it; Err is the
 	// error; Method is set for storage errors.
-	EventError
-	// EventStorageCall: one store call ended. Method and Duration are set; Err
+	Error
+	// StorageCall: one store call ended. Method and Duration are set; Err
 	// is its error or nil.
-	EventStorageCall
-	// EventStored: the action's result was stored.
-	EventStored
-	// EventUnprotected: the action runs without protection because the store
+	StorageCall
+	// Stored: the action's result was stored.
+	Stored
+	// Unprotected: the action runs without protection because the store
 	// failed and the on-storage-error mode is "run" (Method is the failed call
 	// and Err its error), or because the caller had no key and ran it
-	// without calling Do (Method is MethodNone; see ReportUnprotected).
-	EventUnprotected
-	// EventNotReplayable: the key's action completed but its result could
-	// not be kept, so the call got a *NotReplayableError (Err) instead of a
+	// without calling coordinator.Do (Method is MethodNone; see
+	// coordinator.Coordinator.ReportUnprotected).
+	Unprotected
+	// NotReplayable: the key's action completed but its result could
+	// not be kept, so the call got a *coordinator.NotReplayableError (Err) instead of a
 	// replay or a second run.
-	EventNotReplayable
-	// EventBulkHit: a batch call (DoBatch) replayed Count keys of the
+	NotReplayable
+	// BulkHit: a batch call (coordinator.DoBatch) replayed Count keys of the
 	// operation Key.Operation (Key.Key is ""), the seed's bulk hit. Each
-	// replay also reports its own EventHit.
-	EventBulkHit
-	// EventBulkMiss: a batch call ran the actions of Count keys of the
+	// replay also reports its own Hit.
+	BulkHit
+	// BulkMiss: a batch call ran the actions of Count keys of the
 	// operation Key.Operation under its reservations, the seed's bulk miss.
-	// Each also reports its own EventMiss.
-	EventBulkMiss
+	// Each also reports its own Miss.
+	BulkMiss
 )
 
 // String returns the event's name, e.g. "hit".
-func (k EventKind) String() string {
+func (k Kind) String() string {
 	switch k {
-	case EventHit:
+	case Hit:
 		return "hit"
-	case EventMiss:
+	case Miss:
 		return "miss"
-	case EventInFlight:
+	case InFlight:
 		return "in_flight"
-	case EventWaited:
+	case Waited:
 		return "waited"
-	case EventError:
+	case Error:
 		return "error"
-	case EventStorageCall:
+	case StorageCall:
 		return "storage_call"
-	case EventStored:
+	case Stored:
 		return "stored"
-	case EventUnprotected:
+	case Unprotected:
 		return "unprotected"
-	case EventNotReplayable:
+	case NotReplayable:
 		return "not_replayable"
-	case EventBulkHit:
+	case BulkHit:
 		return "bulk_hit"
-	case EventBulkMiss:
+	case BulkMiss:
 		return "bulk_miss"
 	default:
 		return "unknown"
 	}
 }
 
-// ErrorType classifies an EventError. The names are those the Python
+// ErrorType classifies an Error. The names are those the Python
 // idempotency-kit uses, so dashboards carry over; the set is fixed, which
 // makes it a bounded metric label.
 type ErrorType string
@@ -128,7 +137,7 @@ func ErrorTypes() []ErrorType {
 		ErrorStorageRenew, ErrorRecordValidation, ErrorDecode, ErrorKeyReuse, ErrorLeaseLost}
 }
 
-// Method names a Store method, as a bounded metric label.
+// Method names an idemstore.Store method, as a bounded metric label.
 type Method string
 
 // The store methods.
@@ -139,12 +148,12 @@ const (
 	MethodRelease  Method = "release"
 	MethodRenew    Method = "renew"
 	// MethodReserveMany and MethodCompleteMany are the bulk calls of a
-	// batch (DoBatch, BulkStore).
+	// batch (coordinator.DoBatch, idemstore.BulkStore).
 	MethodReserveMany  Method = "reserve_many"
 	MethodCompleteMany Method = "complete_many"
-	// MethodNone is no store method: on an EventUnprotected it means the
+	// MethodNone is no store method: on an Unprotected it means the
 	// caller had no key, so the store was never called (see
-	// Coordinator.ReportUnprotected). It is not among Methods.
+	// coordinator.Coordinator.ReportUnprotected). It is not among Methods.
 	MethodNone Method = "none"
 )
 
@@ -160,7 +169,7 @@ type WaitOutcome string
 const (
 	WaitHit      WaitOutcome = "hit"       // the holder completed; its result is replayed
 	WaitTakeover WaitOutcome = "takeover"  // the reservation disappeared; this caller reserved and runs
-	WaitTimeout  WaitOutcome = "timeout"   // the wait bound passed: ErrInProgress
+	WaitTimeout  WaitOutcome = "timeout"   // the wait bound passed: coordinator.ErrInProgress
 	WaitCanceled WaitOutcome = "canceled"  // the caller's context ended
 	WaitError    WaitOutcome = "error"     // the store failed while polling
 	WaitReuse    WaitOutcome = "key_reuse" // the holder completed another request's key: ErrKeyReuse
@@ -174,23 +183,24 @@ func WaitOutcomes() []WaitOutcome {
 // Event is one thing the coordinator reports. Fields that do not apply to
 // Kind are zero.
 type Event struct {
-	Kind EventKind
+	Kind Kind
 	// Key is the operation and key of the call. Observers must not use the
 	// key as a metric label (it is unbounded); they may log it.
-	Key Key
-	// Mode is the in-flight mode, for EventInFlight.
-	Mode InFlightMode
-	// ErrorType classifies an EventError.
+	Key idemstore.Key
+	// Mode is the in-flight mode (wait, raise or run:
+	// coordinator.InFlightMode), for InFlight.
+	Mode string
+	// ErrorType classifies an Error.
 	ErrorType ErrorType
-	// Method is the store method, for EventStorageCall, storage errors and
-	// EventUnprotected.
+	// Method is the store method, for StorageCall, storage errors and
+	// Unprotected.
 	Method Method
 	// Duration is the call's or the wait's duration.
 	Duration time.Duration
-	// Outcome is how a wait ended, for EventWaited.
+	// Outcome is how a wait ended, for Waited.
 	Outcome WaitOutcome
-	// Err is the error, for EventError and a failed EventStorageCall.
+	// Err is the error, for Error and a failed StorageCall.
 	Err error
-	// Count is the number of keys, for EventBulkHit and EventBulkMiss.
+	// Count is the number of keys, for BulkHit and BulkMiss.
 	Count int
 }

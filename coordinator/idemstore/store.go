@@ -1,4 +1,10 @@
-package coordinator
+// Package idemstore is what a store author implements for the coordinator:
+// the Store interface, the records it keeps, and the optional interfaces
+// (Watcher, Fencer, BulkStore, Transactor) that a store may add. An
+// application never needs it: it hands a store (redisrepo.Store,
+// idempg.Store, memstore.Store) to coordinator.New. The conformance suite
+// in coordinator/storetest checks a store against these contracts.
+package idemstore
 
 import (
 	"context"
@@ -6,7 +12,7 @@ import (
 )
 
 // Key names one operation instance in a Store; the coordinator validates both
-// fields first (ValidateOperation, ValidateKey), so a Store may use them
+// fields first (coordinator.ValidateOperation, coordinator.ValidateKey), so a Store may use them
 // verbatim.
 type Key struct {
 	Operation string
@@ -37,7 +43,7 @@ const (
 	StateUnreadable
 	// StateNotReplayable means the action completed but its result could not
 	// be kept (too large, not encodable, streamed): Record.Result holds the
-	// reason as text, and every later call gets a *NotReplayableError instead
+	// reason as text, and every later call gets a *coordinator.NotReplayableError instead
 	// of a second run.
 	StateNotReplayable
 )
@@ -138,7 +144,7 @@ type Completion struct {
 //
 // Errors: a Store returns an error only when it could not do the step (the
 // network, a timeout, the server, a context that ended). The coordinator wraps any error that is
-// not already a *StorageError in one. "Absent" and "not the owner" are
+// not already a *coordinator.StorageError in one. "Absent" and "not the owner" are
 // results, not errors.
 //
 // The package coordinator/storetest has a conformance suite that every Store
@@ -189,7 +195,7 @@ type Watcher interface {
 
 // Fencer is an optional interface of a Store that hands out fences: numbers
 // that a downstream system can use to refuse the writes of a holder whose
-// lease has passed to another caller (WithFencedOperations).
+// lease has passed to another caller (coordinator.WithFencedOperations).
 type Fencer interface {
 	// ReserveFenced is Reserve that gives every pending record it writes a
 	// fence: a number greater than every fence ReserveFenced handed out
@@ -199,27 +205,6 @@ type Fencer interface {
 	// w.Token (this caller's own, written by an attempt whose reply was
 	// lost), that record's fence; otherwise 0. w.State is StatePending.
 	ReserveFenced(ctx context.Context, key Key, w Write) (existing Record, fence uint64, written bool, err error)
-}
-
-// offRequestPathKey is the key of the context value that marks a store call
-// no caller waits for.
-type offRequestPathKey struct{}
-
-// offRequestPath marks ctx as the context of store calls made off the
-// request path.
-func offRequestPath(ctx context.Context) context.Context {
-	return context.WithValue(ctx, offRequestPathKey{}, true)
-}
-
-// OffRequestPath reports whether ctx is the context of a store call that no
-// caller waits for: a completion retried in the background, or a renewal of
-// a running action's lease. Such a call may take what is left of the
-// reservation rather than one storage timeout, and a result is stored only
-// if it goes through, so a Store, or a client under it, should not refuse it
-// to spare a caller's time: the module's circuit breaker lets it through.
-func OffRequestPath(ctx context.Context) bool {
-	v, _ := ctx.Value(offRequestPathKey{}).(bool)
-	return v
 }
 
 // BulkStore is an optional interface of a Store that reads, reserves,
