@@ -4,7 +4,6 @@ go 1.26.0
 
 require (
 	github.com/idemkit/idempotency v0.0.0-20261205223430-ee7f0311b87b
-	github.com/jackc/pgx/v5 v5.13.0
 	github.com/labstack/echo/v4 v4.16.5
 	go.uber.org/fx v1.24.0
 	go.uber.org/goleak v1.3.0
@@ -15,6 +14,7 @@ require (
 	github.com/alicebob/miniredis/v2 v2.40.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
+	github.com/jackc/pgx/v5 v5.13.0 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
 	golang.org/x/sync v0.23.0 // indirect
 )

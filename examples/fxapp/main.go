@@ -26,7 +26,8 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/alicebob/miniredis/v2"
+	"github.com/idemkit/idempotency/examples/embedredis"
+
 	"go.uber.org/fx"
 	"go.uber.org/fx/fxevent"
 	"go.uber.org/zap"
@@ -107,7 +108,7 @@ func appOptions(cfg config) fx.Option {
 		// IDEMPOTENCY_* environment, and uses the *zap.Logger and the
 		// prometheus.Registerer that this app provides below.
 		idempotency.Module,
-		embeddedRedisIf(cfg.EmbeddedRedis),
+		embedredis.When(cfg.EmbeddedRedis),
 
 		// Logging: one zap logger for the app, the library and fx itself.
 		// fx's own start-up chatter is logged at debug, so it only shows with
@@ -147,42 +148,4 @@ func newLogger(cfg config) (*zap.Logger, error) {
 	zc.Level = zap.NewAtomicLevelAt(level)
 	zc.DisableStacktrace = true // a key reuse is a warning, not a crash
 	return zc.Build()
-}
-
-// embeddedRedisIf, when on, starts an embedded Redis (miniredis) and points
-// the idempotency module at it. miniredis keeps everything in memory and is
-// gone when the app stops: good for trying the example, not for production.
-//
-// It changes only the module's Redis URL, through the module's settings
-// override group, so the module still builds, pings, logs and closes its
-// own Redis client exactly as it does with a real server.
-func embeddedRedisIf(on bool) fx.Option {
-	if !on {
-		return fx.Options()
-	}
-	return fx.Options(
-		fx.Provide(startEmbeddedRedis),
-		fx.Provide(fx.Annotate(
-			func(m *miniredis.Miniredis) idempotency.SettingsOverride {
-				return func(s *idempotency.Settings) { s.RedisURL = "redis://" + m.Addr() + "/0" }
-			},
-			fx.ResultTags(`group:"`+idempotency.SettingsOverrides+`"`),
-		)),
-	)
-}
-
-// startEmbeddedRedis starts miniredis on a free port and closes it when the
-// app stops. It starts the server here, while fx builds the graph, rather
-// than in an OnStart hook, because the module needs the address when it
-// builds its Redis client, which is before any hook runs. Its OnStop hook is
-// appended before the module's, so it runs after the module closed its
-// client.
-func startEmbeddedRedis(lc fx.Lifecycle, log *zap.Logger) (*miniredis.Miniredis, error) {
-	m := miniredis.NewMiniRedis()
-	if err := m.StartAddr("127.0.0.1:0"); err != nil {
-		return nil, fmt.Errorf("start embedded redis: %w", err)
-	}
-	log.Warn(fmt.Sprintf("IDEMPOTENCY_REDIS_URL is unset: using an embedded Redis (miniredis) at %s; set it to use a real server", m.Addr()))
-	lc.Append(fx.StopHook(m.Close))
-	return m, nil
 }

@@ -6,11 +6,9 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -18,53 +16,13 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/jackc/pgx/v5"
-	"go.uber.org/fx"
-	"go.uber.org/fx/fxtest"
-	"go.uber.org/goleak"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest"
 	"google.golang.org/protobuf/types/known/structpb"
 
-	idemfxtest "github.com/idemkit/idempotency/fxtest"
 	"github.com/idemkit/idempotency/idemconnect"
-	"github.com/idemkit/idempotency/idempg/pgtemp"
+	"github.com/idemkit/idempotency/idempg/example/orders/orderstest"
 )
 
-// pg is the PostgreSQL server of the tests, started by TestMain.
-var pg *pgtemp.Server
-
-// TestMain starts the PostgreSQL server (a missing one skips the tests,
-// unless IDEMPOTENCY_TEST_REQUIRE_POSTGRES=1), and checks, once it stopped,
-// that a stopped app leaves no goroutine behind: HTTP server, pool.
-func TestMain(m *testing.M) {
-	var err error
-	pg, err = pgtemp.Start()
-	if err != nil && (!errors.Is(err, pgtemp.ErrNotFound) || os.Getenv("IDEMPOTENCY_TEST_REQUIRE_POSTGRES") == "1") {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	pg.Stop()
-	if err := goleak.Find(); err != nil {
-		fmt.Fprintln(os.Stderr, "goleak:", err)
-		code = max(code, 1)
-	}
-	os.Exit(code)
-}
-
-// newDatabase creates a database of the test's own and returns its
-// connection string.
-func newDatabase(t *testing.T) string {
-	t.Helper()
-	if pg == nil {
-		t.Skip("no PostgreSQL (apt-get install postgresql; IDEMPOTENCY_TEST_REQUIRE_POSTGRES=1 fails instead)")
-	}
-	name := "connect_" + strings.ToLower(rand.Text()[:10])
-	if err := pgtemp.CreateDatabase(t.Context(), pg.DSN, name); err != nil {
-		t.Fatal(err)
-	}
-	return strings.Replace(pg.DSN, "dbname=postgres", "dbname="+name, 1)
-}
+func TestMain(m *testing.M) { orderstest.Main(m, run) }
 
 // query returns the one integer that sql, with args, selects in the
 // database at dsn.
@@ -82,35 +40,18 @@ func query(t *testing.T, dsn, sql string, args ...any) int {
 	return n
 }
 
-// count returns the number of rows of table in the database at dsn.
-func count(t *testing.T, dsn, table string) int {
-	t.Helper()
-	return query(t, dsn, "SELECT count(*) FROM "+table)
-}
-
 // testApp is a running app and its database.
 type testApp struct {
-	srv *server
-	dsn string
+	addr string // 127.0.0.1:port
+	dsn  string
 }
 
 // startApp starts the app on a free port with a database of its own, the
 // provider answering after delay; it stops when the test ends.
 func startApp(t *testing.T, delay time.Duration) testApp {
 	t.Helper()
-	dsn := newDatabase(t)
-	var srv *server
-	app := fxtest.New(t,
-		appOptions(config{Addr: "127.0.0.1:0", ChargeDelay: delay, PostgresURL: dsn}),
-		// Start from the library's defaults, whatever IDEMPOTENCY_* variables
-		// the developer's shell has.
-		idemfxtest.IgnoreEnvironment(),
-		fx.Replace(zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel))),
-		fx.Populate(&srv),
-	)
-	app.RequireStart()
-	t.Cleanup(app.RequireStop)
-	return testApp{srv: srv, dsn: dsn}
+	a := orderstest.Start(t, appOptions, delay)
+	return testApp{addr: strings.TrimPrefix(a.URL, "http://"), dsn: a.DSN}
 }
 
 // result is what a test looks at in a Charge's answer.
@@ -147,7 +88,7 @@ func TestApp(t *testing.T) {
 	charged := 0
 	for _, protocol := range []string{"connect", "grpc", "grpcweb"} {
 		t.Run(protocol, func(t *testing.T) {
-			client, err := newClient(hc, app.srv.Addr(), protocol)
+			client, err := newClient(hc, app.addr, protocol)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -181,7 +122,7 @@ func TestApp(t *testing.T) {
 				}
 			}
 			charged += 3
-			if got := count(t, app.dsn, "charges"); got != charged {
+			if got := orderstest.Count(t, app.dsn, "charges"); got != charged {
 				t.Fatalf("%d charges made, want %d", got, charged)
 			}
 		})
@@ -191,19 +132,19 @@ func TestApp(t *testing.T) {
 	// globex's order-42, acme's order-43 and order-45 (their InvalidArgument
 	// is stored), and the fresh key of the call without one. The charges
 	// went through the same transactions: no other record.
-	if got := count(t, app.dsn, "idempotency_records"); got != 3*5 {
+	if got := orderstest.Count(t, app.dsn, "idempotency_records"); got != 3*5 {
 		t.Errorf("%d idempotency records, want %d: 5 per protocol", got, 3*5)
 	}
 
 	// Without the client interceptor, a charge without a key is refused,
 	// and GetCharge, which reads the table, needs none.
-	plain := connect.NewClient[structpb.Struct, structpb.Struct](hc, "http://"+app.srv.Addr()+chargeProcedure)
+	plain := connect.NewClient[structpb.Struct, structpb.Struct](hc, "http://"+app.addr+chargeProcedure)
 	req := connect.NewRequest(must(structpb.NewStruct(map[string]any{"account": "acct_1", "amount_cents": 1, "currency": "EUR"})))
 	req.Header().Set(tenantHeader, "acme")
 	if _, err := plain.CallUnary(t.Context(), req); connect.CodeOf(err) != connect.CodeInvalidArgument {
 		t.Fatalf("a charge without a key: %v, want invalid_argument", err)
 	}
-	get := connect.NewClient[structpb.Struct, structpb.Struct](hc, "http://"+app.srv.Addr()+getChargeProcedure, connect.WithGRPC())
+	get := connect.NewClient[structpb.Struct, structpb.Struct](hc, "http://"+app.addr+getChargeProcedure, connect.WithGRPC())
 	resp, err := get.CallUnary(t.Context(), connect.NewRequest(must(structpb.NewStruct(map[string]any{"id": "ch_1"}))))
 	if err != nil || resp.Msg.GetFields()["amount_cents"].GetNumberValue() != 1999 || resp.Msg.GetFields()["tenant"].GetStringValue() != "acme" {
 		t.Fatalf("GetCharge = %v, %v; want acme's ch_1 of 1999", resp, err)
@@ -214,7 +155,7 @@ func TestApp(t *testing.T) {
 			t.Errorf("GetCharge %q: %v, want not_found", id, err)
 		}
 	}
-	if got := count(t, app.dsn, "charges"); got != charged {
+	if got := orderstest.Count(t, app.dsn, "charges"); got != charged {
 		t.Errorf("%d charges after the calls without a key, want %d", got, charged)
 	}
 }
@@ -229,7 +170,7 @@ func TestConcurrentDuplicatesChargeOnce(t *testing.T) {
 	t.Cleanup(hc.CloseIdleConnections)
 	var clients []*connect.Client[structpb.Struct, structpb.Struct]
 	for _, protocol := range []string{"connect", "grpc", "grpcweb"} {
-		c, err := newClient(hc, app.srv.Addr(), protocol)
+		c, err := newClient(hc, app.addr, protocol)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -262,10 +203,10 @@ func TestConcurrentDuplicatesChargeOnce(t *testing.T) {
 	if replayed != n-1 {
 		t.Errorf("%d replays, want %d", replayed, n-1)
 	}
-	if got := count(t, app.dsn, "charges"); got != 1 {
+	if got := orderstest.Count(t, app.dsn, "charges"); got != 1 {
 		t.Errorf("%d charges, want 1", got)
 	}
-	if got := count(t, app.dsn, "idempotency_records"); got != 1 {
+	if got := orderstest.Count(t, app.dsn, "idempotency_records"); got != 1 {
 		t.Errorf("%d idempotency records, want 1", got)
 	}
 }
@@ -277,7 +218,7 @@ func TestTenantsDoNotShareKeys(t *testing.T) {
 	app := startApp(t, 100*time.Millisecond)
 	hc := h2cClient()
 	t.Cleanup(hc.CloseIdleConnections)
-	client, err := newClient(hc, app.srv.Addr(), "grpc")
+	client, err := newClient(hc, app.addr, "grpc")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -303,7 +244,7 @@ func TestTenantsDoNotShareKeys(t *testing.T) {
 			t.Errorf("%d charges of %s, want 1", got, tenant)
 		}
 	}
-	if got := count(t, app.dsn, "idempotency_records"); got != 2 {
+	if got := orderstest.Count(t, app.dsn, "idempotency_records"); got != 2 {
 		t.Errorf("%d idempotency records, want 2", got)
 	}
 }
@@ -323,7 +264,7 @@ func TestRetryAfterTimeoutKeepsTheKey(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			app := startApp(t, 800*time.Millisecond)
 			var out, errs strings.Builder
-			code := charge([]string{"-addr", app.srv.Addr(), "-protocol", tt.protocol, "-key=" + tt.key, "-tenant", "acme",
+			code := charge([]string{"-addr", app.addr, "-protocol", tt.protocol, "-key=" + tt.key, "-tenant", "acme",
 				"-timeout", "300ms", "-attempts", "10"}, &out, &errs)
 			t.Logf("stderr:\n%s", errs.String())
 			if code != 0 || out.String() != "charge ch_1: 1999 EUR on acct_1 for acme (replayed: true)\n" {
@@ -332,10 +273,10 @@ func TestRetryAfterTimeoutKeepsTheKey(t *testing.T) {
 			if !strings.Contains(errs.String(), "attempt 1: deadline_exceeded") || !strings.Contains(errs.String(), "retrying") {
 				t.Errorf("stderr %q, want the first attempt's timeout and a retry", errs.String())
 			}
-			if got := count(t, app.dsn, "charges"); got != 1 {
+			if got := orderstest.Count(t, app.dsn, "charges"); got != 1 {
 				t.Errorf("%d charges, want 1", got)
 			}
-			if got := count(t, app.dsn, "idempotency_records"); got != 1 {
+			if got := orderstest.Count(t, app.dsn, "idempotency_records"); got != 1 {
 				t.Errorf("%d idempotency records, want 1: every attempt had one key", got)
 			}
 		})
@@ -356,7 +297,7 @@ func TestChargeClientMode(t *testing.T) {
 	run := func(args ...string) string {
 		t.Helper()
 		var out, errs strings.Builder
-		if code := charge(append([]string{"-addr", app.srv.Addr()}, args...), &out, &errs); code != 0 {
+		if code := charge(append([]string{"-addr", app.addr}, args...), &out, &errs); code != 0 {
 			t.Fatalf("charge %q exited %d: %s", args, code, errs.String())
 		}
 		return out.String()
@@ -373,7 +314,7 @@ func TestChargeClientMode(t *testing.T) {
 	if other := run("-key", "order-42", "-tenant", "shop_2"); other == first || !strings.HasSuffix(other, "for shop_2 (replayed: false)\n") {
 		t.Errorf("another tenant's key got %q; want a new charge", other)
 	}
-	if got := count(t, app.dsn, "charges"); got != 2 {
+	if got := orderstest.Count(t, app.dsn, "charges"); got != 2 {
 		t.Errorf("%d charges, want 2: one per tenant", got)
 	}
 	var errs strings.Builder
@@ -390,7 +331,7 @@ func TestChargeClientMode(t *testing.T) {
 	}
 	// A refusal that says "do not retry" is not retried: one attempt.
 	errs.Reset()
-	if code := charge([]string{"-addr", app.srv.Addr(), "-key", "order-9", "-amount", "0"}, io.Discard, &errs); code != 1 ||
+	if code := charge([]string{"-addr", app.addr, "-key", "order-9", "-amount", "0"}, io.Discard, &errs); code != 1 ||
 		!strings.Contains(errs.String(), "attempt 1: invalid_argument") || strings.Contains(errs.String(), "retrying") {
 		t.Errorf("a bad charge exited %d with %q; want 1 after one attempt", code, errs.String())
 	}

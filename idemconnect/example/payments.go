@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/idemkit/idempotency/idempg"
+	"github.com/idemkit/idempotency/idempg/example/orders"
 )
 
 // The procedures of the payments service. Generated code
@@ -71,7 +72,7 @@ type paymentsParams struct {
 	fx.In
 
 	Lifecycle fx.Lifecycle
-	Config    config
+	Config    orders.Config
 	Log       *zap.Logger
 	// Pool is the pool of the store's database (idempg.PoolName).
 	Pool *pgxpool.Pool

@@ -31,10 +31,10 @@ package main
 
 import (
 	"cmp"
-	"fmt"
 	"os"
 
-	"github.com/alicebob/miniredis/v2"
+	"github.com/idemkit/idempotency/examples/embedredis"
+
 	"go.uber.org/fx"
 	"go.uber.org/fx/fxevent"
 	"go.uber.org/zap"
@@ -81,7 +81,7 @@ func appOptions(cfg config) fx.Option {
 		// The library: *coordinator.Coordinator from the IDEMPOTENCY_*
 		// environment, on the app's *zap.Logger.
 		idempotency.Module,
-		embeddedRedisIf(cfg.EmbeddedRedis),
+		embedredis.When(cfg.EmbeddedRedis),
 		fx.Provide(newLogger),
 		fx.WithLogger(func(log *zap.Logger) fxevent.Logger {
 			l := &fxevent.ZapLogger{Logger: log.Named("fx")}
@@ -99,35 +99,4 @@ func newLogger() (*zap.Logger, error) {
 	zc.Level = zap.NewAtomicLevelAt(zapcore.InfoLevel)
 	zc.DisableStacktrace = true
 	return zc.Build()
-}
-
-// embeddedRedisIf, when on, starts an embedded Redis (miniredis) and points
-// the idempotency module at it, through the module's settings override
-// group, so that the module still builds, pings and closes its own client.
-func embeddedRedisIf(on bool) fx.Option {
-	if !on {
-		return fx.Options()
-	}
-	return fx.Options(
-		fx.Provide(startEmbeddedRedis),
-		fx.Provide(fx.Annotate(
-			func(m *miniredis.Miniredis) idempotency.SettingsOverride {
-				return func(s *idempotency.Settings) { s.RedisURL = "redis://" + m.Addr() + "/0" }
-			},
-			fx.ResultTags(`group:"`+idempotency.SettingsOverrides+`"`),
-		)),
-	)
-}
-
-// startEmbeddedRedis starts miniredis on a free port while fx builds the
-// graph (the module needs its address to build its client) and closes it
-// when the app stops, after the module closed its client.
-func startEmbeddedRedis(lc fx.Lifecycle, log *zap.Logger) (*miniredis.Miniredis, error) {
-	m := miniredis.NewMiniRedis()
-	if err := m.StartAddr("127.0.0.1:0"); err != nil {
-		return nil, fmt.Errorf("start embedded redis: %w", err)
-	}
-	log.Warn(fmt.Sprintf("IDEMPOTENCY_REDIS_URL is unset: using an embedded Redis (miniredis) at %s; set it to use a real server", m.Addr()))
-	lc.Append(fx.StopHook(m.Close))
-	return m, nil
 }

@@ -5,64 +5,22 @@ package main
 
 import (
 	"encoding/json"
-	"errors"
-	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"strings"
 	"sync"
 	"testing"
 
-	"go.uber.org/fx"
-	"go.uber.org/fx/fxtest"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest"
-
-	idemfxtest "github.com/idemkit/idempotency/fxtest"
 	"github.com/idemkit/idempotency/idemhttp"
-	"github.com/idemkit/idempotency/idempg/internal/pgtest"
+	"github.com/idemkit/idempotency/idempg/example/orders/orderstest"
 )
 
-var (
-	pg    *pgtest.Server
-	pgErr error
-)
-
-// TestMain starts the server and checks that a stopped app leaves no
-// goroutine behind.
-func TestMain(m *testing.M) {
-	pg, pgErr = pgtest.Start()
-	if pgErr != nil && (!errors.Is(pgErr, pgtest.ErrNotFound) || pgtest.Required()) {
-		fmt.Fprintln(os.Stderr, pgErr)
-		os.Exit(1)
-	}
-	os.Exit(pgtest.Run(m, pg))
-}
+func TestMain(m *testing.M) { orderstest.Main(m, run) }
 
 // startApp starts the app on a fresh database and returns its URL.
 func startApp(t *testing.T) string {
 	t.Helper()
-	if pg == nil {
-		pgtest.Skip(t, pgErr)
-	}
-	db := strings.ToLower(strings.ReplaceAll(t.Name(), "/", "_"))
-	admin := pg.DSN
-	if err := pgtest.CreateDatabase(t.Context(), admin, db); err != nil {
-		t.Fatal(err)
-	}
-	var srv *server
-	app := fxtest.New(t,
-		appOptions(config{Addr: "127.0.0.1:0", LogLevel: "info", PostgresURL: strings.Replace(admin, "dbname=postgres", "dbname="+db, 1)}),
-		// Start from the library's defaults, whatever IDEMPOTENCY_* variables
-		// the developer's shell has.
-		idemfxtest.IgnoreEnvironment(),
-		fx.Replace(zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))),
-		fx.Populate(&srv),
-	)
-	app.RequireStart()
-	t.Cleanup(app.RequireStop)
-	return "http://" + srv.Addr()
+	return orderstest.Start(t, appOptions, 0).URL
 }
 
 type response struct {

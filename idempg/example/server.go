@@ -3,8 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"fmt"
-	"net"
 	"net/http"
 	"time"
 
@@ -154,35 +152,13 @@ func problem(w http.ResponseWriter, status int, detail string) {
 	_ = json.NewEncoder(w).Encode(map[string]any{"title": http.StatusText(status), "status": status, "detail": detail})
 }
 
-// server is the HTTP server, started and stopped with the app.
-type server struct {
-	srv *http.Server
-	ln  net.Listener
-}
-
-// Addr is the address the server listens on.
-func (s *server) Addr() string { return s.ln.Addr().String() }
-
-func newServer(lc fx.Lifecycle, cfg config, b *bank, log *zap.Logger) (*server, error) {
+// newMux is the HTTP API. Keys are required: a client must be able to
+// retry a transfer safely. The operation is named after the route:
+// "POST.transfers".
+func newMux(b *bank) *http.ServeMux {
 	mux := http.NewServeMux()
-	// Keys are required: a client must be able to retry a transfer safely.
-	// The operation is named after the route: "POST.transfers".
 	idem := idemhttp.Middleware(b.c, idemhttp.WithKeyRequired(true))
 	mux.Handle("POST /transfers", idem(http.HandlerFunc(b.transfer)))
 	mux.HandleFunc("GET /ledger", b.ledger)
-	s := &server{srv: &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}}
-	lc.Append(fx.Hook{
-		OnStart: func(context.Context) error {
-			ln, err := net.Listen("tcp", cfg.Addr)
-			if err != nil {
-				return fmt.Errorf("ADDR: %w", err)
-			}
-			s.ln = ln
-			log.Info("serving on http://" + s.Addr())
-			go func() { _ = s.srv.Serve(ln) }()
-			return nil
-		},
-		OnStop: s.srv.Shutdown,
-	})
-	return s, nil
+	return mux
 }
