@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/kelseyhightower/envconfig"
 
@@ -91,12 +92,12 @@ func unknownVariables(environ []string) []error {
 			continue
 		}
 		if known == nil {
-			known = variables()
+			known = append(variables(), declaredVariables()...)
 		}
 		if slices.Contains(known, name) {
 			continue
 		}
-		errs = append(errs, fmt.Errorf("%s: unknown variable; did you mean %s? (every variable: https://github.com/idemkit/idempotency/blob/main/docs/configuration.md)", name, closest(name, known)))
+		errs = append(errs, fmt.Errorf("%s: unknown variable: no package of this program reads it; did you mean %s? (every variable: https://github.com/idemkit/idempotency/blob/main/docs/configuration.md)", name, closest(name, known)))
 	}
 	slices.SortFunc(errs, func(a, b error) int { return strings.Compare(a.Error(), b.Error()) })
 	return errs
@@ -226,7 +227,6 @@ func (s Settings) Validate() error {
 		}
 	}
 	errs = append(errs, s.sentinelErrors()...)
-	errs = append(errs, s.postgresErrors()...)
 	if s.BreakerFailures < 0 {
 		bad("BREAKER_FAILURES", fmt.Errorf("must be 0 (no breaker) or more, got %d", s.BreakerFailures))
 	}
@@ -395,4 +395,54 @@ func optionErrors(err error) []error {
 	}
 	walk(err)
 	return out
+}
+
+// declared holds the IDEMPOTENCY_* variables that other modules read, each
+// with the module that reads it (DeclareVariables).
+var declared struct {
+	sync.Mutex
+	owners map[string]string
+}
+
+// DeclareVariables declares IDEMPOTENCY_* variables that a module of its
+// own reads from the environment (idempg its IDEMPOTENCY_POSTGRES_*), read
+// by owner ("idempg.Module"), so that LoadSettings accepts them instead of
+// refusing them as misspelt, and so that Module, when its settings come
+// from the environment, refuses to start with one of them set while the
+// app's store is its own Redis one: the app forgot owner. A module calls it
+// from an init function, so that importing the module is enough. A name
+// without the IDEMPOTENCY_ prefix panics, as a programming error.
+func DeclareVariables(owner string, names ...string) {
+	declared.Lock()
+	defer declared.Unlock()
+	if declared.owners == nil {
+		declared.owners = map[string]string{}
+	}
+	for _, n := range names {
+		if !strings.HasPrefix(n, EnvPrefix+"_") || strings.HasPrefix(n, testVariablePrefix) {
+			panic("idempotency: DeclareVariables(" + owner + "): " + n + " is not an " + EnvPrefix + "_* variable of a setting")
+		}
+		declared.owners[n] = owner
+	}
+}
+
+// declaredVariables returns the names DeclareVariables declared, sorted.
+func declaredVariables() []string {
+	declared.Lock()
+	defer declared.Unlock()
+	return slices.Sorted(maps.Keys(declared.owners))
+}
+
+// unreadDeclared returns an error for the first declared variable, in name
+// order, that is set in the environment: with the app's store its own, no
+// module of the app reads it.
+func unreadDeclared() error {
+	declared.Lock()
+	defer declared.Unlock()
+	for _, n := range slices.Sorted(maps.Keys(declared.owners)) {
+		if v, ok := os.LookupEnv(n); ok && v != "" {
+			return fmt.Errorf("%s is set, but the app has no %s, which reads it: add it to the app, or unset the variable", n, declared.owners[n])
+		}
+	}
+	return nil
 }

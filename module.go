@@ -272,14 +272,19 @@ type storeChoice struct {
 	Logger    moduleLogger
 	Backend   *Backend `name:"idempotency.backend" optional:"true"`
 	Redis     *redisBuilder
+	// Base is set when the settings did not come from the environment
+	// (fxtest.IgnoreEnvironment).
+	Base *Settings `name:"idempotency.settings.base" optional:"true"`
 }
 
 // provideStore is the module's idemstore.Store: the app's Backend, else
 // the Redis store.
 func provideStore(p storeChoice) (idemstore.Store, error) {
 	if p.Backend == nil {
-		if p.Settings.PostgresURL != "" {
-			return nil, fmt.Errorf("%s_POSTGRES_URL is set, but the app has no PostgreSQL store: add idempg.Module (github.com/idemkit/idempotency/idempg) to the app, or unset the variable", EnvPrefix)
+		if p.Base == nil {
+			if err := unreadDeclared(); err != nil {
+				return nil, err
+			}
 		}
 		return p.Redis.store()
 	}

@@ -23,10 +23,13 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/fx"
 	"go.uber.org/fx/fxtest"
+
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
+
+	idemfxtest "github.com/idemkit/idempotency/fxtest"
 
 	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/coordinator"
@@ -101,79 +104,42 @@ func TestModuleBackendErrors(t *testing.T) {
 	}
 }
 
-// IDEMPOTENCY_POSTGRES_URL without a PostgreSQL store in the app fails
-// start-up, naming the variable and the module to add, without the
-// password.
-func TestPostgresURLWithoutTheStore(t *testing.T) {
+// A variable that a module of its own declares (as idempg declares its
+// IDEMPOTENCY_POSTGRES_*) is accepted by LoadSettings only once declared;
+// set while the app's store is Redis, it fails start-up, naming the
+// variable and the module to add, without its value.
+func TestDeclaredVariables(t *testing.T) {
 	clearEnv(t)
-	t.Setenv("IDEMPOTENCY_POSTGRES_URL", "postgres://app:s3cret@db/shop")
+	const name = "IDEMPOTENCY_TESTSTORE_URL_OF_DECLARED"
+	t.Setenv(name, "store://app:s3cret@db")
+	if _, err := idempotency.LoadSettings(); err == nil || !strings.Contains(err.Error(), name+": unknown variable: no package of this program reads it") {
+		t.Fatalf("LoadSettings before the declaration: %v, want %s unknown", err, name)
+	}
+	idempotency.DeclareVariables("teststore.Module", name)
+	if _, err := idempotency.LoadSettings(); err != nil {
+		t.Fatalf("LoadSettings after the declaration: %v", err)
+	}
 	_, regOpt := registry()
 	app := fx.New(idempotency.Module, fx.NopLogger, regOpt, fx.Invoke(func(*coordinator.Coordinator) {}))
 	err := app.Err()
-	if err == nil || !strings.Contains(err.Error(), "IDEMPOTENCY_POSTGRES_URL is set, but the app has no PostgreSQL store: add idempg.Module") {
+	if err == nil || !strings.Contains(err.Error(), name+" is set, but the app has no teststore.Module, which reads it: add it to the app") {
 		t.Fatalf("start-up error = %v", err)
 	}
 	if strings.Contains(err.Error(), "s3cret") {
-		t.Errorf("the error shows the password: %v", err)
+		t.Errorf("the error shows the value: %v", err)
 	}
-}
-
-// The POSTGRES_* variables are checked for form, each error naming its
-// variable and none showing a password; String and Redacted mask it.
-func TestPostgresSettings(t *testing.T) {
-	for _, tt := range []struct {
-		url       string
-		max, min  int32
-		variables []string
-	}{
-		{url: "postgres://app:pw@db:5432/shop?sslmode=disable"},
-		{url: "postgresql://db/shop"},
-		{url: "host=db dbname=shop password='a b'"},
-		{url: "mysql://app:pw@db/shop", variables: []string{"IDEMPOTENCY_POSTGRES_URL"}},
-		{url: "host=db shop", variables: []string{"IDEMPOTENCY_POSTGRES_URL"}},
-		{url: "postgres://app:p%zzw@db/shop", variables: []string{"IDEMPOTENCY_POSTGRES_URL"}},
-		{max: -1, variables: []string{"IDEMPOTENCY_POSTGRES_MAX_CONNS"}},
-		{min: -1, variables: []string{"IDEMPOTENCY_POSTGRES_MIN_CONNS"}},
-		{max: 4, min: 5, variables: []string{"IDEMPOTENCY_POSTGRES_MIN_CONNS"}},
-		{max: 0, min: 5},
-	} {
-		s := idempotency.DefaultSettings()
-		s.PostgresURL, s.PostgresMaxConns, s.PostgresMinConns = tt.url, tt.max, tt.min
-		err := s.Validate()
-		if len(tt.variables) == 0 {
-			if err != nil {
-				t.Errorf("%q max %d min %d: %v", tt.url, tt.max, tt.min, err)
-			}
-			continue
-		}
-		if err == nil {
-			t.Errorf("%q max %d min %d: no error, want one naming %v", tt.url, tt.max, tt.min, tt.variables)
-			continue
-		}
-		for _, v := range tt.variables {
-			if !strings.Contains(err.Error(), v+": ") {
-				t.Errorf("%q: error %q does not name %s", tt.url, err, v)
-			}
-		}
-		if strings.Contains(err.Error(), "zzw") {
-			t.Errorf("%q: the error shows the password: %v", tt.url, err)
-		}
+	// Settings that do not come from the environment are not judged by it.
+	app = fx.New(idempotency.Module, fx.NopLogger, regOpt, idemfxtest.IgnoreEnvironment(), idemfxtest.MemoryStore(),
+		fx.Invoke(func(*coordinator.Coordinator) {}))
+	if err := app.Err(); err != nil {
+		t.Errorf("with fxtest.IgnoreEnvironment: %v", err)
 	}
-	for raw, want := range map[string]string{
-		"postgres://app:s3cret@db/shop":                  "postgres://app:xxxxx@db/shop",
-		"postgres://db/shop?password=s3cret&sslmode=off": "postgres://db/shop?password=xxxxx&sslmode=off",
-		"host=db password=s3cret dbname=shop":            "host=db password=xxxxx dbname=shop",
-		"host=db password = 'a s3cret' dbname=shop":      "host=db password = xxxxx dbname=shop",
-	} {
-		s := idempotency.DefaultSettings()
-		s.PostgresURL = raw
-		if got := s.Redacted().PostgresURL; got != want {
-			t.Errorf("Redacted(%q) = %q, want %q", raw, got, want)
+	defer func() {
+		if recover() == nil {
+			t.Error("DeclareVariables of a name without the prefix did not panic")
 		}
-		if strings.Contains(s.String(), "s3cret") {
-			t.Errorf("String shows the password of %q", raw)
-		}
-	}
+	}()
+	idempotency.DeclareVariables("teststore.Module", "TESTSTORE_URL")
 }
 
 // A Redis whose maxmemory-policy can evict records fails start-up, naming

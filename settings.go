@@ -247,28 +247,6 @@ type Settings struct {
 	// go-redis has one logger per process, so this applies to every go-redis
 	// client in it (RedisLogsMode). Empty means zap.
 	RedisLogs RedisLogsMode `split_words:"true" default:"zap" desc:"where go-redis's own log lines go: zap (the module's logger), off, or keep (leave go-redis's logger alone) (empty: zap)"`
-
-	// PostgresURL (POSTGRES_URL, default empty) is the PostgreSQL database
-	// of the PostgreSQL store (idempg.Module, a module of its own), as a
-	// postgres:// or postgresql:// URL or a key=value connection string,
-	// with pgxpool's pool_* parameters if wanted. The Redis variables do not
-	// apply then. Set without that store in the app, it fails start-up.
-	PostgresURL string `split_words:"true" default:"" desc:"PostgreSQL database of the PostgreSQL store (idempg.Module): postgres:// URL or key=value connection string"`
-	// PostgresMaxConns (POSTGRES_MAX_CONNS, default 0: pgxpool's default,
-	// the larger of 4 and the number of CPUs) is the largest number of
-	// connections of the pool idempg.Module opens. A transactional call holds
-	// one for as long as its action runs. 0 or more.
-	PostgresMaxConns int32 `split_words:"true" default:"0" desc:"largest number of connections of the PostgreSQL store's pool (0: pgxpool's default, max(4, CPUs))"`
-	// PostgresMinConns (POSTGRES_MIN_CONNS, default 0) is the number of
-	// connections that pool keeps open when idle; at most PostgresMaxConns
-	// when that is set.
-	PostgresMinConns int32 `split_words:"true" default:"0" desc:"connections the PostgreSQL store's pool keeps open when idle"`
-	// PostgresMigrate (POSTGRES_MIGRATE, default false) makes idempg.Module
-	// apply the store's schema on start (idempg.Migrate, safe for processes
-	// that start together); false only checks that the database holds the
-	// expected schema version (idempg.CheckSchema), for a service whose
-	// migrations run elsewhere.
-	PostgresMigrate bool `split_words:"true" default:"false" desc:"apply the PostgreSQL store's schema on start (false: only check its version)"`
 }
 
 // The defaults of the circuit breaker's settings.
@@ -321,7 +299,6 @@ func (s Settings) String() string {
 // field, as idemctl check does.
 func (s Settings) Redacted() Settings {
 	s.RedisURL = redactURL(s.RedisURL)
-	s.PostgresURL = redactPostgres(s.PostgresURL)
 	if s.RedisSentinelPassword != "" {
 		s.RedisSentinelPassword = "xxxxx"
 	}

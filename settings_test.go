@@ -500,21 +500,21 @@ func TestLoadSettingsUnknownVariables(t *testing.T) {
 		{
 			name:    "a misspelt mode",
 			env:     env("ON_STORAGE_ERRORS", "raise"),
-			wantErr: []string{"IDEMPOTENCY_ON_STORAGE_ERRORS: unknown variable; did you mean IDEMPOTENCY_ON_STORAGE_ERROR? (every variable: https://github.com/idemkit/idempotency/blob/main/docs/configuration.md)"},
+			wantErr: []string{"IDEMPOTENCY_ON_STORAGE_ERRORS: unknown variable: no package of this program reads it; did you mean IDEMPOTENCY_ON_STORAGE_ERROR? (every variable: https://github.com/idemkit/idempotency/blob/main/docs/configuration.md)"},
 			hidden:  []string{"raise"},
 		},
 		{
 			// Auto-pipelining is as often spelt in one word.
 			name:    "AUTOPIPELINE in one word",
 			env:     env("REDIS_AUTOPIPELINE", "true"),
-			wantErr: []string{"IDEMPOTENCY_REDIS_AUTOPIPELINE: unknown variable; did you mean IDEMPOTENCY_REDIS_AUTO_PIPELINE? (every variable: https://github.com/idemkit/idempotency/blob/main/docs/configuration.md)"},
+			wantErr: []string{"IDEMPOTENCY_REDIS_AUTOPIPELINE: unknown variable: no package of this program reads it; did you mean IDEMPOTENCY_REDIS_AUTO_PIPELINE? (every variable: https://github.com/idemkit/idempotency/blob/main/docs/configuration.md)"},
 		},
 		{
 			// As close to MIN_TTL and MAX_TTL, but the default is what a
 			// bare TTL most likely means.
 			name:    "TTL without DEFAULT_",
 			env:     env("TTL", "24h"),
-			wantErr: []string{"IDEMPOTENCY_TTL: unknown variable; did you mean IDEMPOTENCY_DEFAULT_TTL? (every variable: https://github.com/idemkit/idempotency/blob/main/docs/configuration.md)"},
+			wantErr: []string{"IDEMPOTENCY_TTL: unknown variable: no package of this program reads it; did you mean IDEMPOTENCY_DEFAULT_TTL? (every variable: https://github.com/idemkit/idempotency/blob/main/docs/configuration.md)"},
 			hidden:  []string{"24h"},
 		},
 		{name: "a test variable", env: env("TEST_ANYTHING", "1")},
@@ -525,20 +525,20 @@ func TestLoadSettingsUnknownVariables(t *testing.T) {
 			name: "two unknown variables, in order",
 			env:  map[string]string{"IDEMPOTENCY_LEASES": "1s", "IDEMPOTENCY_KEYPREFIX": "p:"},
 			wantErr: []string{
-				"IDEMPOTENCY_KEYPREFIX: unknown variable; did you mean IDEMPOTENCY_KEY_PREFIX? (every variable: https://github.com/idemkit/idempotency/blob/main/docs/configuration.md)",
-				"IDEMPOTENCY_LEASES: unknown variable; did you mean IDEMPOTENCY_LEASE? (every variable: https://github.com/idemkit/idempotency/blob/main/docs/configuration.md)",
+				"IDEMPOTENCY_KEYPREFIX: unknown variable: no package of this program reads it; did you mean IDEMPOTENCY_KEY_PREFIX? (every variable: https://github.com/idemkit/idempotency/blob/main/docs/configuration.md)",
+				"IDEMPOTENCY_LEASES: unknown variable: no package of this program reads it; did you mean IDEMPOTENCY_LEASE? (every variable: https://github.com/idemkit/idempotency/blob/main/docs/configuration.md)",
 			},
 		},
 		{
 			name:    "set but empty is still set",
 			env:     env("REDIS_ADDR", ""),
-			wantErr: []string{"IDEMPOTENCY_REDIS_ADDR: unknown variable; did you mean"},
+			wantErr: []string{"IDEMPOTENCY_REDIS_ADDR: unknown variable: no package of this program reads it; did you mean"},
 		},
 		{
 			// The value may be a secret that was meant for a known variable.
 			name:    "the value is not shown",
 			env:     env("REDIS_PASSWORD", "hunter2"),
-			wantErr: []string{"IDEMPOTENCY_REDIS_PASSWORD: unknown variable; did you mean"},
+			wantErr: []string{"IDEMPOTENCY_REDIS_PASSWORD: unknown variable: no package of this program reads it; did you mean"},
 			hidden:  []string{"hunter2"},
 		},
 		{
@@ -546,7 +546,7 @@ func TestLoadSettingsUnknownVariables(t *testing.T) {
 			env:  map[string]string{"IDEMPOTENCY_LEASE": "abc", "IDEMPOTENCY_IN_FLIGH": "raise"},
 			wantErr: []string{
 				`IDEMPOTENCY_LEASE: "abc" is not a duration; use a Go duration such as 500ms, 30s or 1h30m`,
-				"IDEMPOTENCY_IN_FLIGH: unknown variable; did you mean IDEMPOTENCY_IN_FLIGHT? (every variable: https://github.com/idemkit/idempotency/blob/main/docs/configuration.md)",
+				"IDEMPOTENCY_IN_FLIGH: unknown variable: no package of this program reads it; did you mean IDEMPOTENCY_IN_FLIGHT? (every variable: https://github.com/idemkit/idempotency/blob/main/docs/configuration.md)",
 			},
 		},
 	}

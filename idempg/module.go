@@ -51,8 +51,61 @@ var Module = fx.Module("idempotency.postgres",
 		fx.Annotate(provideBackend, fx.ResultTags(`name:"`+idempotency.BackendName+`"`, ``)),
 		fx.Annotate(provideOwnPool, fx.ResultTags(`name:"`+PoolName+`"`)),
 	),
-	fx.Provide(fx.Private, providePool),
+	fx.Provide(fx.Private, providePool, provideSettings),
 )
+
+// settingsBaseName and settingsGroup are the fx name of the Settings that
+// SupplySettings hands Module, and the value group of OverrideSettings.
+const (
+	settingsBaseName = "idempotency.postgres.settings.base"
+	settingsGroup    = "idempotency.postgres.settings"
+)
+
+// SupplySettings makes Module start from s instead of the environment, as
+// fxtest.IgnoreEnvironment does for idempotency.Module.
+func SupplySettings(s Settings) fx.Option {
+	return fx.Supply(fx.Annotate(&s, fx.ResultTags(`name:"`+settingsBaseName+`"`)))
+}
+
+// OverrideSettings changes Module's settings after they are loaded, as
+// idempotency.OverrideSettings does the core's:
+//
+//	idempg.OverrideSettings(func(s *idempg.Settings) { s.Migrate = true })
+//
+// The changed settings are validated again.
+func OverrideSettings(change func(*Settings)) fx.Option {
+	return fx.Supply(fx.Annotate(change, fx.ResultTags(`group:"`+settingsGroup+`"`)))
+}
+
+type settingsParams struct {
+	fx.In
+
+	Base      *Settings         `name:"idempotency.postgres.settings.base" optional:"true"`
+	Overrides []func(*Settings) `group:"idempotency.postgres.settings"`
+}
+
+// provideSettings is Module's Settings: SupplySettings's, else the
+// environment's (LoadSettings), with OverrideSettings's changes.
+func provideSettings(p settingsParams) (Settings, error) {
+	var s Settings
+	if p.Base != nil {
+		s = *p.Base
+	} else {
+		var err error
+		if s, err = LoadSettings(); err != nil {
+			return Settings{}, err
+		}
+	}
+	if len(p.Overrides) == 0 {
+		return s, nil
+	}
+	for _, o := range p.Overrides {
+		if o != nil {
+			o(&s)
+		}
+	}
+	return s, s.Validate()
+}
 
 // PoolName is the fx name of the *pgxpool.Pool that Module opens on
 // IDEMPOTENCY_POSTGRES_URL, for the app's own queries; an app that hands
@@ -97,11 +150,9 @@ type pool struct {
 type poolParams struct {
 	fx.In
 
-	Settings idempotency.Settings
+	Settings Settings
 	App      DB `name:"idempotency.postgres.app" optional:"true"`
 }
-
-const urlVar = idempotency.EnvPrefix + "_POSTGRES_URL"
 
 func providePool(p poolParams) (*pool, error) {
 	if p.App != nil {
@@ -114,26 +165,26 @@ func providePool(p poolParams) (*pool, error) {
 	return &pool{db: own, own: own, name: urlVar}, nil
 }
 
-// NewPool returns the pool that Module opens on s.PostgresURL, sized by
-// s.PostgresMaxConns and s.PostgresMinConns; it does no I/O. Its errors name
+// NewPool returns the pool that Module opens on s.URL, sized by s.MaxConns
+// and s.MinConns; it does no I/O. Its errors name
 // the variable at fault and never show the password. idemctl opens its pool
 // with it too.
-func NewPool(s idempotency.Settings) (*pgxpool.Pool, error) {
-	if s.PostgresURL == "" {
+func NewPool(s Settings) (*pgxpool.Pool, error) {
+	if s.URL == "" {
 		return nil, fmt.Errorf("%s: must be set with idempg.Module: the PostgreSQL database of the store, as a postgres:// URL or a key=value connection string (or hand the module the app's pool: idempg.UsePool)", urlVar)
 	}
-	cfg, err := pgxpool.ParseConfig(s.PostgresURL)
+	cfg, err := pgxpool.ParseConfig(s.URL)
 	if err != nil {
 		return nil, fmt.Errorf("%s: pgx cannot parse it: %s", urlVar, parseProblem(err))
 	}
-	if s.PostgresMaxConns > 0 {
-		cfg.MaxConns = s.PostgresMaxConns
+	if s.MaxConns > 0 {
+		cfg.MaxConns = s.MaxConns
 	}
-	if s.PostgresMinConns > 0 {
-		cfg.MinConns = s.PostgresMinConns
+	if s.MinConns > 0 {
+		cfg.MinConns = s.MinConns
 	}
 	if cfg.MinConns > cfg.MaxConns {
-		return nil, fmt.Errorf("%s_POSTGRES_MIN_CONNS: %d is more than the pool's largest size, %d", idempotency.EnvPrefix, cfg.MinConns, cfg.MaxConns)
+		return nil, fmt.Errorf("%s: %d is more than the pool's largest size, %d", minConnsVar, cfg.MinConns, cfg.MaxConns)
 	}
 	// NewWithConfig does no I/O: the first connection is made on use.
 	own, err := pgxpool.NewWithConfig(context.Background(), cfg)
@@ -168,7 +219,7 @@ func provideOwnPool(p *pool) (*pgxpool.Pool, error) {
 type backendParams struct {
 	fx.In
 
-	Settings idempotency.Settings
+	Settings Settings
 	Pool     *pool
 }
 
@@ -181,7 +232,7 @@ func provideBackend(p backendParams) (*idempotency.Backend, *Store, error) {
 	b := &idempotency.Backend{
 		Store: store,
 		Start: func(ctx context.Context, logger *zap.Logger) error {
-			if err := startupCheck(ctx, p.Pool, p.Settings.PostgresMigrate, logger); err != nil {
+			if err := startupCheck(ctx, p.Pool, p.Settings.Migrate, logger); err != nil {
 				p.Pool.close()
 				return err
 			}

@@ -34,6 +34,9 @@ import (
 // settings starts the app from the defaults, with change applied, whatever
 // the environment says.
 func settings(change func(*idempotency.Settings)) fx.Option {
+	if change == nil {
+		return idemfxtest.IgnoreEnvironment()
+	}
 	return fx.Options(idemfxtest.IgnoreEnvironment(), idempotency.OverrideSettings(change))
 }
 
@@ -56,11 +59,8 @@ func TestModule(t *testing.T) {
 	var pool *pgxpool.Pool
 	app := fxtest.New(t,
 		idempotency.Module, idempg.Module,
-		settings(func(s *idempotency.Settings) {
-			s.PostgresURL = schemaURL(db.schema)
-			s.PostgresMaxConns = 8
-			s.PostgresMigrate = true
-		}),
+		settings(nil),
+		idempg.SupplySettings(idempg.Settings{URL: schemaURL(db.schema), MaxConns: 8, Migrate: true}),
 		fx.Supply(fx.Annotate(reg, fx.As(new(prometheus.Registerer)))),
 		fx.Supply(zap.NewNop()),
 		fx.Supply(fx.Annotate(tp, fx.As(new(trace.TracerProvider)))),
@@ -164,7 +164,8 @@ func TestModuleUsePool(t *testing.T) {
 	app := fxtest.New(t,
 		idempotency.Module, idempg.Module, idempg.UsePool[*pgxpool.Pool](),
 		fx.Supply(db.pool), fx.Supply(zap.NewNop()),
-		settings(func(s *idempotency.Settings) { s.PostgresMigrate = true; s.MetricsEnabled = false }),
+		settings(func(s *idempotency.Settings) { s.MetricsEnabled = false }),
+		idempg.SupplySettings(idempg.Settings{Migrate: true}),
 		fx.Populate(&c))
 	app.RequireStart()
 	if _, err := idempg.Do(t.Context(), c, call("k"), func(context.Context, pgx.Tx) (int, error) { return 1, nil }); err != nil {
@@ -219,11 +220,8 @@ func TestModuleStartupChecks(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			app := fx.New(idempotency.Module, idempg.Module, fx.NopLogger, fx.Supply(zap.NewNop()),
-				settings(func(s *idempotency.Settings) {
-					s.PostgresURL = tt.url
-					s.PostgresMigrate = tt.migrate
-					s.MetricsEnabled = false
-				}),
+				settings(func(s *idempotency.Settings) { s.MetricsEnabled = false }),
+				idempg.SupplySettings(idempg.Settings{URL: tt.url, Migrate: tt.migrate}),
 				fx.Invoke(func(*coordinator.Coordinator) {}))
 			err := app.Err()
 			if err == nil {
@@ -252,10 +250,8 @@ func TestModuleStartupChecks(t *testing.T) {
 		core, logs := observer.New(zap.WarnLevel)
 		var c *coordinator.Coordinator
 		app := fxtest.New(t, idempotency.Module, idempg.Module, fx.Supply(zap.New(core)),
-			settings(func(s *idempotency.Settings) {
-				s.PostgresURL = "postgres://app:secret-pw@127.0.0.1:1/db?sslmode=disable&connect_timeout=1"
-				s.MetricsEnabled = false
-			}),
+			settings(func(s *idempotency.Settings) { s.MetricsEnabled = false }),
+			idempg.SupplySettings(idempg.Settings{URL: "postgres://app:secret-pw@127.0.0.1:1/db?sslmode=disable&connect_timeout=1"}),
 			fx.Populate(&c))
 		app.RequireStart()
 		defer app.RequireStop()
@@ -283,10 +279,8 @@ func TestModuleBehindPgBouncer(t *testing.T) {
 	_, dsn := bouncer(t)
 	start := func(url string, opts ...fx.Option) (*fx.App, error) {
 		app := fx.New(append([]fx.Option{idempotency.Module, idempg.Module, fx.NopLogger, fx.Supply(zap.NewNop()),
-			settings(func(s *idempotency.Settings) {
-				s.PostgresURL = url
-				s.MetricsEnabled = false
-			}), fx.Invoke(func(*coordinator.Coordinator) {})}, opts...)...)
+			settings(func(s *idempotency.Settings) { s.MetricsEnabled = false }),
+			idempg.SupplySettings(idempg.Settings{URL: url}), fx.Invoke(func(*coordinator.Coordinator) {})}, opts...)...)
 		if err := app.Err(); err != nil {
 			return app, err
 		}

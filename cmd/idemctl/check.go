@@ -42,11 +42,11 @@ func (a *app) check(ctx context.Context, args []string) int {
 	}
 	a.printSettings(s, o)
 	fmt.Fprintln(a.stdout)
-	if s.PostgresURL != "" {
+	if s.pg.URL != "" {
 		return a.checkPostgres(ctx, s)
 	}
 
-	client, err := a.client(s)
+	client, err := a.client(s.Settings)
 	if err != nil {
 		return a.fail("check", err)
 	}
@@ -54,12 +54,12 @@ func (a *app) check(ctx context.Context, args []string) int {
 	var ok bool
 	switch c := client.(type) {
 	case *redis.ClusterClient:
-		ok = a.checkCluster(ctx, c, s)
+		ok = a.checkCluster(ctx, c, s.Settings)
 	case *redis.Client:
 		if s.RedisSentinelMaster != "" {
-			ok = a.checkSentinel(ctx, c, s)
+			ok = a.checkSentinel(ctx, c, s.Settings)
 		} else {
-			ok = a.checkServer(ctx, c, s)
+			ok = a.checkServer(ctx, c, s.Settings)
 		}
 	default:
 		return a.fail("check", fmt.Errorf("unexpected client %T", client))
@@ -74,9 +74,9 @@ func (a *app) check(ctx context.Context, args []string) int {
 }
 
 // printSettings prints every field of s with its variable, its value (with
-// the secrets masked, as s.Redacted masks them) and where the value comes
-// from.
-func (a *app) printSettings(s idempotency.Settings, o *overrides) {
+// the secrets masked, as Redacted masks them) and where the value comes
+// from: the core's settings, then idempg's.
+func (a *app) printSettings(s config, o *overrides) {
 	names := variables()
 	flagOf := map[string]string{
 		idempotency.EnvPrefix + "_REDIS_URL":           "redis-url",
@@ -86,20 +86,29 @@ func (a *app) printSettings(s idempotency.Settings, o *overrides) {
 	}
 	fmt.Fprintln(a.stdout, "Settings:")
 	w := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
-	plain, redacted := reflect.ValueOf(s), reflect.ValueOf(s.Redacted())
+	source := func(name string) string {
+		if f := flagOf[name]; o.set[f] {
+			return "flag -" + f
+		} else if _, set := os.LookupEnv(name); set {
+			return "environment"
+		}
+		return "default"
+	}
+	plain, redacted := reflect.ValueOf(s.Settings), reflect.ValueOf(s.Redacted())
 	for i := range redacted.NumField() {
 		name := redacted.Type().Field(i).Name
 		if i < len(names) {
 			name = names[i]
 		}
-		source := "default"
-		if f := flagOf[name]; o.set[f] {
-			source = "flag -" + f
-		} else if _, set := os.LookupEnv(name); set {
-			source = "environment"
-		}
 		masked := !reflect.DeepEqual(plain.Field(i).Interface(), redacted.Field(i).Interface())
-		fmt.Fprintf(w, "  %s\t%s\t(%s)\n", name, settingValue(redacted.Type().Field(i).Name, redacted.Field(i), masked), source)
+		fmt.Fprintf(w, "  %s\t%s\t(%s)\n", name, settingValue(redacted.Type().Field(i).Name, redacted.Field(i), masked), source(name))
+	}
+	pg := s.pg.Redacted()
+	for _, v := range []struct{ name, value string }{
+		{"URL", pg.URL}, {"MAX_CONNS", fmt.Sprint(pg.MaxConns)}, {"MIN_CONNS", fmt.Sprint(pg.MinConns)}, {"MIGRATE", fmt.Sprint(pg.Migrate)},
+	} {
+		name := idempotency.EnvPrefix + "_POSTGRES_" + v.name
+		fmt.Fprintf(w, "  %s\t%s\t(%s)\n", name, v.value, source(name))
 	}
 	_ = w.Flush()
 }
@@ -381,8 +390,8 @@ func oldRedis(version string) bool {
 // start-up (idempg.CheckPool: reachable, no statement cache behind a
 // pooler, the schema version), and prints the server's version and its
 // default isolation, which the store does not depend on.
-func (a *app) checkPostgres(ctx context.Context, s idempotency.Settings) int {
-	pool, err := idempg.NewPool(s)
+func (a *app) checkPostgres(ctx context.Context, s config) int {
+	pool, err := idempg.NewPool(s.pg)
 	if err != nil {
 		return a.fail("check", err)
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/idempg"
 )
 
 func TestParseArgs(t *testing.T) {
@@ -138,10 +139,11 @@ func TestSettingValue(t *testing.T) {
 		t.Fatal("no field of Settings holds a password: the test looks for the wrong names")
 	}
 	s.RedisURL = "redis://:" + secret + "@localhost:6379/0"
+	pg := idempg.Settings{URL: "postgres://app:" + secret + "@db/shop"}
 	var out strings.Builder
-	(&app{stdout: &out}).printSettings(s, &overrides{})
-	if strings.Contains(out.String(), secret[:5]) || strings.Count(out.String(), "xxxxx") != secrets+1 {
-		t.Errorf("printSettings shows a secret, or does not mask %d values:\n%s", secrets+1, out.String())
+	(&app{stdout: &out}).printSettings(config{Settings: s, pg: pg}, &overrides{})
+	if strings.Contains(out.String(), secret[:5]) || strings.Count(out.String(), "xxxxx") != secrets+2 {
+		t.Errorf("printSettings shows a secret, or does not mask %d values:\n%s", secrets+2, out.String())
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/idemkit/idempotency/coordinator/idemstore"
+	"github.com/idemkit/idempotency/idempg"
 
 	"github.com/redis/go-redis/v9"
 
@@ -227,33 +228,43 @@ func (a *app) fail(cmd string, err error) int {
 	return exitFailure
 }
 
-// settings returns the settings from the environment (LoadSettings), with
-// the flags in o applied and validated again. Its errors name the variables
-// (IDEMPOTENCY_REDIS_URL for -redis-url) and never show a password.
-func (o *overrides) settings() (idempotency.Settings, error) {
+// config is what idemctl reads from the environment: the core's settings
+// and, for the PostgreSQL store, idempg's.
+type config struct {
+	idempotency.Settings
+	pg idempg.Settings
+}
+
+// settings returns the settings from the environment (idempotency's and
+// idempg's LoadSettings), with the flags in o applied and validated again.
+// Its errors name the variables (IDEMPOTENCY_REDIS_URL for -redis-url) and
+// never show a password.
+func (o *overrides) settings() (config, error) {
 	s, err := idempotency.LoadSettings()
-	if err != nil {
-		return s, err
+	pg, pgErr := idempg.LoadSettings()
+	if err = errors.Join(err, pgErr); err != nil {
+		return config{}, err
 	}
+	c := config{Settings: s, pg: pg}
 	if len(o.set) == 0 {
-		return s, nil
+		return c, nil
 	}
 	if o.set["redis-url"] {
-		s.RedisURL = o.redisURL
+		c.RedisURL = o.redisURL
 	}
 	if o.set["cluster-addrs"] {
-		s.RedisClusterAddrs = splitList(o.clusterAddrs)
+		c.RedisClusterAddrs = splitList(o.clusterAddrs)
 	}
 	if o.set["key-prefix"] {
-		s.KeyPrefix = o.keyPrefix
+		c.KeyPrefix = o.keyPrefix
 	}
 	if o.set["postgres-url"] {
-		s.PostgresURL = o.postgresURL
+		c.pg.URL = o.postgresURL
 	}
-	if err := s.Validate(); err != nil {
-		return s, fmt.Errorf("%w\n(-redis-url, -cluster-addrs, -key-prefix and -postgres-url stand for the variables they override)", err)
+	if err := errors.Join(c.Validate(), c.pg.Validate()); err != nil {
+		return c, fmt.Errorf("%w\n(-redis-url, -cluster-addrs, -key-prefix and -postgres-url stand for the variables they override)", err)
 	}
-	return s, nil
+	return c, nil
 }
 
 // splitList splits a comma-separated list, trimming spaces around entries

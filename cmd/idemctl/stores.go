@@ -49,10 +49,10 @@ func (a *app) connect(ctx context.Context, o *overrides) (recordStore, error) {
 	if err != nil {
 		return nil, err
 	}
-	if s.PostgresURL != "" {
+	if s.pg.URL != "" {
 		return connectPostgres(ctx, s)
 	}
-	client, err := a.client(s)
+	client, err := a.client(s.Settings)
 	if err != nil {
 		return nil, err
 	}
@@ -62,7 +62,7 @@ func (a *app) connect(ctx context.Context, o *overrides) (recordStore, error) {
 		_ = client.Close()
 		return nil, fmt.Errorf("redis at %s is unreachable: %w", s.RedisAddr(), err)
 	}
-	return &redisRecords{s: s, client: client, store: idempotency.NewStore(s, client)}, nil
+	return &redisRecords{s: s.Settings, client: client, store: idempotency.NewStore(s.Settings, client)}, nil
 }
 
 // redisRecords are the records of the Redis store.
@@ -138,7 +138,7 @@ func (r *redisRecords) count(ctx context.Context, operations []string) ([]countE
 // pgRecords are the records of the PostgreSQL store, in the table
 // idempotency_records.
 type pgRecords struct {
-	s     idempotency.Settings
+	s     config
 	pool  *pgxpool.Pool
 	store *idempg.Store
 }
@@ -151,8 +151,8 @@ const forgetBatch = 1000
 // (idempg.NewPool) and checks, within the storage timeout, that the
 // database answers and holds the schema this idemctl reads
 // (idempg.CheckSchema).
-func connectPostgres(ctx context.Context, s idempotency.Settings) (*pgRecords, error) {
-	pool, err := idempg.NewPool(s)
+func connectPostgres(ctx context.Context, s config) (*pgRecords, error) {
+	pool, err := idempg.NewPool(s.pg)
 	if err != nil {
 		return nil, err
 	}

@@ -111,13 +111,13 @@ func Options(cfg Config, handler fx.Option) fx.Option {
 		fx.Supply(cfg),
 		idempotency.Module,
 		idempg.Module,
-		idempotency.OverrideSettings(func(s *idempotency.Settings) {
+		idempg.OverrideSettings(func(s *idempg.Settings) {
 			if cfg.PostgresURL != "" {
-				s.PostgresURL = cfg.PostgresURL
+				s.URL = cfg.PostgresURL
 			}
 			// The example owns its database: it applies the schema. A
 			// service whose migrations run elsewhere leaves this false.
-			s.PostgresMigrate = true
+			s.Migrate = true
 		}),
 		fx.Provide(NewLogger),
 		fx.WithLogger(func(log *zap.Logger) fxevent.Logger {
