@@ -94,6 +94,7 @@ type Result[T any] struct {
 // failed before the action ran and the on-storage-error mode is "raise"; or
 // the context's error when ctx ended before the action ran. Once the action
 // has returned successfully, Do returns its result whatever the store does.
+// The flow step by step, and why, is in docs/architecture.md.
 func Do[T any](ctx context.Context, c *Coordinator, call Call, action func(context.Context) (T, error)) (T, error) {
 	res, err := DoWithCodec(ctx, c, call, JSONCodec[T]{}, action)
 	return res.Value, err
