@@ -15,8 +15,8 @@ import (
 	"github.com/idemkit/idempotency"
 )
 
-// When, when on, starts an embedded Redis and points the idempotency module
-// at it; off, it adds nothing. It changes only the module's Redis URL,
+// When returns the option that, when on is true, starts an embedded Redis
+// and points the idempotency module at it; off, it adds nothing. It changes only the module's Redis URL,
 // through the module's settings override group, so the module still
 // builds, pings, logs and closes its own Redis client exactly as it does
 // with a real server.
