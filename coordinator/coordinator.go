@@ -8,6 +8,7 @@ import (
 
 	"github.com/idemkit/idempotency/coordinator/idemevent"
 	"github.com/idemkit/idempotency/coordinator/idemstore"
+	"github.com/idemkit/idempotency/internal/unprotected"
 )
 
 // Coordinator runs actions once per idempotency key. Create one with New and
@@ -92,11 +93,19 @@ func (c *Coordinator) backgroundLocked(f func()) {
 	}()
 }
 
-// ReportUnprotected reports an idemevent.Unprotected (Method idemevent.MethodNone) for an
-// action of operation that runs without a key, so that metrics count what Do
-// never saw; it reports nothing when the kill switch is off or operation is
-// invalid.
-func (c *Coordinator) ReportUnprotected(ctx context.Context, operation string) {
+// The adapters report a call without a key through the internal bridge, so
+// that no code outside the library can report an event.
+func init() {
+	unprotected.Report = func(c any, ctx context.Context, operation string) {
+		c.(*Coordinator).reportUnprotected(ctx, operation)
+	}
+}
+
+// reportUnprotected reports an idemevent.Unprotected (Method
+// idemevent.MethodNone) for an action of operation that runs without a key,
+// so that metrics count what Do never saw; it reports nothing when the kill
+// switch is off or operation is invalid.
+func (c *Coordinator) reportUnprotected(ctx context.Context, operation string) {
 	if !c.cfg.enabled || ValidateOperation(operation) != nil {
 		return
 	}

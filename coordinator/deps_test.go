@@ -13,13 +13,14 @@ import (
 
 // The engine imports the standard library only: no fx, zap, Prometheus or
 // Redis. Of ours it imports its two halves for store and observer writers,
-// idemstore and idemevent, which import the standard library and idemstore
-// only.
+// idemstore and idemevent, and the adapters' internal bridge, unprotected,
+// which import the standard library and idemstore only.
 func TestStandardLibraryOnly(t *testing.T) {
 	ours := map[string][]string{
-		".":         {"github.com/idemkit/idempotency/coordinator/idemstore", "github.com/idemkit/idempotency/coordinator/idemevent"},
-		"idemstore": nil,
-		"idemevent": {"github.com/idemkit/idempotency/coordinator/idemstore"},
+		".":                       {"github.com/idemkit/idempotency/coordinator/idemstore", "github.com/idemkit/idempotency/coordinator/idemevent", "github.com/idemkit/idempotency/internal/unprotected"},
+		"idemstore":               nil,
+		"idemevent":               {"github.com/idemkit/idempotency/coordinator/idemstore"},
+		"../internal/unprotected": nil,
 	}
 	checked := 0
 	for dir, allowed := range ours {

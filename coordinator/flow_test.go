@@ -9,6 +9,8 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/idemkit/idempotency/internal/unprotected"
+
 	"github.com/idemkit/idempotency/coordinator/idemevent"
 	"github.com/idemkit/idempotency/coordinator/idemstore"
 
@@ -401,15 +403,15 @@ func TestLeaseIsInTheActionContext(t *testing.T) {
 
 func TestReportUnprotected(t *testing.T) {
 	f, s := newMem(t)
-	f.c.ReportUnprotected(t.Context(), "payment.charge")
-	f.c.ReportUnprotected(t.Context(), "not valid") // not an operation: ignored
+	unprotected.Report(f.c, t.Context(), "payment.charge")
+	unprotected.Report(f.c, t.Context(), "not valid") // not an operation: ignored
 	events := f.rec.all()
 	if len(events) != 1 || events[0].Kind != idemevent.Unprotected || events[0].Method != idemevent.MethodNone ||
 		events[0].Key != (idemstore.Key{Operation: "payment.charge"}) || s.Len() != 0 {
 		t.Fatalf("events = %+v, stored %d; want one unprotected{none} and no store call", events, s.Len())
 	}
 	off, _ := newMem(t, coordinator.WithEnabled(false))
-	off.c.ReportUnprotected(t.Context(), "payment.charge")
+	unprotected.Report(off.c, t.Context(), "payment.charge")
 	if n := len(off.rec.all()); n != 0 {
 		t.Fatalf("kill switch off: %d events, want 0", n)
 	}

@@ -83,7 +83,7 @@ var _ connect.Interceptor = (*Interceptor)(nil)
 // A unary call is protected when it carries the key header
 // (DefaultKeyHeader, or WithKeyHeader) and its procedure is one of
 // WithProcedures (every procedure by default). A call without the header
-// passes through unprotected, reported with c.ReportUnprotected, or is
+// passes through unprotected, reported as unprotected (method none), or is
 // refused with InvalidArgument under WithKeyRequired(true). The key is
 // scoped to the caller by WithKeyScope and stored under the operation that
 // WithOperation names (idemhttp.OperationName of the procedure by default);

@@ -67,7 +67,7 @@ var errNotStored = errors.New("idemgrpc: outcome not stored by the store policy"
 // A call is protected when it carries the key metadata entry
 // (DefaultKeyHeader, or WithKeyHeader) and its method is one of WithMethods
 // (every method by default). A call without the entry passes through
-// unprotected, reported with c.ReportUnprotected, or is refused with
+// unprotected, reported as unprotected (method none), or is refused with
 // InvalidArgument under WithKeyRequired(true). The key is scoped to the
 // caller by WithKeyScope and stored under the operation that WithOperation
 // names (idemhttp.OperationName of the full method by default); the request is

@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/idemkit/idempotency/internal/unprotected"
+
 	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/idemkey"
 )
@@ -92,7 +94,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			fmt.Sprintf("%s %s requires an %s header.", r.Method, r.URL.Path, KeyHeader), nil))
 		return
 	case len(values) == 0:
-		h.c.ReportUnprotected(r.Context(), h.operation(r)) // counted as unprotected{method="none"}
+		unprotected.Report(h.c, r.Context(), h.operation(r)) // counted as unprotected{method="none"}
 		h.next.ServeHTTP(w, r)
 		return
 	case len(values) > 1:

@@ -66,8 +66,8 @@ const (
 	// Unprotected: the action runs without protection because the store
 	// failed and the on-storage-error mode is "run" (Method is the failed call
 	// and Err its error), or because the caller had no key and ran it
-	// without calling coordinator.Do (Method is MethodNone; see
-	// coordinator.Coordinator.ReportUnprotected).
+	// without calling coordinator.Do (Method is MethodNone; the library's
+	// adapters report it).
 	Unprotected
 	// NotReplayable: the key's action completed but its result could
 	// not be kept, so the call got a *coordinator.NotReplayableError (Err) instead of a
@@ -152,8 +152,8 @@ const (
 	MethodReserveMany  Method = "reserve_many"
 	MethodCompleteMany Method = "complete_many"
 	// MethodNone is no store method: on an Unprotected it means the
-	// caller had no key, so the store was never called (see
-	// coordinator.Coordinator.ReportUnprotected). It is not among Methods.
+	// caller had no key, so the store was never called (an adapter let the
+	// request through without one). It is not among Methods.
 	MethodNone Method = "none"
 )
 

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemkit/idempotency/internal/unprotected"
+
 	"google.golang.org/protobuf/proto"
 
 	"github.com/idemkit/idempotency/coordinator"
@@ -60,7 +62,7 @@ func (cs *Calls) Prepare(ctx context.Context, c *coordinator.Coordinator, proced
 		return call, false, &Refusal{Code: InvalidArgument, Reason: ReasonKeyMissing,
 			Message: fmt.Sprintf("%s requires an idempotency key in the %q %s", procedure, cs.Header, cs.Noun)}
 	case len(values) == 0:
-		c.ReportUnprotected(ctx, cs.Operation(procedure)) // counted as unprotected{method="none"}
+		unprotected.Report(c, ctx, cs.Operation(procedure)) // counted as unprotected{method="none"}
 		return call, false, nil
 	case len(values) > 1:
 		return call, false, &Refusal{Code: InvalidArgument, Reason: ReasonKeyInvalid,

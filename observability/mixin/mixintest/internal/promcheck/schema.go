@@ -8,6 +8,8 @@ import (
 	"sort"
 	"strconv"
 
+	"github.com/idemkit/idempotency/internal/unprotected"
+
 	"github.com/idemkit/idempotency/coordinator/idemevent"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -153,7 +155,7 @@ func LibrarySchema(namespace string) (*Schema, error) {
 		do(Operations[1], "k-2"),    // storage error, unprotected
 		do("refund.process", "k-3"), // past the limit: ~other
 	)
-	c.ReportUnprotected(ctx, Operations[1]) // no key: method none
+	unprotected.Report(c, ctx, Operations[1]) // no key: method none
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("promcheck: drive the coordinator: %w", err)
 	}
