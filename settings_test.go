@@ -758,7 +758,7 @@ func TestCoordinatorOptions(t *testing.T) {
 	}
 }
 
-// recordingStore is a idemstore.Store where every reservation succeeds; it
+// recordingStore is an idemstore.Store where every reservation succeeds; it
 // records the TTLs it is given, per operation.
 type recordingStore struct {
 	mu       sync.Mutex

@@ -26,7 +26,7 @@ type DB interface {
 	BeginTx(ctx context.Context, txOptions pgx.TxOptions) (pgx.Tx, error)
 }
 
-// Store is a idemstore.Store on PostgreSQL, and the transactional call
+// Store is an idemstore.Store on PostgreSQL, and the transactional call
 // (Do) over the same table. Create one with New. It is safe for concurrent
 // use.
 //

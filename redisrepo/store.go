@@ -32,7 +32,7 @@ type Client interface {
 	Process(ctx context.Context, cmd redis.Cmder) error
 }
 
-// Store is a idemstore.Store on Redis. Each record is a small STRING under
+// Store is an idemstore.Store on Redis. Each record is a small STRING under
 // one key, and each method is one command or one Lua script touching only
 // that key: one round trip, atomic on the server, and unchanged on Redis
 // Cluster. Create a Store with New; it is safe for concurrent use.

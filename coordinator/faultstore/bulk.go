@@ -16,7 +16,7 @@ var _ idemstore.BulkStore = (*Store)(nil)
 // call, of idemevent.MethodGet, and DeleteMany of
 // idemevent.MethodRelease), takes that method's armed failures, and runs its Hook once per entry, in order, before the call: an
 // error from any of them fails the whole call. They return an error when the
-// inner store is not a idemstore.BulkStore.
+// inner store is not an idemstore.BulkStore.
 
 // bulk returns the inner store as a BulkStore.
 func (s *Store) bulk() (idemstore.BulkStore, error) {

@@ -21,7 +21,7 @@ var ErrInjected = errors.New("faultstore: injected failure")
 // would), and may call the inner store or the Store itself.
 type Hook func(ctx context.Context, key idemstore.Key) error
 
-// Store is a idemstore.Store that passes calls to an inner store and fails
+// Store is an idemstore.Store that passes calls to an inner store and fails
 // them on demand. Create one with Wrap. Its methods are safe for concurrent
 // use.
 //
@@ -185,7 +185,7 @@ func (s *Store) Reserve(ctx context.Context, key idemstore.Key, w idemstore.Writ
 // ReserveFenced calls the inner store's ReserveFenced unless the call fails
 // before it, as Reserve does (its faults are Reserve's, under
 // idemevent.MethodReserve); see Store. It returns an error when the inner
-// store is not a idemstore.Fencer.
+// store is not an idemstore.Fencer.
 func (s *Store) ReserveFenced(ctx context.Context, key idemstore.Key, w idemstore.Write) (idemstore.Record, uint64, bool, error) {
 	f, ok := s.inner.(idemstore.Fencer)
 	if !ok {

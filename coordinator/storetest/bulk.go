@@ -15,7 +15,7 @@ func (e *env) bulk() idemstore.BulkStore {
 	e.t.Helper()
 	b, ok := e.h.Store.(idemstore.BulkStore)
 	if !ok {
-		e.t.Skipf("%T is not a idemstore.BulkStore", e.h.Store)
+		e.t.Skipf("%T is not an idemstore.BulkStore", e.h.Store)
 	}
 	return b
 }

@@ -17,7 +17,7 @@ func (e *env) fencer() idemstore.Fencer {
 	}
 	f, ok := e.h.Store.(idemstore.Fencer)
 	if !ok {
-		e.t.Fatalf("Harness.Fences is true, but %T is not a idemstore.Fencer", e.h.Store)
+		e.t.Fatalf("Harness.Fences is true, but %T is not an idemstore.Fencer", e.h.Store)
 	}
 	return f
 }

@@ -41,7 +41,7 @@ type Harness struct {
 	// slow one. It must be a whole number of milliseconds.
 	Tick time.Duration
 
-	// Fences says that Store hands out fences: it is a idemstore.Fencer,
+	// Fences says that Store hands out fences: it is an idemstore.Fencer,
 	// and fences are on in its configuration. false skips the Fences
 	// subtests.
 	Fences bool
