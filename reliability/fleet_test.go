@@ -114,20 +114,32 @@ func buildFleetWorker(t *testing.T, commit string) fleetBinary {
 				t.Fatal(err)
 			}
 		}
-		main, err := os.ReadFile(filepath.Join(root, "reliability", "fleetworker", "main.go"))
-		if err != nil {
-			t.Fatal(err)
+		// The worker's source of this checkout, all of it: its events.go
+		// names the coordinator's events as this release does, and
+		// events_before_idemevent.go as the releases before issue 43 did.
+		files, err := filepath.Glob(filepath.Join(root, "reliability", "fleetworker", "*.go"))
+		if err != nil || len(files) == 0 {
+			t.Fatalf("the fleet worker's source: %v (%d files)", err, len(files))
 		}
 		if err := os.MkdirAll(filepath.Join(src, "reliability", "fleetworker"), 0o755); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile(filepath.Join(src, "reliability", "fleetworker", "main.go"), main, 0o644); err != nil {
-			t.Fatal(err)
+		for _, f := range files {
+			b, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(src, "reliability", "fleetworker", filepath.Base(f)), b, 0o644); err != nil {
+				t.Fatal(err)
+			}
 		}
 		release = "commit " + commit
 	}
 	bin := filepath.Join(fleetBinDir, "fleetworker-"+cmpOr(commit, "head"))
 	build := exec.Command("go", "build", "-race", "-o", bin, "./reliability/fleetworker")
+	if commit != "" && !hasIdemevent(src) {
+		build.Args = append(build.Args[:2], append([]string{"-tags", "idemkit_before_idemevent"}, build.Args[2:]...)...)
+	}
 	build.Dir = src
 	if outp, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build the fleet worker from %s: %v\n%s", release, err, outp)
@@ -135,6 +147,13 @@ func buildFleetWorker(t *testing.T, commit string) fleetBinary {
 	b := fleetBinary{path: bin, release: release}
 	fleetBuilt[commit] = b
 	return b
+}
+
+// hasIdemevent reports whether the tree at src has coordinator/idemevent
+// (issue 43), where the coordinator's events are.
+func hasIdemevent(src string) bool {
+	_, err := os.Stat(filepath.Join(src, "coordinator", "idemevent"))
+	return err == nil
 }
 
 func cmpOr(s, def string) string {

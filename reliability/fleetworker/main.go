@@ -36,8 +36,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/idemkit/idempotency/coordinator/idemevent"
-
 	"go.uber.org/fx"
 	"go.uber.org/zap"
 
@@ -84,17 +82,17 @@ type callKey struct{}
 // observer reports the events the suite's checker needs, by call.
 type observer struct{ o *out }
 
-func (ob observer) Observe(ctx context.Context, e idemevent.Event) {
+func (ob observer) Observe(ctx context.Context, e event) {
 	id, _ := ctx.Value(callKey{}).(int)
 	var name string
 	switch e.Kind {
-	case idemevent.Unprotected:
+	case kindUnprotected:
 		name = "unprotected"
-	case idemevent.Stored:
+	case kindStored:
 		name = "stored"
-	case idemevent.Error:
+	case kindError:
 		name = string(e.ErrorType)
-	case idemevent.StorageCall:
+	case kindStorageCall:
 		if e.Err == nil {
 			return
 		}
@@ -145,7 +143,7 @@ func main() {
 		fx.NopLogger,
 		fx.Supply(zap.NewNop()),
 		idempotency.Module,
-		fx.Provide(fx.Annotate(func() idemevent.Observer { return observer{o} },
+		fx.Provide(fx.Annotate(func() eventObserver { return observer{o} },
 			fx.ResultTags(`group:"`+idempotency.ObserversGroup+`"`))),
 		fx.Populate(&co),
 	)
