@@ -229,19 +229,27 @@ func (s *Store) claimOnce(ctx context.Context, key idemstore.Key, w idemstore.Wr
 // with no record, for a call made with the kill switch off.
 func (s *Store) Begin(ctx context.Context) (idemstore.Claim, error) {
 	c, err := s.begin(ctx)
+	if err == nil && c.unbegun {
+		c.unbegun = false
+		if _, err = c.tx.Conn().Exec(ctx, beginReadCommitted); err != nil {
+			c.rollback(ctx)
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("idempg: begin: %w", classify(err))
 	}
 	return c, nil
 }
 
-// begin begins a claim's transaction at READ COMMITTED. Over a pool it
-// takes a connection and begins on it, so that the claim hands the
-// connection back itself and its COMMIT can travel with the completion, in
-// one round trip; so it can over a single connection. Over another DB its
-// Tx's own Commit and Rollback end it, as that DB's Tx needs.
+// begin returns a claim's transaction at READ COMMITTED. Over a pool it
+// takes a connection, so that the claim hands the connection back itself
+// and its COMMIT can travel with the completion, in one round trip; so it
+// can over a single connection. There, when pgx has begun a transaction on
+// the connection before (connTxs), the claim is returned unbegun: its first
+// batch sends the BEGIN (queueBegin), and so a claim costs one round trip
+// less. Over another DB its Tx's own Commit and Rollback end it, as that
+// DB's Tx needs.
 func (s *Store) begin(ctx context.Context) (*claim, error) {
-	opts := pgx.TxOptions{IsoLevel: pgx.ReadCommitted}
 	c := &claim{s: s, leave: func() {}}
 	switch db := s.db.(type) {
 	case *pgxpool.Pool:
@@ -249,24 +257,49 @@ func (s *Store) begin(ctx context.Context) (*claim, error) {
 		if err != nil {
 			return nil, err
 		}
-		if c.tx, err = conn.BeginTx(ctx, opts); err != nil {
-			conn.Release() // a connection that failed to begin is closed: the pool drops it
-			return nil, err
-		}
 		c.release = conn.Release
-	case *pgx.Conn:
-		var err error
-		if c.tx, err = db.BeginTx(ctx, opts); err != nil {
+		if err := c.beginOn(ctx, conn.Conn()); err != nil {
+			c.handBack() // a connection that failed to begin is closed: the pool drops it
 			return nil, err
 		}
+	case *pgx.Conn:
 		c.release = func() {}
+		if err := c.beginOn(ctx, db); err != nil {
+			return nil, err
+		}
 	default:
 		var err error
-		if c.tx, err = s.db.BeginTx(ctx, opts); err != nil {
+		if c.tx, err = s.db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}); err != nil {
 			return nil, err
 		}
 	}
 	return c, nil
+}
+
+// beginOn makes conn the claim's: with the pgx.Tx that connTxs keeps for
+// it, unbegun, or else with a transaction that pgx begins on it now, and
+// which connTxs keeps for the next claims on conn.
+func (c *claim) beginOn(ctx context.Context, conn *pgx.Conn) error {
+	if tx, ok := c.s.txs.get(conn); ok {
+		c.tx, c.unbegun = tx, true
+		return nil
+	}
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	if err != nil {
+		return err
+	}
+	c.tx = tx
+	c.s.txs.put(conn, tx)
+	return nil
+}
+
+// queueBegin queues the BEGIN of an unbegun claim, first in b, the claim's
+// first batch.
+func (c *claim) queueBegin(b *pgx.Batch) {
+	if c.unbegun {
+		c.unbegun = false
+		b.Queue(beginReadCommitted)
+	}
 }
 
 // takeable reports whether a claim may take over rec, a record that is
@@ -283,11 +316,14 @@ type claim struct {
 	tx pgx.Tx
 	// release hands the transaction's connection back once it is ended;
 	// nil when tx's own Commit and Rollback do (see Store.begin). When it
-	// is set, the claim commits by sending COMMIT itself, and tx, which
-	// then never hears of its end, must not be used again: closed says so
-	// to the action's handles on it (ownedTx, savepoint).
+	// is set, the claim sends BEGIN, COMMIT and ROLLBACK itself, and tx,
+	// which then never hears of them, serves the next claim on the
+	// connection (connTxs), and must not be used through this claim once
+	// it ends: closed says so to the action's handles on it (ownedTx,
+	// savepoint).
 	release  func()
 	released bool
+	unbegun  bool // the claim's first batch sends its BEGIN (Store.begin)
 	closed   atomic.Bool
 	key      idemstore.Key
 	token    string
@@ -304,6 +340,7 @@ type claim struct {
 // expired), with no lock taken. It is one round trip.
 func (c *claim) claim(ctx context.Context, w idemstore.Write, wait time.Duration) (written bool, rec idemstore.Record, err error) {
 	b := &pgx.Batch{}
+	c.queueBegin(b)
 	queueClaimSettings(b, c.tx, w.TTL, wait)
 	err = c.thenRead(ctx, b, &written, claimRecord,
 		c.key.Operation, c.key.Key, statePending, w.Token, w.Fingerprint, w.TTL.Milliseconds())
@@ -474,13 +511,20 @@ func (c *claim) Rollback(ctx context.Context) error {
 	return nil
 }
 
-// rollback rolls the transaction back and hands its connection back; after
-// a batch that ended it (a failed COMMIT) the server has none to end, and
-// the ROLLBACK only ends tx.
+// rollback rolls the transaction back and hands its connection back. A
+// claim with release sends the ROLLBACK itself, when the server has a
+// transaction to end (none after a batch that ended it, such as a failed
+// COMMIT, nor before its BEGIN was sent); a connection that is left in a
+// transaction is closed by the pool when it is handed back.
 func (c *claim) rollback(ctx context.Context) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
-	_ = c.tx.Rollback(rctx)
+	switch {
+	case c.release == nil:
+		_ = c.tx.Rollback(rctx)
+	case c.tx.Conn().PgConn().TxStatus() != 'I':
+		_, _ = c.tx.Conn().Exec(rctx, "ROLLBACK")
+	}
 	c.handBack()
 }
 

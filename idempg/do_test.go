@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -914,13 +915,14 @@ func TestSessionStatementTimeoutDoesNotCutTheWait(t *testing.T) {
 	}
 }
 
-// A first run is five round trips: the read first, BEGIN, the claim (one
-// batch of three statements: the settings with the lock wait, the INSERT,
-// the read that puts the session's timeouts back), the action's own
-// statement, and the completion with the COMMIT (one batch of two); a
-// replay is the read alone.
+// A first run is four round trips: the read first, the claim (one batch of
+// four statements: BEGIN, the settings with the lock wait, the INSERT, the
+// read that puts the session's timeouts back), the action's own statement,
+// and the completion with the COMMIT (one batch of two); a replay is the
+// read alone. The first claim on a connection sends its BEGIN on its own,
+// one round trip more (connTxs).
 func TestDoRoundTrips(t *testing.T) {
-	db := newDB(t, 4)
+	db := newDB(t, 1) // one connection, so that which claim is its first is known
 	tr := &tracer{}
 	c, err := coordinator.New(tracedStore(t, db, tr))
 	if err != nil {
@@ -928,20 +930,24 @@ func TestDoRoundTrips(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = c.Close() })
 	ctx := t.Context()
-	key := uniqueKey("trips")
-	run := func(ctx context.Context, tx pgx.Tx) (string, error) {
-		return "charged", insertLedger(ctx, tx, key, "trips")
+	run := func(key string) func(ctx context.Context, tx pgx.Tx) (string, error) {
+		return func(ctx context.Context, tx pgx.Tx) (string, error) {
+			return "charged", insertLedger(ctx, tx, key, "trips")
+		}
 	}
+	first, key := uniqueKey("trips-first"), uniqueKey("trips")
 	for _, want := range []struct {
 		name                     string
+		key                      string
 		batches, queries, maxLen int
 		replayed                 bool
 	}{
-		{"first run", 2, 3, 3, false},
-		{"replay", 0, 1, 0, true},
+		{"the connection's first claim", first, 2, 3, 3, false},
+		{"first run", key, 2, 2, 4, false},
+		{"replay", key, 0, 1, 0, true},
 	} {
 		tr.reset()
-		res, err := idempg.DoResult(ctx, c, call(key), run)
+		res, err := idempg.DoResult(ctx, c, call(want.key), run(want.key))
 		if err != nil || res.Value != "charged" || res.Replayed != want.replayed {
 			t.Fatalf("%s = %+v, %s", want.name, res, fmtErr(err))
 		}
@@ -953,8 +959,10 @@ func TestDoRoundTrips(t *testing.T) {
 			t.Errorf("%s: %d statements in its largest batch, want %d", want.name, m, want.maxLen)
 		}
 	}
-	if n := db.ledger(t, key); n != 1 {
-		t.Errorf("ledger rows: %d, want 1", n)
+	for _, k := range []string{first, key} {
+		if n := db.ledger(t, k); n != 1 {
+			t.Errorf("ledger rows of %s: %d, want 1", k, n)
+		}
 	}
 }
 
@@ -1033,5 +1041,124 @@ func TestDoTxClosedAfterReturn(t *testing.T) {
 		if n := db.ledger(t, key); n != 0 {
 			t.Errorf("fail=%t: ledger rows: %d, want 0", fail, n)
 		}
+	}
+}
+
+// The claims on one connection share the pgx.Tx that pgx began for its first
+// claim (connTxs): each is a transaction of its own, whose savepoints and
+// large objects work, whose rollback leaves nothing, and after which the
+// next claim on the connection begins anew.
+func TestDoReusesTheConnectionsTx(t *testing.T) {
+	db := newDB(t, 1) // every claim on the one connection
+	c := db.coord(t)
+	ctx := t.Context()
+	errBoom := errors.New("boom")
+	for i := range 6 {
+		key := uniqueKey(fmt.Sprintf("reuse-%d", i))
+		fail := i%3 == 1
+		got, err := idempg.Do(ctx, c, call(key), func(ctx context.Context, tx pgx.Tx) (string, error) {
+			var status string
+			if err := tx.QueryRow(ctx, "SELECT current_setting('transaction_isolation')").Scan(&status); err != nil {
+				return "", err
+			}
+			if status != "read committed" {
+				return "", fmt.Errorf("isolation %q, want read committed", status)
+			}
+			// A savepoint rolled back leaves nothing; one released keeps its row.
+			sp, err := tx.Begin(ctx)
+			if err != nil {
+				return "", err
+			}
+			if err := insertLedger(ctx, sp, key, "rolled back"); err != nil {
+				return "", err
+			}
+			if err := sp.Rollback(ctx); err != nil {
+				return "", err
+			}
+			sp, err = tx.Begin(ctx)
+			if err != nil {
+				return "", err
+			}
+			if err := insertLedger(ctx, sp, key, "kept"); err != nil {
+				return "", err
+			}
+			if err := sp.Commit(ctx); err != nil {
+				return "", err
+			}
+			// A large object, written and read back in the transaction.
+			los := tx.LargeObjects()
+			oid, err := los.Create(ctx, 0)
+			if err != nil {
+				return "", err
+			}
+			lo, err := los.Open(ctx, oid, pgx.LargeObjectModeRead|pgx.LargeObjectModeWrite)
+			if err != nil {
+				return "", err
+			}
+			if _, err := lo.Write([]byte(key)); err != nil {
+				return "", err
+			}
+			if _, err := lo.Seek(0, io.SeekStart); err != nil {
+				return "", err
+			}
+			back, err := io.ReadAll(lo)
+			if err != nil {
+				return "", err
+			}
+			if err := lo.Close(); err != nil {
+				return "", err
+			}
+			if err := los.Unlink(ctx, oid); err != nil {
+				return "", err
+			}
+			if fail {
+				return "", errBoom
+			}
+			return string(back), nil
+		})
+		want := 1
+		switch {
+		case fail && !errors.Is(err, errBoom):
+			t.Fatalf("claim %d: Do = %s, want the action's error", i, fmtErr(err))
+		case fail:
+			want = 0
+		case err != nil || got != key:
+			t.Fatalf("claim %d: Do = %q, %s; want %q", i, got, fmtErr(err), key)
+		}
+		if n := db.ledger(t, key); n != want {
+			t.Errorf("claim %d: %d ledger rows, want %d", i, n, want)
+		}
+	}
+	var idle string
+	if err := db.pool.QueryRow(ctx, "SELECT current_setting('idle_in_transaction_session_timeout')").Scan(&idle); err != nil {
+		t.Fatal(err)
+	}
+	if idle != "0" {
+		t.Errorf("idle_in_transaction_session_timeout after the claims = %q, want the session's 0: a claim's settings are its transaction's", idle)
+	}
+}
+
+// The Tx kept for connections that have closed are dropped: a pool whose
+// connections are replaced keeps a bounded number.
+func TestDoDropsTheTxOfClosedConnections(t *testing.T) {
+	db := newDB(t, 1)
+	s := db.store(t)
+	c, err := coordinator.New(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	ctx := t.Context()
+	for i := range 200 {
+		key := uniqueKey(fmt.Sprintf("closed-%d", i))
+		if _, err := idempg.Do(ctx, c, call(key), func(ctx context.Context, tx pgx.Tx) (string, error) {
+			return "ok", insertLedger(ctx, tx, key, "x")
+		}); err != nil {
+			t.Fatalf("claim %d: %s", i, fmtErr(err))
+		}
+		db.pool.Reset() // closes the connection: the next claim gets a new one
+	}
+	if n := s.KeptTxs(); n < 1 || n > 65 {
+		t.Errorf("%d Tx kept after 200 connections, want 1 to 65", n)
 	}
 }

@@ -52,6 +52,7 @@ type DB interface {
 type Store struct {
 	db    DB
 	gates gates
+	txs   connTxs
 }
 
 var _ idemstore.Store = (*Store)(nil)

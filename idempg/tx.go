@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
@@ -280,4 +281,54 @@ func firstWords(sql string, n int) []string {
 		s = s[i:]
 	}
 	return words
+}
+
+// connTxs keeps, for each connection that a claim has used, the pgx.Tx that
+// pgx began on it for the first claim, and hands it to the later claims on
+// that connection, which send their own BEGIN in their first batch: pgx
+// makes a Tx only by sending a BEGIN on its own, a round trip of its own.
+// pgx's Tx keeps no state of the server's transaction (its methods send
+// their statements on the connection), and a claim never calls its Commit
+// or Rollback, which would close it: the claim sends COMMIT and ROLLBACK
+// itself. The Tx of a connection that is closed is dropped once as many
+// Tx as were kept at the last sweep have been added.
+type connTxs struct {
+	m     sync.Map // *pgx.Conn → pgx.Tx
+	added atomic.Int64
+	mu    sync.Mutex // one sweep at a time
+	sweep int64      // sweep when added reaches it; 0 means 64
+}
+
+// get returns the Tx kept for conn.
+func (ts *connTxs) get(conn *pgx.Conn) (pgx.Tx, bool) {
+	tx, ok := ts.m.Load(conn)
+	if !ok {
+		return nil, false
+	}
+	return tx.(pgx.Tx), true
+}
+
+// put keeps tx for conn, and drops the Tx of connections that are closed
+// when enough have been added since the last time.
+func (ts *connTxs) put(conn *pgx.Conn, tx pgx.Tx) {
+	ts.m.Store(conn, tx)
+	added := ts.added.Add(1)
+	if !ts.mu.TryLock() {
+		return
+	}
+	defer ts.mu.Unlock()
+	if added < max(ts.sweep, 64) {
+		return
+	}
+	var kept int64
+	ts.m.Range(func(k, _ any) bool {
+		if k.(*pgx.Conn).IsClosed() {
+			ts.m.Delete(k)
+		} else {
+			kept++
+		}
+		return true
+	})
+	ts.added.Store(0)
+	ts.sweep = kept
 }
