@@ -111,6 +111,9 @@ func (s *Store) GetMany(ctx context.Context, keys []idemstore.Key) ([]idemstore.
 // (BEGIN, the statements, COMMIT or ROLLBACK). When the transaction rolls
 // back, existing holds what the entries met, as without allOrNothing: the
 // record of each entry that did not write, the zero Record for the others.
+// The database ends that transaction, and so frees its keys, if this
+// process dies or freezes before its COMMIT, within the entries' shortest
+// lease (as a claim's; package documentation, "Dead and frozen holders").
 //
 // It returns an error, and sends nothing, when the lengths of keys and ws
 // differ or an entry is not one Reserve takes. After an error that leaves
@@ -187,6 +190,16 @@ type reservation struct {
 	passes   [][]int
 	existing []idemstore.Record
 	written  []bool
+}
+
+// lease is the shortest lease of the entries: how long the transaction of
+// reserveAll may hold their keys without a word.
+func (b *reservation) lease() time.Duration {
+	l := b.ws[0].TTL
+	for _, w := range b.ws[1:] {
+		l = min(l, w.TTL)
+	}
+	return l
 }
 
 // newReservation splits the entries of keys and ws into passes of
@@ -313,6 +326,10 @@ func (s *Store) tryAll(ctx context.Context, b *reservation) error {
 		return err
 	}
 	batch := &pgx.Batch{}
+	// The transaction holds the keys it wrote until its COMMIT, a round
+	// trip later: the database ends it if this process dies or freezes in
+	// between, as it does a claim's (Claim).
+	queueHolderSettings(batch, tx, b.lease())
 	b.queue(ctx, batch)
 	if err := tx.SendBatch(ctx, batch).Close(); err != nil {
 		rollback(ctx, tx)

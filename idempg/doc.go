@@ -90,6 +90,11 @@
 // therefore loses its transaction, and its call a *coordinator.StorageError:
 // keep slow outside calls out of the transaction, or raise the lease.
 //
+// The same settings hold in the transaction of ReserveMany with
+// allOrNothing, which keeps the keys it wrote until its COMMIT, a round trip
+// after they are written: with the entries' lease in place of the
+// coordinator's.
+//
 // The callers of one key in one process wait for it in the process, without
 // a connection; one of them waits on the row's lock. So the waiters of a key
 // that a hung transaction holds take one connection of the pool, not all of

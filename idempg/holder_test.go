@@ -17,13 +17,14 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
 	"github.com/idemkit/idempotency/idempg"
 )
 
 // holderEnv, set, makes TestMain run holder instead of the tests: a
 // process that claims a key and then dies or freezes while it holds it.
 const (
-	holderEnv    = "IDEMPG_TEST_HOLDER" // "statement" or "idle"
+	holderEnv    = "IDEMPG_TEST_HOLDER" // "statement", "idle" or "bulk"
 	holderDSN    = "IDEMPG_TEST_HOLDER_DSN"
 	holderSchema = "IDEMPG_TEST_HOLDER_SCHEMA"
 	holderKey    = "IDEMPG_TEST_HOLDER_KEY"
@@ -44,6 +45,10 @@ func holder() int {
 		return 2
 	}
 	cfg.ConnConfig.RuntimeParams["search_path"] = os.Getenv(holderSchema)
+	key := os.Getenv(holderKey)
+	if os.Getenv(holderEnv) == "bulk" {
+		return bulkHolder(ctx, cfg, key)
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -56,7 +61,6 @@ func holder() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
-	key := os.Getenv(holderKey)
 	_, err = idempg.Do(ctx, c, call(key), func(ctx context.Context, tx pgx.Tx) (string, error) {
 		if err := insertLedger(ctx, tx, key, "holder"); err != nil {
 			return "", err
@@ -71,6 +75,44 @@ func holder() int {
 	})
 	fmt.Fprintln(os.Stderr, "holder:", err)
 	return 1
+}
+
+// bulkHolder reserves key and another with ReserveMany and allOrNothing, a
+// lease of holderLease, through a pool whose tracer prints "inside" once the
+// entries are written and then sleeps, before the COMMIT: a process that
+// freezes holding them.
+func bulkHolder(ctx context.Context, cfg *pgxpool.Config, key string) int {
+	cfg.ConnConfig.Tracer = pauseAfterBatch{}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	defer pool.Close()
+	store, _ := idempg.New(pool)
+	op := call(key).Operation
+	keys := []idemstore.Key{{Operation: op, Key: key}, {Operation: op, Key: key + "-b"}}
+	w := idemstore.Write{State: idemstore.StatePending, Token: "bulk-holder", TTL: holderLease}
+	_, _, err = store.ReserveMany(ctx, keys, []idemstore.Write{w, w}, true)
+	fmt.Fprintln(os.Stderr, "bulk holder:", err)
+	return 1
+}
+
+// pauseAfterBatch is bulkHolder's tracer: when a batch's answers are in, it
+// prints "inside" and sleeps for a minute.
+type pauseAfterBatch struct{}
+
+func (pauseAfterBatch) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
+}
+func (pauseAfterBatch) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (pauseAfterBatch) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+func (pauseAfterBatch) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (pauseAfterBatch) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {
+	fmt.Println("inside")
+	time.Sleep(time.Minute)
 }
 
 // startHolder starts a holder process of mode on key and waits until it
@@ -113,6 +155,9 @@ func TestDeadAndFrozenHolders(t *testing.T) {
 	}{
 		{"statement", syscall.SIGKILL, time.Second},
 		{"idle", syscall.SIGSTOP, holderLease},
+		// ReserveMany with allOrNothing, frozen between its entries and its
+		// COMMIT.
+		{"bulk", syscall.SIGSTOP, holderLease},
 	} {
 		t.Run(tc.mode+"/"+tc.signal.String(), func(t *testing.T) {
 			db := newDB(t, 4)
