@@ -96,7 +96,7 @@ func TestChecker(t *testing.T) {
 		wait, raise, run = coordinator.InFlightWait, coordinator.InFlightRaise, coordinator.InFlightRun
 		eRun, eRaise     = coordinator.OnStorageErrorRun, coordinator.OnStorageErrorRaise
 	)
-	wipe := lossWindow{start: 15 * ms, end: 16 * ms, wipe: true, reason: reasonWipe}
+	wipe := lossWindow{start: 15 * ms, end: 16 * ms, wipe: true, spans: true, reason: reasonWipe}
 	for _, tt := range []struct {
 		name     string
 		h        *history
@@ -160,6 +160,15 @@ func TestChecker(t *testing.T) {
 			{id: 2, key: "a", start: 20, end: 30, how: "reserved"},
 			{id: 3, key: "a", start: 40, end: 41, how: "final-replay", ret: 2},
 		}, wipe), true, "", reasonWipe},
+		{"a run after a wipe that lost a record written after it began", buildHistory(raise, eRaise, []hcall{
+			{id: 1, key: "a", start: 16, end: 17, how: "reserved"},
+			{id: 2, key: "a", start: 20, end: 30, how: "reserved"},
+			{id: 3, key: "a", start: 40, end: 41, how: "final-replay", ret: 2},
+		}, lossWindow{start: 15 * ms, end: 18 * ms, wipe: true, spans: true, reason: reasonWipe}), true, "", reasonWipe},
+		{"a run after a record written once the wipe ended", buildHistory(raise, eRaise, []hcall{
+			{id: 1, key: "a", start: 17, end: 18, how: "reserved"},
+			{id: 2, key: "a", start: 20, end: 30, how: "reserved"},
+		}, wipe), false, "extra run not allowed", ""},
 		{"a replay of the wiped result", buildHistory(raise, eRaise, []hcall{
 			{id: 1, key: "a", start: 0, end: 10, how: "reserved"},
 			{id: 2, key: "a", start: 20, end: 30, how: "reserved"},

@@ -96,8 +96,10 @@ var (
 			time.Sleep(outage)
 			env.in.Restart(t)
 			end := env.now()
+			// The kill lands somewhere in [start, end], late on a busy
+			// machine: a record written after start may be lost too.
 			return faultResult{start: start, end: end,
-				windows: []lossWindow{{start: start, end: end, wipe: true, reason: reasonWipe}},
+				windows: []lossWindow{{start: start, end: end, wipe: true, spans: true, reason: reasonWipe}},
 				note:    fmt.Sprintf("down %v", time.Duration(end-start).Round(time.Millisecond))}
 		},
 	}

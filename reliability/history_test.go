@@ -206,7 +206,9 @@ type lossWindow struct {
 	// spans says that a record written at any time in the window may be
 	// lost, not only one written before it began: a Sentinel failover,
 	// whose former master takes the writes of clients that have not yet
-	// switched until it is reconfigured, and then drops them.
+	// switched until it is reconfigured, and then drops them; a kill -9,
+	// which lands some time after the window began (the storm's goroutine
+	// that sends it may wait for a core).
 	spans  bool
 	reason string // why a run after it is allowed, for the report
 	// affects reports whether the window concerns a record (by pkey); nil
