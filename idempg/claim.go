@@ -374,7 +374,8 @@ func queueHolderSettings(b *pgx.Batch, tx pgx.Tx, lease time.Duration) {
 // client_connection_check_interval: PostgreSQL 14 and later.
 func hasCheckInterval(tx pgx.Tx) bool {
 	v := tx.Conn().PgConn().ParameterStatus("server_version")
-	major, _ := strconv.Atoi(strings.SplitN(v, ".", 2)[0])
+	v, _, _ = strings.Cut(v, ".")
+	major, _ := strconv.Atoi(v)
 	return major >= 14
 }
 

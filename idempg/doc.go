@@ -45,7 +45,7 @@
 // apply as to every call. A call first reads the key's record outside any
 // transaction: a completed key replays in one round trip and takes no lock.
 // Otherwise it begins a READ COMMITTED transaction and inserts the key's
-// pending record in it, uncommitted. A concurrent caller with the same key
+// pending record in it, uncommitted, in one round trip. A concurrent caller with the same key
 // blocks on that row's lock (up to its wait bound; mode raise does not
 // wait) until the holder's transaction ends: it then replays the result
 // that committed, or, if the holder rolled back, claims the key and runs
