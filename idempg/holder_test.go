@@ -45,9 +45,9 @@ func holder() int {
 		return 2
 	}
 	cfg.ConnConfig.RuntimeParams["search_path"] = os.Getenv(holderSchema)
-	key := os.Getenv(holderKey)
-	if os.Getenv(holderEnv) == "bulk" {
-		return bulkHolder(ctx, cfg, key)
+	key, bulk := os.Getenv(holderKey), os.Getenv(holderEnv) == "bulk"
+	if bulk {
+		cfg.ConnConfig.Tracer = pauseAfterBatch{}
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -56,6 +56,9 @@ func holder() int {
 	}
 	defer pool.Close()
 	store, _ := idempg.New(pool)
+	if bulk {
+		return bulkHolder(ctx, store, key)
+	}
 	c, err := coordinator.New(store, coordinator.WithLease(holderLease))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -78,22 +81,14 @@ func holder() int {
 }
 
 // bulkHolder reserves key and another with ReserveMany and allOrNothing, a
-// lease of holderLease, through a pool whose tracer prints "inside" once the
-// entries are written and then sleeps, before the COMMIT: a process that
-// freezes holding them.
-func bulkHolder(ctx context.Context, cfg *pgxpool.Config, key string) int {
-	cfg.ConnConfig.Tracer = pauseAfterBatch{}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 2
-	}
-	defer pool.Close()
-	store, _ := idempg.New(pool)
+// lease of holderLease, on a store whose pool's tracer (pauseAfterBatch)
+// prints "inside" once the entries are written and then sleeps, before the
+// COMMIT: a process that freezes holding them.
+func bulkHolder(ctx context.Context, store *idempg.Store, key string) int {
 	op := call(key).Operation
 	keys := []idemstore.Key{{Operation: op, Key: key}, {Operation: op, Key: key + "-b"}}
 	w := idemstore.Write{State: idemstore.StatePending, Token: "bulk-holder", TTL: holderLease}
-	_, _, err = store.ReserveMany(ctx, keys, []idemstore.Write{w, w}, true)
+	_, _, err := store.ReserveMany(ctx, keys, []idemstore.Write{w, w}, true)
 	fmt.Fprintln(os.Stderr, "bulk holder:", err)
 	return 1
 }
