@@ -269,7 +269,8 @@ func TestBulkRefusedBatches(t *testing.T) {
 // Each bulk method takes one round trip for 500 keys, with a fixed
 // number of statements in it (BEGIN, the lock wait, the INSERT and the
 // read of what it met, COMMIT for ReserveMany); with allOrNothing,
-// ReserveMany takes three (BEGIN, the statements, COMMIT).
+// ReserveMany takes three (BEGIN; the holder's settings and the
+// statements; COMMIT).
 func TestBulkRoundTrips(t *testing.T) {
 	db := newDB(t, 4)
 	tr := &tracer{}
@@ -311,7 +312,7 @@ func TestBulkRoundTrips(t *testing.T) {
 			}
 			return err
 		}},
-		{"ReserveMany_allOrNothing", 1, 2, 3, func() error {
+		{"ReserveMany_allOrNothing", 1, 2, 4, func() error {
 			_, written, err := s.ReserveMany(ctx, keys, ws, true)
 			return allTrue(written, err)
 		}},
