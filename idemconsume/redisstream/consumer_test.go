@@ -59,6 +59,7 @@ func TestFourConsumersOneEffectPerMessage(t *testing.T) {
 			redisstream.WithBatchSize(5), redisstream.WithOnDecision(dec.hook))...)
 	}
 	eventually(t, 30*time.Second, "the stream is not drained", e.drained)
+	e.stopAll()
 	fx.check(t, keys)
 
 	lost := 0
@@ -126,6 +127,7 @@ func TestKilledConsumerEntriesAreClaimed(t *testing.T) {
 		return nil
 	}, fast(redisstream.WithConsumerName("rescuer"), redisstream.WithOnDecision(dec.hook))...)
 	eventually(t, 20*time.Second, "the stream is not drained", e.drained)
+	e.stopAll()
 	fx.check(t, keys)
 	t.Logf("%d entries; the victim left %d pending; the rescuer ran %d claimed ones: decisions %v",
 		total, g.Pending, claimed.Load(), dec)
@@ -172,6 +174,7 @@ func TestInProgressElsewhereIsRetried(t *testing.T) {
 		t.Fatalf("holder: %v", d)
 	}
 	eventually(t, 10*time.Second, "the stream is not drained", e.drained)
+	e.stopAll()
 	if runs.Load() != 0 || dec.get(idemconsume.ReasonDuplicate) != 1 {
 		t.Errorf("runs %d, decisions %v; want no run and one duplicate", runs.Load(), dec)
 	}
@@ -241,6 +244,7 @@ func TestStorageErrorModes(t *testing.T) {
 
 			if mode == coordinator.OnStorageErrorRun {
 				eventually(t, 10*time.Second, "the stream is not drained", e.drained)
+				e.stopAll()
 				if runs.Load() != 1 || dec.get(idemconsume.ReasonUnprotected) != 1 {
 					t.Errorf("runs %d, decisions %v; want one unprotected run", runs.Load(), dec)
 				}
@@ -252,6 +256,7 @@ func TestStorageErrorModes(t *testing.T) {
 			}
 			store.Reset()
 			eventually(t, 10*time.Second, "the stream is not drained", e.drained)
+			e.stopAll()
 			if runs.Load() != 1 || dec.get(idemconsume.ReasonProcessed) != 1 {
 				t.Errorf("runs %d, decisions %v; want one run", runs.Load(), dec)
 			}

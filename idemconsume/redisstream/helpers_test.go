@@ -35,6 +35,8 @@ type env struct {
 	stream string
 	group  string
 	store  *redisrepo.Store
+	// started are the consumers start ran, for stopAll.
+	started []*consumer
 }
 
 func newEnv(t *testing.T) *env {
@@ -119,7 +121,17 @@ func (e *env) start(client redisstream.Client, p *idemconsume.Processor, handle 
 	c := &consumer{Consumer: sc, cancel: cancel, done: make(chan error, 1)}
 	go func() { c.done <- sc.Run(ctx) }()
 	e.t.Cleanup(c.stop)
+	e.started = append(e.started, c)
 	return c
+}
+
+// stopAll stops every consumer start ran. A consumer reports a decision
+// after its acknowledgement, so a drained stream does not mean that every
+// decision was reported; once Run has returned, it was.
+func (e *env) stopAll() {
+	for _, c := range e.started {
+		c.stop()
+	}
 }
 
 // stop cancels the consumer's context and waits for Run to return.
