@@ -86,11 +86,7 @@ var observerKeys atomic.Int64
 func BenchmarkObserver(b *testing.B) {
 	ctx := context.Background()
 	s := idempotency.DefaultSettings()
-	metrics, err := idempotency.NewObserver(s, discardLogger(), prometheus.NewRegistry())
-	if err != nil {
-		b.Fatal(err)
-	}
-	withObserver := observability.Multi(metrics, idempotency.NewTracingObserver(s, otel.GetTracerProvider()))
+	withObserver := moduleObserver(b, s)
 	impls := []struct {
 		name string
 		obs  idemevent.Observer
@@ -138,17 +134,24 @@ func BenchmarkObserver(b *testing.B) {
 	}
 }
 
+// moduleObserver is the observer Module gives a coordinator by default:
+// metrics on a registry of their own, zap at Info to io.Discard, and
+// OpenTelemetry's global provider.
+func moduleObserver(b *testing.B, s idempotency.Settings) idemevent.Observer {
+	b.Helper()
+	metrics, err := idempotency.NewObserver(s, discardLogger(), prometheus.NewRegistry())
+	if err != nil {
+		b.Fatal(err)
+	}
+	return observability.Multi(metrics, idempotency.NewTracingObserver(s, otel.GetTracerProvider()))
+}
+
 // BenchmarkObserverEvents is the fx module's observer alone: the two events
 // a replay reports (the Reserve's storage call and the hit), passed to the
 // observer Module gives the coordinator by default, as in BenchmarkObserver.
 // It is what BenchmarkObserver's difference should come to.
 func BenchmarkObserverEvents(b *testing.B) {
-	s := idempotency.DefaultSettings()
-	metrics, err := idempotency.NewObserver(s, discardLogger(), prometheus.NewRegistry())
-	if err != nil {
-		b.Fatal(err)
-	}
-	o := observability.Multi(metrics, idempotency.NewTracingObserver(s, otel.GetTracerProvider()))
+	o := moduleObserver(b, idempotency.DefaultSettings())
 	ctx := context.Background()
 	key := idemstore.Key{Operation: operation, Key: "replay"}
 	b.ReportAllocs()
