@@ -19,6 +19,7 @@ type Coordinator struct {
 	store  idemstore.Store
 	fencer idemstore.Fencer     // store, when it hands out fences; nil otherwise
 	tx     idemstore.Transactor // store, when it claims keys in transactions; nil otherwise
+	order  readOrder            // over tx: whether a call reads before it claims
 	cfg    config
 	obs    idemevent.Observer
 	// deadlines are the storage timeout's shared deadlines (see begin).

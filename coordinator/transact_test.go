@@ -3,6 +3,7 @@ package coordinator_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -337,4 +338,57 @@ func TestTransactorOutcomes(t *testing.T) {
 			t.Fatalf("Do without a transaction = %v after %d runs, want ErrStorage and no run", err, k.n())
 		}
 	})
+}
+
+// Over a Transactor, a call claims first while most recent calls were first
+// runs, and reads first once most found a record: after five first runs,
+// eleven replays claim and the twelfth reads; after twenty-eight replays,
+// eight first runs read before the score falls back, and the ninth claims
+// first. The outcome is the same either way.
+func TestTransactorReadOrder(t *testing.T) {
+	s := newTxStore()
+	f := newFixture(t, s)
+	do := func(key string) coordinator.Result[string] {
+		t.Helper()
+		res, err := coordinator.DoResult(t.Context(), f.c, call(key), func(ctx context.Context) (string, error) {
+			return "done " + key, write(ctx, key)
+		})
+		if err != nil || res.Value != "done "+key {
+			t.Fatalf("Do(%s) = %+v, %v", key, res, err)
+		}
+		return res
+	}
+	want := func(step string, gets, claims int) {
+		t.Helper()
+		if g, c := f.rec.calls(idemevent.MethodGet), int(s.claims.Load()); g != gets || c != claims {
+			t.Fatalf("%s: %d reads and %d claims, want %d and %d", step, g, c, gets, claims)
+		}
+	}
+	for _, key := range []string{"a", "b", "c", "d", "e"} {
+		do(key)
+	}
+	want("five first runs", 0, 5)
+	for i := range 11 {
+		if !do("a").Replayed {
+			t.Fatalf("replay %d ran", i+1)
+		}
+	}
+	want("eleven replays", 0, 16)
+	do("a")
+	want("the twelfth replay", 1, 16)
+	for range 16 {
+		do("a")
+	}
+	want("twenty-eight replays", 17, 16)
+	for i := range 8 {
+		do(fmt.Sprintf("new-%d", i))
+	}
+	want("eight first runs", 25, 24)
+	do("new-8")
+	want("the ninth first run", 25, 25)
+	for _, key := range []string{"a", "new-0", "new-8"} {
+		if n := s.effect(key); n != 1 {
+			t.Errorf("key %s: %d effects, want 1", key, n)
+		}
+	}
 }

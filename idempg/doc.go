@@ -42,10 +42,13 @@
 //
 // c is the coordinator over the Store (with idempotency.Module and [Module]
 // in an fx app, the coordinator it provides), and its settings and observer
-// apply as to every call. A call first reads the key's record outside any
-// transaction: a completed key replays in one round trip and takes no lock.
-// Otherwise it begins a READ COMMITTED transaction and inserts the key's
-// pending record in it, uncommitted, in one round trip. A concurrent caller with the same key
+// apply as to every call. A call begins a READ COMMITTED transaction and
+// inserts the key's pending record in it, uncommitted, in one round trip
+// that also reads the record already there: a completed key replays, and
+// its transaction is rolled back. While most of the coordinator's recent
+// calls are replays, a call reads the key's record first instead, outside
+// any transaction, so that a replay is one round trip and takes no lock
+// (see coordinator/idemstore.Transactor). A concurrent caller with the same key
 // blocks on that row's lock (up to its wait bound; mode raise does not
 // wait) until the holder's transaction ends: it then replays the result
 // that committed, or, if the holder rolled back, claims the key and runs

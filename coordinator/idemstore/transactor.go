@@ -12,7 +12,10 @@ import (
 // coordinator (coordinator.Do, Execute, and so every adapter) takes this path instead
 // of Reserve, Complete and Release:
 //
-//   - a read first (Get), outside any transaction: a replay takes no lock;
+//   - a read first (Get), outside any transaction, while most of the
+//     coordinator's recent calls found a record: a replay is then one read
+//     and takes no lock (otherwise the claim comes first and reads the
+//     record itself, so that a first run costs no read);
 //   - Claim, which waits for a transaction that holds the key for as long
 //     as the in-flight mode and the wait bound allow (mode run is treated as
 //     wait: the claim is what makes the call exactly once);
