@@ -222,7 +222,7 @@ func unprotectedTx[T any](ctx context.Context, tr idemstore.Transactor, call Cal
 // 1/orderScale, each new one with 1/2^orderShift of the weight; calls race
 // on it without a lock, and a lost update only delays the switch. It
 // starts at claim first. On PostgreSQL the two orders cost the same at a
-// share of replays of about a half for a lone caller, and about nine
+// share of replays of about a half for a lone caller, and above eight
 // tenths for 64 (docs/performance.md, "Read first or claim first").
 type readOrder struct{ score atomic.Int32 }
 
