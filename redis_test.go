@@ -360,9 +360,15 @@ func TestModuleOnSentinel(t *testing.T) {
 		return fmt.Errorf("the first call's record is not completed on the master: state %v, %v; logged: %v", rec.State, err, logs.FilterLoggerName("idempotency").All())
 	})
 	// The record is on the replica before the failover: a failover may lose
-	// what had not reached it (docs/architecture.md).
+	// what had not reached it (docs/architecture.md). WAIT waits for the
+	// writes of its own connection only, and direct has written nothing:
+	// so it writes a barrier first, which the replica receives after the
+	// completion (one replication stream, in order), and waits for that.
+	if err := direct.Set(t.Context(), prefix+"barrier", 1, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
 	if n, err := direct.Wait(t.Context(), 1, 5000).Result(); err != nil || n != 1 {
-		t.Fatalf("WAIT 1: %d replicas, %v", n, err)
+		t.Fatalf("WAIT 1 after the barrier: %d replicas, %v", n, err)
 	}
 	failover, err := sentinel.Failover(t.Context())
 	if err != nil {
