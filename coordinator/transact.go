@@ -71,7 +71,7 @@ func (f *flow[T]) transacted(ctx context.Context, tr idemstore.Transactor) (Resu
 		}
 		claim, existing, err := f.storeClaim(ctx, tr, w, f.lockWait(ctx, until))
 		if !sampled && err == nil {
-			f.c.order.found(claim == nil)
+			f.c.order.found(claim == nil && existing.State != idemstore.StateAbsent)
 			sampled = true
 		}
 		switch {
