@@ -392,3 +392,40 @@ func TestTransactorReadOrder(t *testing.T) {
 		}
 	}
 }
+
+// sweptStore is a txStore whose first claim of each key finds the key's row
+// gone: the row it met had expired, and the sweeper deleted it before the
+// claim could take it over.
+type sweptStore struct {
+	*txStore
+	met sync.Map // keys whose first claim has run
+}
+
+func (s *sweptStore) Claim(ctx context.Context, key idemstore.Key, w idemstore.Write, wait time.Duration) (idemstore.Claim, idemstore.Record, error) {
+	if _, seen := s.met.LoadOrStore(key, true); !seen {
+		return nil, idemstore.Record{}, nil
+	}
+	return s.txStore.Claim(ctx, key, w, wait)
+}
+
+// A claim that found its key's row swept away found no record: first runs
+// that meet it keep claiming first, and none reads first.
+func TestTransactorReadOrderSwept(t *testing.T) {
+	s := &sweptStore{txStore: newTxStore()}
+	f := newFixture(t, s)
+	for i := range 20 {
+		key := fmt.Sprintf("swept-%d", i)
+		res, err := coordinator.DoResult(t.Context(), f.c, call(key), func(ctx context.Context) (string, error) {
+			return "done", write(ctx, key)
+		})
+		if err != nil || res.Replayed {
+			t.Fatalf("Do(%s) = %+v, %v", key, res, err)
+		}
+		if n := s.effect(key); n != 1 {
+			t.Fatalf("key %s: %d effects, want 1", key, n)
+		}
+	}
+	if g := f.rec.calls(idemevent.MethodGet); g != 0 {
+		t.Errorf("20 first runs whose first claim found the row swept: %d reads first, want 0", g)
+	}
+}
