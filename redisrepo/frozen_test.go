@@ -44,7 +44,7 @@ func startThreeMasters(t *testing.T) *threeMasters {
 	m := &threeMasters{}
 	var nodes [3]*redis.Client
 	for i := range m.procs {
-		p, err := redistest.StartProcess(t.TempDir(), "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+		p, err := redistest.StartProcess(redistest.MemDir(t), "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
 			"--cluster-node-timeout", "15000", "--cluster-require-full-coverage", "no")
 		if err != nil {
 			t.Fatalf("start cluster node %d: %v", i, err)

@@ -352,7 +352,7 @@ func startOwnCluster(t *testing.T) *ownCluster {
 	ctx := t.Context()
 	oc := &ownCluster{}
 	for i := range oc.procs {
-		p, err := redistest.StartProcess(t.TempDir(), "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "5000")
+		p, err := redistest.StartProcess(redistest.MemDir(t), "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "5000")
 		if err != nil {
 			t.Skipf("cannot start a cluster node of this test's own: %v", err)
 		}

@@ -59,7 +59,7 @@ func startCluster(t *testing.T) *testCluster {
 }
 
 func createCluster(t *testing.T, cli string) (*testCluster, error) {
-	root := t.TempDir()
+	root := redistest.MemDir(t)
 	c := &testCluster{}
 	ok := false
 	defer func() {

@@ -263,7 +263,7 @@ func newFailoverRig(t *testing.T, topology string) *failoverRig {
 			}
 			break
 		}
-		sentinel, err := redistest.StartSentinelProcess(t.TempDir(), master.Addr())
+		sentinel, err := redistest.StartSentinelProcess(redistest.MemDir(t), master.Addr())
 		if err != nil {
 			t.Fatal(err)
 		}

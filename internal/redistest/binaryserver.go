@@ -66,7 +66,7 @@ const mixedSyncTimeout = 30 * time.Second
 // newer replica's data format may forbid: see Promote.
 func StartSentinelOf(t testing.TB, master, replica, sentinel string) *Sentinel {
 	t.Helper()
-	root := t.TempDir()
+	root := MemDir(t)
 	s := &Sentinel{}
 	t.Cleanup(s.stop)
 	for i, bin := range []string{master, replica} {

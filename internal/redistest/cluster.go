@@ -105,7 +105,7 @@ func startCluster() (*cluster, error) {
 // --cluster create, and waits until every node says the cluster
 // is ok.
 func createCluster() (_ *cluster, err error) {
-	root, err := os.MkdirTemp("", "redistest-cluster-")
+	root, err := memTempDir("redistest-cluster-")
 	if err != nil {
 		return nil, err
 	}

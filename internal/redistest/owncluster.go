@@ -63,7 +63,7 @@ const ownNodeTimeout = 2000 * time.Millisecond
 func NewCluster(t testing.TB, masters int, extra ...string) *OwnCluster {
 	t.Helper()
 	ServerBinary(t)
-	c := &OwnCluster{cli: CLIBinary(t).Path, root: t.TempDir()}
+	c := &OwnCluster{cli: CLIBinary(t).Path, root: MemDir(t)}
 	t.Cleanup(c.stop)
 	for range masters {
 		n, err := c.start(extra)

@@ -36,7 +36,7 @@ type Sentinel struct {
 func StartSentinel(t testing.TB) *Sentinel {
 	t.Helper()
 	ServerBinary(t) // miniredis has no Sentinel
-	root := t.TempDir()
+	root := MemDir(t)
 	s := &Sentinel{}
 	t.Cleanup(s.stop)
 	var err error

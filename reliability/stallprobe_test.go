@@ -1,0 +1,149 @@
+//go:build linux
+
+package reliability_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemkit/idempotency/internal/redistest"
+)
+
+// A stall probe tells a store's failure from the machine's. It pings every
+// node of a cluster, on connections of its own, every stallProbeEvery, and
+// keeps every ping that took stallProbeMin or longer: a window in which the
+// node, or this process, answered nothing at all. A store call that timed
+// out inside such a window met an outage, which the storage-error mode
+// governs; one that timed out while every node answered its pings met a
+// defect.
+const (
+	stallProbeEvery = 10 * time.Millisecond
+	stallProbeMin   = 100 * time.Millisecond
+)
+
+// stallWindow is one slow ping: from when it was sent to when it was
+// answered (or failed).
+type stallWindow struct {
+	addr     string
+	from, to time.Time
+}
+
+func (w stallWindow) String() string {
+	return fmt.Sprintf("%s %v", w.addr, w.to.Sub(w.from).Round(time.Millisecond))
+}
+
+// stallProbe pings the nodes of a cluster until stopped.
+type stallProbe struct {
+	cl      *redistest.OwnCluster
+	stop    chan struct{}
+	wg      sync.WaitGroup
+	mu      sync.Mutex
+	pinging map[string]bool // by address: nodes with a pinger
+	windows []stallWindow
+}
+
+// startStallProbe starts pinging the nodes of cl, and every node that joins
+// it later.
+func startStallProbe(cl *redistest.OwnCluster) *stallProbe {
+	p := &stallProbe{cl: cl, stop: make(chan struct{}), pinging: map[string]bool{}}
+	p.wg.Go(p.watch)
+	return p
+}
+
+// watch starts a pinger for every node it has not seen yet, every 50ms.
+func (p *stallProbe) watch() {
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		for _, n := range p.cl.Nodes() {
+			p.mu.Lock()
+			seen := p.pinging[n.Addr()]
+			p.pinging[n.Addr()] = true
+			p.mu.Unlock()
+			if !seen {
+				p.wg.Go(func() { p.ping(n.Addr()) })
+			}
+		}
+		select {
+		case <-p.stop:
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// ping pings addr every stallProbeEvery and keeps the slow pings. A node
+// killed later refuses the probe's connections, which says nothing of a
+// stall: those pings are not kept.
+func (p *stallProbe) ping(addr string) {
+	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialerRetries: 1, PoolSize: 1, DialTimeout: 10 * time.Second, ReadTimeout: 10 * time.Second})
+	defer c.Close()
+	for {
+		select {
+		case <-p.stop:
+			return
+		case <-time.After(stallProbeEvery):
+		}
+		from := time.Now()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := c.Ping(ctx).Err()
+		cancel()
+		if to := time.Now(); to.Sub(from) >= stallProbeMin && !refusedDial(err) {
+			p.mu.Lock()
+			p.windows = append(p.windows, stallWindow{addr: addr, from: from, to: to})
+			p.mu.Unlock()
+		}
+	}
+}
+
+// end stops the probe and returns its windows, in order of their start.
+func (p *stallProbe) end() []stallWindow {
+	close(p.stop)
+	p.wg.Wait()
+	sort.Slice(p.windows, func(i, j int) bool { return p.windows[i].from.Before(p.windows[j].from) })
+	return p.windows
+}
+
+// stalledDuring returns the first window of windows that lasted at least
+// half of timeout and overlaps the span [at-timeout, at]: a call that timed
+// out at at met it. A node stalled for half a storage timeout leaves the
+// calls queued behind it the other half at most.
+func stalledDuring(windows []stallWindow, at time.Time, timeout time.Duration) (stallWindow, bool) {
+	for _, w := range windows {
+		if w.to.Sub(w.from) >= timeout/2 && w.from.Before(at) && w.to.After(at.Add(-timeout)) {
+			return w, true
+		}
+	}
+	return stallWindow{}, false
+}
+
+// longestStalls describes the longest window of each node, for the log.
+func longestStalls(windows []stallWindow) string {
+	longest := map[string]time.Duration{}
+	for _, w := range windows {
+		longest[w.addr] = max(longest[w.addr], w.to.Sub(w.from))
+	}
+	if len(longest) == 0 {
+		return "none of " + stallProbeMin.String() + " or more"
+	}
+	var parts []string
+	for addr, d := range longest {
+		parts = append(parts, addr+" "+d.Round(time.Millisecond).String())
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, ", ")
+}
+
+// refusedDial reports whether err is a refused connection.
+func refusedDial(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}
