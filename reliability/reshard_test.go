@@ -61,7 +61,7 @@ func reshardConfig(lv level) reshardStorm {
 // coordinators report: a resharding must cost none.
 func TestReshardUnderTraffic(t *testing.T) {
 	lv := suiteLevel(t)
-	// The short suite runs the default mode (a resharding is some 40s under
+	// The short suite runs the default mode (a resharding is some 20s under
 	// -race, mostly redis-cli's); the full one both.
 	modes := []coordinator.OnStorageErrorMode{coordinator.OnStorageErrorRun}
 	if lv == levelFull {
