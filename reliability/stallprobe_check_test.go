@@ -39,7 +39,8 @@ func TestStalledDuring(t *testing.T) {
 }
 
 // TestStallProbe checks that the probe sees a node that answers nothing
-// (DEBUG SLEEP), and only that node.
+// (DEBUG SLEEP) for as long as it sleeps, and that a call timing out then
+// counts as having met it.
 func TestStallProbe(t *testing.T) {
 	suiteLevel(t)
 	cl := redistest.NewCluster(t, 3)
