@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idempotency/coordinator/idemevent"
+	"github.com/redis/go-redis/v9"
 
 	"go.uber.org/zap"
 	zapobserver "go.uber.org/zap/zaptest/observer"
@@ -134,6 +135,7 @@ func runReshardStorm(t *testing.T, lv level, mode coordinator.OnStorageErrorMode
 	breakerCore, breakerLogs := zapobserver.New(zap.WarnLevel)
 	breakerLog := zap.New(breakerCore)
 	var coords []*coordinator.Coordinator
+	trace := &nodeTrace{}
 	for i := range 2 {
 		s := idempotency.DefaultSettings()
 		s.RedisClusterAddrs = cl.Addrs()
@@ -143,6 +145,7 @@ func runReshardStorm(t *testing.T, lv level, mode coordinator.OnStorageErrorMode
 			t.Fatal(err)
 		}
 		defer client.Close()
+		trace.attach([]string{"plain", "auto-pipelined"}[i], client.(*redis.ClusterClient))
 		// The module's circuit breaker, as Module adds it: a node removed
 		// from the cluster opens its breaker, and that must not fail
 		// calls either.
@@ -225,22 +228,27 @@ func runReshardStorm(t *testing.T, lv level, mode coordinator.OnStorageErrorMode
 	}
 
 	start := time.Now()
+	var phases []phase // the resharding's steps, for a failure's log
+	step := func(name string, from time.Time) {
+		phases = append(phases, phase{name: name, from: from, to: time.Now()})
+		t.Logf("%s took %v", name, time.Since(from).Round(time.Millisecond))
+	}
 	time.Sleep(cfg.warmup)
 	for round := range cfg.rounds {
 		nodes := cl.Nodes()
 		a, b := nodes[0], nodes[1]
 		t0 := time.Now()
 		cl.Reshard(t, a, b, min(cfg.slots, cl.Slots(t, a)))
-		t.Logf("round %d: reshard of %d slots %s -> %s took %v", round, cfg.slots, a.Addr(), b.Addr(), time.Since(t0).Round(time.Millisecond))
+		step(fmt.Sprintf("round %d: reshard of %d slots %s -> %s", round, cfg.slots, a.Addr(), b.Addr()), t0)
 		t0 = time.Now()
 		added := cl.AddMaster(t)
 		cl.Rebalance(t)
-		t.Logf("round %d: add-node %s + rebalance took %v (%d slots on it)", round, added.Addr(), time.Since(t0).Round(time.Millisecond), cl.Slots(t, added))
+		step(fmt.Sprintf("round %d: add-node %s + rebalance (%d slots on it)", round, added.Addr(), cl.Slots(t, added)), t0)
 		t0 = time.Now()
 		victim := cl.Nodes()[0] // an original master: the first round removes one of the create's
 		to := cl.Nodes()[1]
 		cl.Remove(t, victim, to)
-		t.Logf("round %d: reshard away + del-node of %s took %v", round, victim.Addr(), time.Since(t0).Round(time.Millisecond))
+		step(fmt.Sprintf("round %d: reshard away to %s + del-node of %s", round, to.Addr(), victim.Addr()), t0)
 		// The removed node lives on for a while, reset: a client that
 		// still knows it may ask it, and then it is shut down.
 		time.Sleep(time.Second)
@@ -267,7 +275,7 @@ func runReshardStorm(t *testing.T, lv level, mode coordinator.OnStorageErrorMode
 	}
 	t.Logf("%d calls on %d keys in %v (%d nodes at the end); %d keys ran twice or more; %d storage errors reported, %d unprotected runs; %d calls refused (ErrStorage), %d other errors, %d extra values",
 		calls.Load(), len(runs), took.Round(time.Millisecond), len(cl.Nodes()), twice, obs.errors.Load(), obs.unprotected.Load(), refused.Load(), other.Load(), wrong)
-	t.Logf("longest unanswered ping of each node (probed every %v): %s", stallProbeEvery, longestStalls(windows))
+	t.Logf("longest unanswered ping of each node, and longest late heartbeat of this process (every %v): %s; %s", stallProbeEvery, longestStalls(windows), longestGCPause())
 	for msg, n := range obs.samples {
 		t.Logf("  %5d × %s", n, msg)
 	}
@@ -295,6 +303,7 @@ func runReshardStorm(t *testing.T, lv level, mode coordinator.OnStorageErrorMode
 	}
 	if n := len(obs.at) - len(excused); n > 0 {
 		t.Errorf("%d storage errors reported during the resharding while every node answered its pings: want none", n)
+		logAround(t, start, phases, windows, trace, obs.at[0].Add(-defaultTimeout-500*time.Millisecond), obs.at[len(obs.at)-1].Add(200*time.Millisecond))
 	}
 	if len(excused) > 0 {
 		t.Logf("%d storage errors met a node or this process that answered no ping for half the storage timeout or more: an outage, not the resharding's (e.g. %v)", len(excused), excused[0])

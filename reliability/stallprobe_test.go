@@ -6,7 +6,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net"
+	"runtime/metrics"
 	"sort"
 	"strings"
 	"sync"
@@ -20,17 +22,26 @@ import (
 // A stall probe tells a store's failure from the machine's. It pings every
 // node of a cluster, on connections of its own, every stallProbeEvery, and
 // keeps every ping that took stallProbeMin or longer: a window in which the
-// node, or this process, answered nothing at all. A store call that timed
-// out inside such a window met an outage, which the storage-error mode
-// governs; one that timed out while every node answered its pings met a
-// defect.
+// node answered nothing at all. A ping sees a stall of this process only
+// when it was in flight as the stall began, and a pinger mostly sleeps: so
+// a heartbeat beside the pingers wakes every stallProbeEvery and keeps
+// every wake-up that came stallProbeMin or more late, a window in which this
+// process ran nothing (a starved or frozen process, a paused machine). Every
+// call in flight then times out at once when it resumes. A store call that
+// timed out inside such a window met an outage, which the storage-error
+// mode governs; one that timed out while every node answered its pings and
+// the process ran met a defect.
 const (
 	stallProbeEvery = 10 * time.Millisecond
 	stallProbeMin   = 100 * time.Millisecond
 )
 
+// stallProcess is the address of a heartbeat's window: this process.
+const stallProcess = "this process"
+
 // stallWindow is one slow ping: from when it was sent to when it was
-// answered (or failed).
+// answered (or failed); or one late heartbeat: from when it was due to
+// when it came.
 type stallWindow struct {
 	addr     string
 	from, to time.Time
@@ -55,7 +66,26 @@ type stallProbe struct {
 func startStallProbe(cl *redistest.OwnCluster) *stallProbe {
 	p := &stallProbe{cl: cl, stop: make(chan struct{}), pinging: map[string]bool{}}
 	p.wg.Go(p.watch)
+	p.wg.Go(p.heartbeat)
 	return p
+}
+
+// heartbeat sleeps stallProbeEvery at a time and keeps every wake-up that
+// came stallProbeMin or more after it was due.
+func (p *stallProbe) heartbeat() {
+	for {
+		due := time.Now().Add(stallProbeEvery)
+		select {
+		case <-p.stop:
+			return
+		case <-time.After(stallProbeEvery):
+		}
+		if now := time.Now(); now.Sub(due) >= stallProbeMin {
+			p.mu.Lock()
+			p.windows = append(p.windows, stallWindow{addr: stallProcess, from: due, to: now})
+			p.mu.Unlock()
+		}
+	}
 }
 
 // watch starts a pinger for every node it has not seen yet, every 50ms.
@@ -140,6 +170,27 @@ func longestStalls(windows []stallWindow) string {
 	}
 	sort.Strings(parts)
 	return strings.Join(parts, ", ")
+}
+
+// longestGCPause describes the longest stop-the-world pause of this
+// process's garbage collector so far (a bucket's upper bound), which a late
+// heartbeat may be.
+func longestGCPause() string {
+	sample := []metrics.Sample{{Name: "/sched/pauses/total/gc:seconds"}}
+	metrics.Read(sample)
+	if sample[0].Value.Kind() != metrics.KindFloat64Histogram {
+		return "no GC pause histogram"
+	}
+	h := sample[0].Value.Float64Histogram()
+	for i := len(h.Counts) - 1; i >= 0; i-- {
+		if h.Counts[i] > 0 {
+			if hi := h.Buckets[i+1]; !math.IsInf(hi, 1) {
+				return fmt.Sprintf("longest GC pause of this process at most %v", time.Duration(hi*float64(time.Second)).Round(time.Microsecond))
+			}
+			return fmt.Sprintf("longest GC pause of this process over %v", time.Duration(h.Buckets[i]*float64(time.Second)).Round(time.Microsecond))
+		}
+	}
+	return "no GC pause yet"
 }
 
 // refusedDial reports whether err is a refused connection.
