@@ -175,6 +175,7 @@ func runReshardStorm(t *testing.T, lv level, mode coordinator.OnStorageErrorMode
 		errs    = map[string]int{}
 	)
 	probe := startStallProbe(cl)
+	steal := stealTicks()
 	var windows []stallWindow
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
@@ -275,7 +276,7 @@ func runReshardStorm(t *testing.T, lv level, mode coordinator.OnStorageErrorMode
 	}
 	t.Logf("%d calls on %d keys in %v (%d nodes at the end); %d keys ran twice or more; %d storage errors reported, %d unprotected runs; %d calls refused (ErrStorage), %d other errors, %d extra values",
 		calls.Load(), len(runs), took.Round(time.Millisecond), len(cl.Nodes()), twice, obs.errors.Load(), obs.unprotected.Load(), refused.Load(), other.Load(), wrong)
-	t.Logf("longest unanswered ping of each node, and longest late heartbeat of this process (every %v): %s; %s", stallProbeEvery, longestStalls(windows), longestGCPause())
+	t.Logf("longest unanswered ping of each node, and longest late heartbeat of this process (every %v): %s; %s; %s", stallProbeEvery, longestStalls(windows), longestGCPause(), stolenSince(steal))
 	for msg, n := range obs.samples {
 		t.Logf("  %5d × %s", n, msg)
 	}

@@ -120,3 +120,18 @@ func TestNodeTrace(t *testing.T) {
 type logfFunc func(format string, args ...any)
 
 func (f logfFunc) Logf(format string, args ...any) { f(format, args...) }
+
+// TestStealTicks checks that the machine's stolen CPU time is read (on
+// Linux /proc/stat always has it) and never goes back.
+func TestStealTicks(t *testing.T) {
+	before := stealTicks()
+	if before < 0 {
+		t.Fatal("stealTicks: /proc/stat's cpu line has no steal field")
+	}
+	if got := stolenSince(before); !strings.HasPrefix(got, "CPU time stolen by the hypervisor meanwhile ") {
+		t.Errorf("stolenSince = %q", got)
+	}
+	if after := stealTicks(); after < before {
+		t.Errorf("steal went from %d to %d ticks", before, after)
+	}
+}

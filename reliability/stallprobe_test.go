@@ -8,8 +8,10 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"os"
 	"runtime/metrics"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -191,6 +193,36 @@ func longestGCPause() string {
 		}
 	}
 	return "no GC pause yet"
+}
+
+// stealTicks returns the machine's CPU time stolen by its hypervisor so
+// far, from /proc/stat, in clock ticks (USER_HZ, 100 a second), or -1
+// when it cannot be read: a paused or starved virtual machine freezes
+// every process at once.
+func stealTicks() int64 {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return -1
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 9 || f[0] != "cpu" {
+		return -1
+	}
+	n, err := strconv.ParseInt(f[8], 10, 64)
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
+// stolenSince describes the CPU time stolen since before, a stealTicks.
+func stolenSince(before int64) string {
+	after := stealTicks()
+	if before < 0 || after < 0 {
+		return "CPU steal unknown"
+	}
+	return fmt.Sprintf("CPU time stolen by the hypervisor meanwhile %v", time.Duration(after-before)*10*time.Millisecond)
 }
 
 // refusedDial reports whether err is a refused connection.
