@@ -44,8 +44,15 @@ func (tr *nodeTrace) attach(client string, c *redis.ClusterClient) {
 	})
 }
 
+// kept reports whether an operation from from to to that ended with err
+// is one the trace keeps: slow or failed.
+func kept(from, to time.Time, err error) bool {
+	return to.Sub(from) >= nodeTraceMin || err != nil
+}
+
+// keep adds op to the trace when it is slow or failed.
 func (tr *nodeTrace) keep(op traced) {
-	if op.to.Sub(op.from) < nodeTraceMin && op.err == nil {
+	if !kept(op.from, op.to, op.err) {
 		return
 	}
 	tr.mu.Lock()
@@ -60,7 +67,7 @@ func (tr *nodeTrace) around(from, to time.Time) []traced {
 	defer tr.mu.Unlock()
 	var out []traced
 	for _, op := range tr.ops {
-		if op.from.Before(to) && op.to.After(from) {
+		if overlaps(op.from, op.to, from, to) {
 			out = append(out, op)
 		}
 	}
@@ -106,6 +113,10 @@ func (h traceHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		from := time.Now()
 		err := next(ctx, cmds)
+		to := time.Now()
+		if !kept(from, to, err) {
+			return err // most pipelines: describe none of them
+		}
 		var names []string
 		for _, c := range cmds[:min(len(cmds), 4)] {
 			names = append(names, c.Name())
@@ -113,7 +124,7 @@ func (h traceHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 		if len(cmds) > 4 {
 			names = append(names, "...")
 		}
-		h.tr.keep(traced{client: h.client, addr: h.addr, what: fmt.Sprintf("pipeline of %d [%s]", len(cmds), strings.Join(names, " ")), from: from, to: time.Now(), err: err})
+		h.tr.keep(traced{client: h.client, addr: h.addr, what: fmt.Sprintf("pipeline of %d [%s]", len(cmds), strings.Join(names, " ")), from: from, to: to, err: err})
 		return err
 	}
 }
@@ -135,7 +146,7 @@ func logAround(t interface{ Logf(string, ...any) }, start time.Time, phases []ph
 		t.Logf("  step %v to %v: %s", rel(p.from), rel(p.to), p.name)
 	}
 	for _, w := range windows {
-		if w.from.Before(to) && w.to.After(from) {
+		if overlaps(w.from, w.to, from, to) {
 			t.Logf("  probe: %s answered no ping from %v to %v", w.addr, rel(w.from), rel(w.to))
 		}
 	}

@@ -14,14 +14,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idempotency/coordinator/idemevent"
 	"github.com/redis/go-redis/v9"
-
 	"go.uber.org/zap"
 	zapobserver "go.uber.org/zap/zaptest/observer"
 
 	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/coordinator/idemevent"
 	"github.com/idemkit/idempotency/internal/redistest"
 	"github.com/idemkit/idempotency/redisrepo"
 )

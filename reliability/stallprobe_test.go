@@ -150,11 +150,17 @@ func (p *stallProbe) end() []stallWindow {
 // calls queued behind it the other half at most.
 func stalledDuring(windows []stallWindow, at time.Time, timeout time.Duration) (stallWindow, bool) {
 	for _, w := range windows {
-		if w.to.Sub(w.from) >= timeout/2 && w.from.Before(at) && w.to.After(at.Add(-timeout)) {
+		if w.to.Sub(w.from) >= timeout/2 && overlaps(w.from, w.to, at.Add(-timeout), at) {
 			return w, true
 		}
 	}
 	return stallWindow{}, false
+}
+
+// overlaps reports whether the span [from, to] overlaps [otherFrom,
+// otherTo].
+func overlaps(from, to, otherFrom, otherTo time.Time) bool {
+	return from.Before(otherTo) && to.After(otherFrom)
 }
 
 // longestStalls describes the longest window of each node, for the log.
