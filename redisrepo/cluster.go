@@ -180,17 +180,33 @@ func (h clusterHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 	return next
 }
 
-// process sends cmd, a parsed command of a Store method, and rides through
-// a resharding (see rideThrough) when its reply is one.
-func (s *Store) process(ctx context.Context, cmd *redis.Cmd) error {
-	_ = s.send(ctx, cmd)
-	err := cmd.Err()
-	if !clusterRetry(s.client, err) {
-		return err
+// process sends args as a parsed command of a Store method, and returns its
+// reply; it rides through a resharding (see rideThrough) when the reply is
+// one.
+func (s *Store) process(ctx context.Context, args []any) (any, error) {
+	cmd := redis.NewCmd(ctx, args...)
+	err := s.send(ctx, cmd)
+	if clusterRetry(s.client, err) {
+		err = rideThrough(ctx, s.client, err, func() error {
+			cmd = redis.NewCmd(ctx, args...)
+			_ = s.client.Process(ctx, cmd)
+			return cmd.Err()
+		})
 	}
-	return rideThrough(ctx, s.client, err, func() error {
-		cmd.SetErr(nil)
-		_ = s.client.Process(ctx, cmd)
-		return cmd.Err()
-	})
+	if err != nil {
+		return nil, err
+	}
+	return cmd.Val(), nil
+}
+
+// run is process, and after NOSCRIPT (a server that lacks a hot script: see
+// hotScript) the same with the script's text, with EVAL.
+func (s *Store) run(ctx context.Context, args []any) (any, error) {
+	v, err := s.process(ctx, args)
+	if isReplyError(err, "NOSCRIPT") {
+		if e := evalArgs(args); e[0] == argEval {
+			return s.process(ctx, e)
+		}
+	}
+	return v, err
 }

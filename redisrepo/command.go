@@ -50,6 +50,15 @@ func (c *command) keep(b []byte) string {
 	return unsafe.String(unsafe.SliceData(b), len(b))
 }
 
+// decode reads v, a record's value, as decodeValue does, and spells its
+// packed fields into buf's unused part when they fit: the record's token
+// and fingerprint then alias buf, which nothing writes again.
+func (c *command) decode(v []byte) idemstore.Record {
+	rec, n := decodeValueIn(v, c.free())
+	c.used += n
+	return rec
+}
+
 // free returns the unused part of buf, empty, to append to.
 func (c *command) free() []byte { return c.buf[c.used:c.used:len(c.buf)] }
 

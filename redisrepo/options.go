@@ -79,7 +79,7 @@ func (s *Store) validate() error {
 
 // coalescer returns the Coalescer of s's callers' commands (see
 // WithCoalescing), or nil when coalescing is off.
-func (s *Store) coalescer() processor {
+func (s *Store) coalescer() uncopiedProcessor {
 	if s.lanes == 0 {
 		return nil
 	}
@@ -92,18 +92,34 @@ func (s *Store) coalescer() processor {
 	return nil
 }
 
-// processor sends a command.
-type processor interface {
-	Process(ctx context.Context, cmd redis.Cmder) error
+// uncopiedProcessor is a client that sends the store's own commands without
+// copying them, where a Process that may return before its command has run
+// (its context ended first) sends a copy, so that nothing writes the
+// caller's command afterwards: the Coalescer, and the AutoPipeliner that
+// idempotency.NewStoreClient gives the store. The copy costs two
+// allocations per call; the store needs none of it, since it never reads a
+// command whose call failed (see send).
+//
+// ProcessUncopied sends cmd as Process would, and returns its error. When
+// that is ctx's error, cmd may still be sent and written later: its caller
+// must not read it.
+type uncopiedProcessor interface {
+	ProcessUncopied(ctx context.Context, cmd redis.Cmder) error
 }
 
 // send sends cmd, a command of a caller's call: through the Coalescer when
-// there is one and the call is on a request path, else to the client.
+// there is one and the call is on a request path, else to the client. It
+// returns cmd's error; the caller reads cmd only when that is nil, since a
+// command sent uncopied may still be written after a failed call.
 func (s *Store) send(ctx context.Context, cmd redis.Cmder) error {
 	if s.hot != nil && !coordinator.OffRequestPath(ctx) {
-		return s.hot.Process(ctx, cmd)
+		return s.hot.ProcessUncopied(ctx, cmd)
 	}
-	return s.client.Process(ctx, cmd)
+	if s.uncopied != nil {
+		return s.uncopied.ProcessUncopied(ctx, cmd)
+	}
+	_ = s.client.Process(ctx, cmd)
+	return cmd.Err()
 }
 
 // WithCoalescing sets how many commands of concurrent callers the Store has

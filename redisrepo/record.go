@@ -178,20 +178,33 @@ func appendRecord(dst []byte, st idemstore.State, token, fp string, result []byt
 // the fingerprint when it is not packed: v comes fresh from a reply, has no
 // other user and is never changed, so nothing is copied.
 func decodeValue(v []byte) idemstore.Record {
+	rec, _ := decodeValueIn(v, nil)
+	return rec
+}
+
+// decodeValueIn is decodeValue, spelling a packed token and fingerprint
+// into spell when it has room for both (else into an allocation of their
+// own). It returns how many bytes of spell it used.
+func decodeValueIn(v, spell []byte) (idemstore.Record, int) {
 	if len(v) < headerLen || v[0] != formatVersion {
-		return idemstore.Record{State: idemstore.StateUnreadable}
+		return idemstore.Record{State: idemstore.StateUnreadable}, 0
 	}
 	st, flags := v[1], v[2]
 	tl := int(v[3])
 	fl := int(v[4])<<8 | int(v[5])
 	end := headerLen + tl + fl
 	if len(v) < end || !knownState(st) || (st == statePending && len(v) != end) {
-		return idemstore.Record{State: idemstore.StateUnreadable}
+		return idemstore.Record{State: idemstore.StateUnreadable}, 0
 	}
 	token, fp := v[headerLen:headerLen+tl], v[headerLen+tl:end]
 	tp, fpp := flags&flagTokenHex != 0, flags&flagFPHex != 0
-	var spelled []byte // the packed fields spelled in hex: one allocation for both
-	if n := packedLen(token, tp) + packedLen(fp, fpp); n > 0 {
+	var spelled []byte // the packed fields spelled in hex: one buffer for both
+	used := 0
+	switch n := packedLen(token, tp) + packedLen(fp, fpp); {
+	case n == 0:
+	case n <= cap(spell):
+		spelled, used = spell[:0:n], n
+	default:
 		spelled = make([]byte, 0, n)
 	}
 	rec := idemstore.Record{State: idemstore.State(st)}
@@ -200,7 +213,7 @@ func decodeValue(v []byte) idemstore.Record {
 	if hasResult(st) {
 		rec.Result = v[end:len(v):len(v)]
 	}
-	return rec
+	return rec, used
 }
 
 // packedLen returns the length of b, a stored field, spelled in hex when it

@@ -38,6 +38,9 @@ func FuzzDecodeValue(f *testing.F) {
 		if got.State != st || got.Token != token || got.Fingerprint != fp {
 			t.Fatalf("round trip of %v %q %q = %+v", st, token, fp, got)
 		}
+		if in := new(command).decode(v); in.State != got.State || in.Token != got.Token || in.Fingerprint != got.Fingerprint || !bytes.Equal(in.Result, got.Result) {
+			t.Fatalf("decoded in a command's buffer: %+v, want %+v", in, got)
+		}
 		if completed && (!bytes.Equal(got.Result, result) || got.Result == nil) {
 			t.Fatalf("round trip of result %q = %q", result, got.Result)
 		}
@@ -45,6 +48,33 @@ func FuzzDecodeValue(f *testing.F) {
 			t.Fatalf("pending record with result %q", got.Result)
 		}
 	})
+}
+
+// A command spells a record's packed token and fingerprint into its own
+// buffer when they fit, and marks them used, so that what the command
+// appends next does not overwrite them; when they do not fit, they get
+// memory of their own.
+func TestCommandDecodesIntoItsBuffer(t *testing.T) {
+	token, fp := strings.Repeat("8e", 16), strings.Repeat("0a", 32)
+	v, err := encodeRecord(idemstore.StatePending, token, fp, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, used := range []int{0, len(command{}.buf) - len(token) - len(fp), len(command{}.buf) - 10} {
+		c := &command{used: used}
+		rec := c.decode(v)
+		fits := used+len(token)+len(fp) <= len(c.buf)
+		if want := used + len(token) + len(fp); fits && c.used != want {
+			t.Errorf("used %d: the command marked %d bytes used, want %d", used, c.used, want)
+		}
+		if !fits && c.used != used {
+			t.Errorf("used %d: the fields did not fit, and the command marked %d used", used, c.used)
+		}
+		c.setToken(strings.Repeat("ff", 40)) // appends to what is free
+		if rec.State != idemstore.StatePending || rec.Token != token || rec.Fingerprint != fp {
+			t.Errorf("used %d: decoded %+v, want token %q and fingerprint %q", used, rec, token, fp)
+		}
+	}
 }
 
 func TestStoredToken(t *testing.T) {

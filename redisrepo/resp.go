@@ -29,8 +29,7 @@ var errWrongType = errors.New("redisrepo: WRONGTYPE")
 // (see hotScript). The string aliases the reply, which has no other user.
 func (s *Store) bulk(ctx context.Context, args ...any) (v []byte, found bool, err error) {
 	raw := redis.NewRawCmd(ctx, args...)
-	_ = s.send(ctx, raw)
-	if err := raw.Err(); err != nil {
+	if err := s.send(ctx, raw); err != nil {
 		if clusterRetry(s.client, err) { // a removed node's address: never sent
 			return s.parsed(ctx, args)
 		}
@@ -83,16 +82,7 @@ func (s *Store) bulk(ctx context.Context, args ...any) (v []byte, found bool, er
 // error reply. It rides through a resharding (see Store.process): go-redis
 // follows a redirection a few times only, and a raw reply not at all.
 func (s *Store) parsed(ctx context.Context, args []any) ([]byte, bool, error) {
-	cmd := redis.NewCmd(ctx, args...)
-	_ = s.process(ctx, cmd)
-	v, err := cmd.Result()
-	if isReplyError(err, "NOSCRIPT") {
-		if e := evalArgs(args); e[0] == argEval { // redirected to a server that lacks the script
-			cmd = redis.NewCmd(ctx, e...)
-			_ = s.process(ctx, cmd)
-			v, err = cmd.Result()
-		}
-	}
+	v, err := s.run(ctx, args) // EVAL after NOSCRIPT: redirected to a server that lacks the script
 	switch {
 	case errors.Is(err, redis.Nil):
 		return nil, false, nil

@@ -43,17 +43,18 @@ type Client interface {
 // this package can read is not an error: it is reported as
 // idemstore.StateUnreadable, so that the coordinator heals the key.
 type Store struct {
-	client  Client
-	prefix  string
-	format  RecordFormat
-	lastMS  [2]atomic.Pointer[boxedMS] // the last lease and TTL boxed: see boxed
-	channel string                     // the wake-up channel, or its prefix when sharded; see Watch
-	sharded bool                       // Redis Cluster: sharded Pub/Sub, a channel per slot
-	waiters *waiters
-	seen    *sightings  // the pending records Reserve met: see abandon
-	acks    ReplicaAcks // the writes that replicas acknowledge: see WithReplicaAcks
-	lanes   int         // WithCoalescing's lanes
-	hot     processor   // the callers' commands, coalesced; nil when off: see send
+	client   Client
+	prefix   string
+	format   RecordFormat
+	lastMS   [2]atomic.Pointer[boxedMS] // the last lease and TTL boxed: see boxed
+	channel  string                     // the wake-up channel, or its prefix when sharded; see Watch
+	sharded  bool                       // Redis Cluster: sharded Pub/Sub, a channel per slot
+	waiters  *waiters
+	seen     *sightings        // the pending records Reserve met: see abandon
+	acks     ReplicaAcks       // the writes that replicas acknowledge: see WithReplicaAcks
+	lanes    int               // WithCoalescing's lanes
+	hot      uncopiedProcessor // the callers' commands, coalesced; nil when off: see send
+	uncopied uncopiedProcessor // client, when it sends commands uncopied; else nil: see send
 
 	ackMu     sync.Mutex
 	ackQueues map[string]*ackQueue // by master address: see ackQueue
@@ -80,6 +81,7 @@ func New(client Client, opts ...Option) *Store {
 	s.seen = newSightings()
 	s.ackQueues = make(map[string]*ackQueue)
 	s.hot = s.coalescer()
+	s.uncopied, _ = client.(uncopiedProcessor)
 	return s
 }
 
@@ -178,7 +180,7 @@ func (s *Store) reserve(ctx context.Context, key idemstore.Key, w idemstore.Writ
 		case !found:
 			return idemstore.Record{}, true, nil
 		}
-		rec := decodeValue(v)
+		rec := c.decode(v)
 		if rec.State == idemstore.StatePending && s.seen.due(c.key, rec.Token, checkEvery(w)) {
 			return s.abandon(ctx, c, rec, w, ttl)
 		}
@@ -455,14 +457,7 @@ func (s *Store) owner1(ctx context.Context, m idemevent.Method, key idemstore.Ke
 // record, with EVALSHA, and whole with EVAL after NOSCRIPT (see hotScript),
 // riding through a resharding (see Store.process).
 func (s *Store) owner(ctx context.Context, m idemevent.Method, c *command) (bool, error) {
-	cmd := redis.NewCmd(ctx, c.list()...)
-	_ = s.process(ctx, cmd)
-	v, err := cmd.Result()
-	if isReplyError(err, "NOSCRIPT") {
-		cmd = redis.NewCmd(ctx, evalArgs(c.list())...)
-		_ = s.process(ctx, cmd)
-		v, err = cmd.Result()
-	}
+	v, err := s.run(ctx, c.list())
 	return ownerReply(m, v, err)
 }
 

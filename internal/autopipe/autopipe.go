@@ -83,6 +83,22 @@ func (p *pipelinedClient) Process(ctx context.Context, cmd redis.Cmder) error {
 	return p.client.Process(ctx, cmd)
 }
 
+// ProcessUncopied sends cmd as Process does, but not a copy of it: when it
+// returns ctx's error, cmd runs on in its batch and may be written later,
+// and its caller must not read it. The store sends its own commands so
+// (redisrepo's send), which spares the copy's two allocations per call.
+func (p *pipelinedClient) ProcessUncopied(ctx context.Context, cmd redis.Cmder) error {
+	if coordinator.OffRequestPath(ctx) {
+		return p.client.Process(ctx, cmd)
+	}
+	switch cmd.(type) {
+	case *redis.Cmd, *redis.RawCmd:
+		_, err := p.submit(ctx, cmd)
+		return err
+	}
+	return p.client.Process(ctx, cmd)
+}
+
 // valueCmd is a command whose reply can be copied into another of its type.
 type valueCmd[V any] interface {
 	redis.Cmder

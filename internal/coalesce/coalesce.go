@@ -13,9 +13,10 @@
 // A queued command waits only as long as its caller's context allows: a
 // caller whose context ends returns its error at once. Its command is
 // dropped if it was not sent yet, and otherwise runs on in its pipeline,
-// whose reply nobody reads (a copy of the command is what is queued, so
-// that nothing writes the caller's command after it returned). A pipeline
-// runs under the latest deadline of the commands in it.
+// whose reply nobody reads: the caller's own command is what is queued, not
+// a copy, so the caller must not read a command whose call returned its
+// context's error. A pipeline runs under the latest deadline of the
+// commands in it.
 package coalesce
 
 import (
@@ -67,7 +68,7 @@ const (
 // entry is a queued command.
 type entry struct {
 	ctx   context.Context
-	cmd   redis.Cmder // the copy that is sent
+	cmd   redis.Cmder // its caller's: read only once delivered
 	state atomic.Int32
 	done  chan struct{} // closed once the lane is done with cmd
 }
@@ -81,10 +82,13 @@ func New(client Client, lanes int) *Coalescer {
 	return &Coalescer{client: client, lanes: make([]lane, lanes)}
 }
 
-// Process sends cmd, at once on an idle lane, or else in the pipeline that
-// follows a busy lane's command, and returns its error. Only a *redis.Cmd or
-// a *redis.RawCmd queues; any other command is sent at once.
-func (c *Coalescer) Process(ctx context.Context, cmd redis.Cmder) error {
+// ProcessUncopied sends cmd, at once on an idle lane, or else in the
+// pipeline that follows a busy lane's command, and returns its error. When
+// that is ctx's error (ctx ended while cmd was queued), cmd may still be
+// sent, and written, in its lane's pipeline: the caller must not read it.
+// A copy of each command would spare its caller that rule, at two
+// allocations per call.
+func (c *Coalescer) ProcessUncopied(ctx context.Context, cmd redis.Cmder) error {
 	start := c.next.Add(1)
 	n := uint32(len(c.lanes))
 	for i := range n {
@@ -92,20 +96,11 @@ func (c *Coalescer) Process(ctx context.Context, cmd redis.Cmder) error {
 			return c.direct(ctx, l, cmd)
 		}
 	}
-	var sent redis.Cmder
-	switch v := cmd.(type) {
-	case *redis.Cmd:
-		sent = v.Clone()
-	case *redis.RawCmd:
-		sent = v.Clone()
-	default:
-		return c.client.Process(ctx, cmd)
-	}
 	if err := ctx.Err(); err != nil {
 		cmd.SetErr(err)
 		return err
 	}
-	e := &entry{ctx: ctx, cmd: sent, done: make(chan struct{})}
+	e := &entry{ctx: ctx, cmd: cmd, done: make(chan struct{})}
 	l := c.shortest(start)
 	if !l.enqueue(e) { // the lane became idle meanwhile
 		return c.direct(ctx, l, cmd)
@@ -114,12 +109,11 @@ func (c *Coalescer) Process(ctx context.Context, cmd redis.Cmder) error {
 	case <-e.done:
 	case <-ctx.Done():
 		if e.state.CompareAndSwap(waiting, abandoned) {
-			cmd.SetErr(ctx.Err())
 			return ctx.Err()
 		}
 		<-e.done
 	}
-	return copyReply(cmd, sent)
+	return cmd.Err()
 }
 
 // shortest returns the lane with the fewest commands queued, the first
@@ -143,20 +137,6 @@ func (c *Coalescer) shortest(start uint32) *lane {
 func (c *Coalescer) direct(ctx context.Context, l *lane, cmd redis.Cmder) error {
 	defer c.release(l)
 	return c.client.Process(ctx, cmd)
-}
-
-// copyReply copies the reply of sent, a copy of cmd, into cmd, and returns
-// its error.
-func copyReply(cmd, sent redis.Cmder) error {
-	switch v := cmd.(type) {
-	case *redis.Cmd:
-		v.SetVal(sent.(*redis.Cmd).Val())
-	case *redis.RawCmd:
-		v.SetVal(sent.(*redis.RawCmd).Val())
-	}
-	err := sent.Err()
-	cmd.SetErr(err)
-	return err
 }
 
 // claim makes l busy and reports whether it was idle.
@@ -288,10 +268,10 @@ func NewCluster(client *redis.ClusterClient, lanes int) *Cluster {
 	return &Cluster{client: client, lanes: lanes}
 }
 
-// Process sends cmd through the lanes of its key's master (see
-// Coalescer.Process); a command without a key, or whose master the client
-// does not know, is sent at once.
-func (c *Cluster) Process(ctx context.Context, cmd redis.Cmder) error {
+// ProcessUncopied sends cmd through the lanes of its key's master (see
+// Coalescer.ProcessUncopied); a command without a key, or whose master the
+// client does not know, is sent at once.
+func (c *Cluster) ProcessUncopied(ctx context.Context, cmd redis.Cmder) error {
 	key, ok := firstKey(cmd)
 	if !ok {
 		return c.client.Process(ctx, cmd)
@@ -305,7 +285,7 @@ func (c *Cluster) Process(ctx context.Context, cmd redis.Cmder) error {
 	if !found {
 		co, _ = c.nodes.LoadOrStore(addr, New(c.client, c.lanes))
 	}
-	return co.(*Coalescer).Process(ctx, cmd)
+	return co.(*Coalescer).ProcessUncopied(ctx, cmd)
 }
 
 // firstKey returns the key of cmd: the first after the script and the key

@@ -30,6 +30,8 @@ type fake struct {
 	hold      chan struct{}
 	held      chan struct{} // receives once per command held
 	failPipes error
+	holdPipes chan struct{} // a pipeline waits until it is closed
+	heldPipe  chan struct{} // receives once per pipeline held
 	// pipeDeadline is the deadline of the last pipeline.
 	pipeDeadline time.Time
 }
@@ -72,8 +74,12 @@ func (f *fake) ProcessPipelineHook(redis.ProcessPipelineHook) redis.ProcessPipel
 		f.mu.Lock()
 		f.pipelines = append(f.pipelines, len(cmds))
 		f.pipeDeadline, _ = ctx.Deadline()
-		fail := f.failPipes
+		fail, hold, held := f.failPipes, f.holdPipes, f.heldPipe
 		f.mu.Unlock()
+		if hold != nil {
+			held <- struct{}{}
+			<-hold
+		}
 		for _, cmd := range cmds {
 			reply(cmd, fail)
 		}
@@ -127,7 +133,7 @@ func waitQueued(t *testing.T, c *Coalescer, n int) {
 
 func echo(ctx context.Context, c *Coalescer, s string) (string, error) {
 	cmd := redis.NewCmd(ctx, "echo", s)
-	err := c.Process(ctx, cmd)
+	err := c.ProcessUncopied(ctx, cmd)
 	if err != nil {
 		return "", err
 	}
@@ -218,7 +224,7 @@ func TestRawCommandsQueue(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range cmds {
 		cmds[i] = redis.NewRawCmd(t.Context(), "echo", "v"+strconv.Itoa(i))
-		wg.Go(func() { _ = c.Process(t.Context(), cmds[i]) })
+		wg.Go(func() { _ = c.ProcessUncopied(t.Context(), cmds[i]) })
 	}
 	waitQueued(t, c, 3)
 	release()
@@ -252,6 +258,45 @@ func TestCallerThatLeavesIsNotSent(t *testing.T) {
 	// The one command left is sent alone, not in a pipeline.
 	if alone, pipes := f.counts(); alone != 2 || len(pipes) != 0 {
 		t.Fatalf("sent %d alone and pipelines %v, want 2 alone and no pipeline", alone, pipes)
+	}
+}
+
+// A caller that leaves while its command is in a pipeline returns at once;
+// its own command, not a copy, is what the pipeline sends and answers
+// later, and the caller does not read it (-race checks that nothing else
+// does).
+func TestCallerThatLeavesAPipelineIsWrittenLater(t *testing.T) {
+	f, client := newFake(t)
+	c := New(client, 1)
+	holdPipe, heldPipe := make(chan struct{}), make(chan struct{}, 1)
+	f.mu.Lock()
+	f.holdPipes, f.heldPipe = holdPipe, heldPipe
+	f.mu.Unlock()
+	first, release := holdFirst(t, f, c)
+	ctx, cancel := context.WithCancel(t.Context())
+	left := redis.NewCmd(ctx, "echo", "left")
+	leaving := make(chan error, 1)
+	go func() { leaving <- c.ProcessUncopied(ctx, left) }()
+	staying := start(t.Context(), c, "staying")
+	waitQueued(t, c, 2)
+	release()
+	<-heldPipe
+	cancel()
+	if err := <-leaving; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the caller that left got %v, want context.Canceled at once", err)
+	}
+	close(holdPipe)
+	for _, e := range []<-chan error{first, staying} {
+		if err := <-e; err != nil {
+			t.Fatal(err)
+		}
+	}
+	// staying's reply came after the whole pipeline's: left is written.
+	if got, err := left.Text(); err != nil || got != "left" {
+		t.Fatalf("the left command holds %q, %v; want the pipeline's reply \"left\"", got, err)
+	}
+	if alone, pipes := f.counts(); alone != 1 || len(pipes) != 1 || pipes[0] != 2 {
+		t.Fatalf("sent %d alone and pipelines %v, want the first alone and one pipeline of 2", alone, pipes)
 	}
 }
 
@@ -372,7 +417,7 @@ func manyCallers(t *testing.T, client Client, prefix string) {
 			for i := range calls {
 				ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 				cmd := redis.NewCmd(ctx, "incr", key)
-				err := c.Process(ctx, cmd)
+				err := c.ProcessUncopied(ctx, cmd)
 				cancel()
 				n, _ := cmd.Int64()
 				if err != nil || n != int64(i+1) {
@@ -466,7 +511,9 @@ func TestClusterLanesPerMaster(t *testing.T) {
 	// A BLPOP on a's master holds its one lane (until the LPUSH below);
 	// b's master has a lane of its own.
 	blocked := make(chan error, 1)
-	go func() { blocked <- c.Process(t.Context(), redis.NewStringSliceCmd(t.Context(), "blpop", a, 30)) }()
+	go func() {
+		blocked <- c.ProcessUncopied(t.Context(), redis.NewStringSliceCmd(t.Context(), "blpop", a, 30))
+	}()
 	for queued := 0; queued == 0; {
 		time.Sleep(time.Millisecond)
 		co, ok := c.nodes.Load(ma.Options().Addr)
@@ -481,7 +528,7 @@ func TestClusterLanesPerMaster(t *testing.T) {
 	}
 	for i := range 10 {
 		cmd := redis.NewCmd(t.Context(), "incr", b)
-		if err := c.Process(t.Context(), cmd); err != nil {
+		if err := c.ProcessUncopied(t.Context(), cmd); err != nil {
 			t.Fatalf("INCR %d on the other master: %v", i, err)
 		}
 	}
