@@ -18,6 +18,9 @@
 //	BenchmarkObserver   the fx module's observer alone: its coordinator
 //	                    over an in-memory store without (impl=idemkit) and
 //	                    with (impl=fx) the default observer; no Redis
+//	BenchmarkCallerCPU  raw's refusal through AutoPipeline at 64 callers,
+//	                    each burning cpu of its own before each command:
+//	                    what the callers' own work costs per call
 //
 // Replay, FirstRun and Refused run with callers=1 and callers=64 (64
 // goroutines at once, whatever the number of cores), each with pipe=off (a

@@ -2,11 +2,13 @@ package coordinator_test
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"testing"
 	"time"
 
 	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/coordinator/idemstore"
 	"github.com/idemkit/idempotency/coordinator/memstore"
 )
 
@@ -41,6 +43,26 @@ func BenchmarkDo(b *testing.B) {
 			call := coordinator.Call{Operation: "payment.charge", Key: "bench-first-" + run + "-" + strconv.Itoa(i)}
 			if _, err := coordinator.Do(ctx, c, call, action); err != nil {
 				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("refused", func(b *testing.B) {
+		// A key that another caller holds, in-flight mode raise: the
+		// engine's part of BenchmarkRefused's, without Redis.
+		store := memstore.New()
+		raise, err := coordinator.New(store, coordinator.WithInFlight(coordinator.InFlightRaise))
+		if err != nil {
+			b.Fatal(err)
+		}
+		call := coordinator.Call{Operation: "payment.charge", Key: "bench-refused"}
+		held := idemstore.Write{State: idemstore.StatePending, Token: "0123456789abcdef", TTL: time.Hour}
+		if _, _, err := store.Reserve(ctx, idemstore.Key{Operation: call.Operation, Key: call.Key}, held); err != nil {
+			b.Fatal(err)
+		}
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := coordinator.Do(ctx, raise, call, action); !errors.Is(err, coordinator.ErrInProgress) {
+				b.Fatalf("got %v, want ErrInProgress", err)
 			}
 		}
 	})
