@@ -30,14 +30,7 @@ func BenchmarkCallerCPU(b *testing.B) {
 		b.Run(fmt.Sprintf("callers=64/cpu=%v", cpu), func(b *testing.B) {
 			measure(b, adm, 64, func(int) error {
 				spin(n)
-				ok, err := s.cmd.SetNX(ctx, rawKey, rawToken, lease).Result()
-				if err != nil {
-					return err
-				}
-				if ok {
-					return fmt.Errorf("raw: took %s, which another caller holds", rawKey)
-				}
-				return nil
+				return rawRefused(ctx, s.cmd, rawKey)
 			})
 		})
 	}

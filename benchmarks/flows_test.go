@@ -274,16 +274,7 @@ func BenchmarkRefused(b *testing.B) {
 				})
 			})
 			b.Run(name(callers, pipe, "raw"), func(b *testing.B) {
-				measure(b, adm, callers, func(int) error {
-					ok, err := s.cmd.SetNX(ctx, rawKey, rawToken, lease).Result()
-					if err != nil {
-						return err
-					}
-					if ok {
-						return fmt.Errorf("raw: took %s, which another caller holds", rawKey)
-					}
-					return nil
-				})
+				measure(b, adm, callers, func(int) error { return rawRefused(ctx, s.cmd, rawKey) })
 			})
 		}
 		b.Run(name(callers, pipeOff, implValkey), func(b *testing.B) {
@@ -299,6 +290,19 @@ func BenchmarkRefused(b *testing.B) {
 			})
 		})
 	}
+}
+
+// rawRefused is raw's refusal: a SET NX PX on key, which another caller
+// holds, that fails.
+func rawRefused(ctx context.Context, cmd redis.UniversalClient, key string) error {
+	ok, err := cmd.SetNX(ctx, key, rawToken, lease).Result()
+	if err != nil {
+		return err
+	}
+	if ok {
+		return fmt.Errorf("raw: took %s, which another caller holds", key)
+	}
+	return nil
 }
 
 // wakePairs is how many holder-waiter pairs BenchmarkWake runs at once, each
