@@ -396,9 +396,15 @@ func (f *flow[T]) settle(ctx context.Context, ok bool) {
 // rounds back off from the poll interval to the renew interval, but never
 // wait more than half the time left, so that they come closer together as
 // the lease runs out and a store that comes back just before it is still
-// asked in time. It never releases the key: a release could overtake a
-// completion still on its way and destroy a result that exists. Both steps
-// are owner-checked, so a retry is safe whatever became of the first.
+// asked in time. The expiry is this process's reckoning, not the store's:
+// a round that comes due at or after it (the first attempt ended after it,
+// or a starved process woke late) is still sent, once, within one storage
+// timeout, so that the store says whether the record is still ours; the
+// save is given up only when the store does not answer that round either.
+// It never releases the key: a release could overtake a completion still on
+// its way and destroy a result that exists. Both steps are owner-checked, so
+// a retry is safe whatever became of the first, and so is a round after the
+// expiry, which the store refuses if the record expired or was taken.
 func (f *flow[T]) saveLater(ctx context.Context, expiry time.Time) {
 	ctx = offRequestPath(context.WithoutCancel(ctx))
 	f.c.background(func() {
@@ -410,9 +416,10 @@ func (f *flow[T]) saveLater(ctx context.Context, expiry time.Time) {
 			t := time.NewTimer(wait)
 			<-t.C
 			backoff = min(backoff*2, f.c.cfg.renewInterval)
-			if !time.Now().Before(expiry) {
-				break
-			}
+			// final: the reservation could have expired by this process's
+			// clock; the store decides in this round, and the loop ends
+			// with it unless a renewal goes through.
+			final := !time.Now().Before(expiry)
 			at := time.Now()
 			// Off the request path, a round may take what is left of the
 			// reservation rather than one storage timeout, so that a starved
@@ -431,10 +438,13 @@ func (f *flow[T]) saveLater(ctx context.Context, expiry time.Time) {
 			cancel()
 			if err != nil {
 				f.storageFailed(ctx, idemevent.ErrorStorageRenew, idemevent.MethodRenew, err)
+				if final {
+					break
+				}
 				continue
 			}
 			if ok { // still ours, for another lease: complete, within it
-				expiry = at.Add(lease)
+				expiry, final = at.Add(lease), false
 			}
 			notOurs = !ok
 			// Complete even when Renew found the key no longer our
@@ -449,6 +459,9 @@ func (f *flow[T]) saveLater(ctx context.Context, expiry time.Time) {
 			cancel()
 			if err != nil {
 				f.storageFailed(ctx, idemevent.ErrorStorageSave, idemevent.MethodComplete, err)
+				if final {
+					break
+				}
 				continue
 			}
 			f.settle(ctx, ok)
