@@ -173,7 +173,7 @@ func runReshardStorm(t *testing.T, lv level, mode coordinator.OnStorageErrorMode
 		other   atomic.Int64 // calls that got any other error
 		errs    = map[string]int{}
 	)
-	probe := startStallProbe(cl)
+	probe := startStallProbe(ownNodes(cl))
 	steal := stealTicks()
 	var windows []stallWindow
 	stop := make(chan struct{})

@@ -51,7 +51,7 @@ func TestStalledDuring(t *testing.T) {
 func TestStallProbe(t *testing.T) {
 	suiteLevel(t)
 	cl := redistest.NewCluster(t, 3)
-	p := startStallProbe(cl)
+	p := startStallProbe(ownNodes(cl))
 	time.Sleep(200 * time.Millisecond) // a pinger for every node
 	slept := cl.Nodes()[1]
 	c := redis.NewClient(&redis.Options{Addr: slept.Addr(), MaxRetries: -1})

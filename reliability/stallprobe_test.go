@@ -53,9 +53,9 @@ func (w stallWindow) String() string {
 	return fmt.Sprintf("%s %v", w.addr, w.to.Sub(w.from).Round(time.Millisecond))
 }
 
-// stallProbe pings the nodes of a cluster until stopped.
+// stallProbe pings the nodes of a store until stopped.
 type stallProbe struct {
-	cl      *redistest.OwnCluster
+	nodes   func() []string // the addresses of the nodes, asked every 50ms
 	stop    chan struct{}
 	wg      sync.WaitGroup
 	mu      sync.Mutex
@@ -63,10 +63,11 @@ type stallProbe struct {
 	windows []stallWindow
 }
 
-// startStallProbe starts pinging the nodes of cl, and every node that joins
-// it later.
-func startStallProbe(cl *redistest.OwnCluster) *stallProbe {
-	p := &stallProbe{cl: cl, stop: make(chan struct{}), pinging: map[string]bool{}}
+// startStallProbe starts pinging the nodes that nodes returns, and every
+// node it returns later.
+func startStallProbe(nodes func() []string) *stallProbe {
+	p := &stallProbe{nodes: nodes, stop: make(chan struct{}), pinging: map[string]bool{}}
+	p.pingNew() // now: a check of leaked goroutines after this sees every pinger of these nodes
 	p.wg.Go(p.watch)
 	p.wg.Go(p.heartbeat)
 	return p
@@ -90,20 +91,25 @@ func (p *stallProbe) heartbeat() {
 	}
 }
 
+// pingNew starts a pinger for every node that has none yet.
+func (p *stallProbe) pingNew() {
+	for _, addr := range p.nodes() {
+		p.mu.Lock()
+		seen := p.pinging[addr]
+		p.pinging[addr] = true
+		p.mu.Unlock()
+		if !seen {
+			p.wg.Go(func() { p.ping(addr) })
+		}
+	}
+}
+
 // watch starts a pinger for every node it has not seen yet, every 50ms.
 func (p *stallProbe) watch() {
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		for _, n := range p.cl.Nodes() {
-			p.mu.Lock()
-			seen := p.pinging[n.Addr()]
-			p.pinging[n.Addr()] = true
-			p.mu.Unlock()
-			if !seen {
-				p.wg.Go(func() { p.ping(n.Addr()) })
-			}
-		}
+		p.pingNew()
 		select {
 		case <-p.stop:
 			return
@@ -134,6 +140,29 @@ func (p *stallProbe) ping(addr string) {
 			p.mu.Unlock()
 		}
 	}
+}
+
+// ownNodes returns the addresses of cl's nodes, for startStallProbe.
+func ownNodes(cl *redistest.OwnCluster) func() []string {
+	return func() []string {
+		var addrs []string
+		for _, n := range cl.Nodes() {
+			addrs = append(addrs, n.Addr())
+		}
+		return addrs
+	}
+}
+
+// longestStall returns the longest window of windows (zero when there is
+// none).
+func longestStall(windows []stallWindow) stallWindow {
+	var l stallWindow
+	for _, w := range windows {
+		if w.to.Sub(w.from) > l.to.Sub(l.from) {
+			l = w
+		}
+	}
+	return l
 }
 
 // end stops the probe and returns its windows, in order of their start.

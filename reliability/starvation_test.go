@@ -62,24 +62,35 @@ func TestStarvation(t *testing.T) {
 			t.Run(sc.name(), func(t *testing.T) {
 				var b backend
 				var env *faultEnv
+				var nodes func() []string
 				if be == "cluster" {
-					b, env = startClusterBackend(t)
+					cb, e := startClusterBackend(t)
+					b, env, nodes = cb, e, cb.c.addrs
 				} else {
-					b, env = startStandalone(t, false)
+					sb, e := startStandalone(t, false)
+					b, env, nodes = sb, e, func() []string { return []string{sb.in.Addr()} }
 				}
 				startBusyLoops(t, busyLoops)
+				probe := startStallProbe(nodes)
+				steal := stealTicks()
 				o := check(t, lv, sc, b, env)
+				windows := probe.end()
+				t.Logf("longest unanswered ping of each node, and longest late heartbeat of this process (every %v): %s; %s; %s",
+					stallProbeEvery, longestStalls(windows), longestGCPause(), stolenSince(steal))
 				// check has already failed every extra run and unstored
-				// result without an allowed cause. A save given up is
-				// one: on a machine that CI or other work loads beyond
-				// these busy loops, Redis can stay slower than the 1s
-				// lease, and the guarantee holds only while the store
-				// answers within it. The full suite, run on a machine
-				// that is otherwise quiet, wants none; the short suite
-				// (CI) reports them, so that a busy machine does not read
-				// as a defect.
+				// result without an allowed cause. A save given up and a
+				// lease lost are such causes: the guarantee holds only
+				// while the store answers within the 1s lease, and beside
+				// these busy loops (and whatever else loads the machine)
+				// Redis or this process can stall for longer. The short
+				// suite (CI) reports them, so that a busy machine does not
+				// read as a defect. The full suite fails on them unless
+				// the stall probe saw Redis answer nothing, or this
+				// process run nothing, for half a lease or more: a save
+				// given up or a lease lost while both ran is a defect
+				// (docs/reliability.md, finding 9).
 				report := t.Errorf
-				if lv != levelFull {
+				if w := longestStall(windows); lv != levelFull || w.to.Sub(w.from) >= lease/2 {
 					report = t.Logf
 				}
 				// With on-storage-error run, a reserve that misses the
@@ -91,11 +102,15 @@ func TestStarvation(t *testing.T) {
 				if n := o.r.extra[reasonUnprotected] + o.r.extra[reasonAfterUnprot]; n > 0 {
 					t.Logf("%d extra runs of unprotected calls (on-storage-error %s: a reserve missed the storage timeout)", n, m.onError)
 				}
+				longest := "no stall of " + stallProbeMin.String() + " or more"
+				if w := longestStall(windows); w.addr != "" {
+					longest = "the longest stall: " + w.String()
+				}
 				if starved > 0 {
-					report("%d keys ran twice after a protected run (extra runs %s); want none", starved, o.r.summary())
+					report("%d keys ran twice after a protected run (extra runs %s); want none while Redis and this process run (%s)", starved, o.r.summary(), longest)
 				}
 				if n := o.given; n > 0 {
-					report("%d saves given up (storage_save_error, not stored: could have expired); want none", n)
+					report("%d saves given up (storage_save_error, not stored: could have expired); want none while Redis and this process run (%s)", n, longest)
 				}
 			})
 		}
