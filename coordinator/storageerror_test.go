@@ -206,17 +206,9 @@ func TestStorageError_Save(t *testing.T) {
 				if f.rec.errors(idemevent.ErrorStorageSave) != 1 || f.rec.count(idemevent.Stored, "") != 1 {
 					t.Fatalf("storage_save_error %d, stored %d; want 1, 1", f.rec.errors(idemevent.ErrorStorageSave), f.rec.count(idemevent.Stored, ""))
 				}
-				if fs.Calls(idemevent.MethodRelease) != 0 || fs.Calls(idemevent.MethodComplete) != 2 || fs.Calls(idemevent.MethodRenew) != 1 {
-					t.Fatalf("release %d, complete %d, renew %d; want 0, 2, 1",
-						fs.Calls(idemevent.MethodRelease), fs.Calls(idemevent.MethodComplete), fs.Calls(idemevent.MethodRenew))
-				}
-				if rec := mem.Snapshot(idemstore.Key{Operation: "payment.charge", Key: "save"}); rec.State != idemstore.StateCompleted {
-					t.Fatalf("record %v, want completed", rec.State)
-				}
-				again, err := coordinator.Do(t.Context(), f.c, call("save"), k.action("retry"))
-				if err != nil || again.ID != "x" || k.n() != 1 {
-					t.Fatalf("retry = %+v, %v after %d runs; want the stored x after 1", again, err, k.n())
-				}
+				wantCalls(t, fs, 1, 2, 0)
+				wantRecord(t, mem, "save", idemstore.StateCompleted)
+				wantReplayed(t, f.c, &k, "save")
 			})
 		})
 	}
@@ -321,24 +313,32 @@ func TestStorageError_SaveGivesUpAfterTheLease(t *testing.T) {
 	})
 }
 
-// lateFirstCompletion arms fs as a starved process meets it: the
-// reservation is applied applyAfter after it was sent, so the store's lease
-// outlives this process's reckoning of it by that much, and the first
-// completion ends failed (a timeout) only at failAt after the start.
-func lateFirstCompletion(fs *faultstore.Store, start time.Time, applyAfter, failAt time.Duration) {
-	fs.Before(idemevent.MethodReserve, func(context.Context, idemstore.Key) error {
-		time.Sleep(applyAfter)
-		return nil
-	})
-	first := true
-	fs.Before(idemevent.MethodComplete, func(context.Context, idemstore.Key) error {
-		if !first {
-			return nil
-		}
-		first = false
-		time.Sleep(time.Until(start.Add(failAt)))
-		return context.DeadlineExceeded
-	})
+// wantCalls fails t unless fs saw exactly these calls of Renew, Complete
+// and Release.
+func wantCalls(t *testing.T, fs *faultstore.Store, renew, complete, release int) {
+	t.Helper()
+	if fs.Calls(idemevent.MethodRenew) != renew || fs.Calls(idemevent.MethodComplete) != complete || fs.Calls(idemevent.MethodRelease) != release {
+		t.Fatalf("renew %d, complete %d, release %d; want %d, %d, %d",
+			fs.Calls(idemevent.MethodRenew), fs.Calls(idemevent.MethodComplete), fs.Calls(idemevent.MethodRelease), renew, complete, release)
+	}
+}
+
+// wantRecord fails t unless mem holds key's record in state.
+func wantRecord(t *testing.T, mem *memstore.Store, key string, state idemstore.State) {
+	t.Helper()
+	if rec := mem.Snapshot(idemstore.Key{Operation: "payment.charge", Key: key}); rec.State != state {
+		t.Fatalf("record %v, want %v", rec.State, state)
+	}
+}
+
+// wantReplayed fails t unless a retry of key replays the stored "x" of the
+// one run that k counted.
+func wantReplayed(t *testing.T, c *coordinator.Coordinator, k *counter, key string) {
+	t.Helper()
+	again, err := coordinator.Do(t.Context(), c, call(key), k.action("retry"))
+	if err != nil || again.ID != "x" || k.n() != 1 {
+		t.Fatalf("retry = %+v, %v after %d runs; want the stored x after 1", again, err, k.n())
+	}
 }
 
 // gaveUp counts the events that report a save given up.
@@ -353,100 +353,80 @@ func gaveUp(r *recorder) int {
 }
 
 // A first completion that fails only after the reservation could have
-// expired by this process's clock (a starved process), while the store still
-// holds the record as ours: the background save asks the store once more
-// rather than giving up on the process's own reckoning, and stores the
-// result.
-func TestStorageError_SaveAfterTheExpiryAsksTheStore(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		f, fs, mem := newFaulty(t, coordinator.WithOnStorageError(coordinator.OnStorageErrorRaise),
-			coordinator.WithLease(testLease), coordinator.WithStorageTimeout(testStorageTimeout))
-		start := time.Now()
-		// Applied at 10ms, the record is the store's until 70ms; this
-		// process reckons its reservation, sent at 0, until 60ms. The
-		// first completion fails at 65ms.
-		lateFirstCompletion(fs, start, 10*time.Millisecond, testLease+5*time.Millisecond)
-		var k counter
-		if v, err := coordinator.Do(t.Context(), f.c, call("late-asked"), k.action("x")); err != nil || v.ID != "x" {
-			t.Fatalf("Do = %+v, %v", v, err)
-		}
-		f.c.Close()
-		if got, want := time.Since(start), testLease+6*time.Millisecond; got != want {
-			t.Fatalf("the save ended after %v, want %v: one round, 1ms after the failed completion", got, want)
-		}
-		if f.rec.count(idemevent.Stored, "") != 1 || gaveUp(f.rec) != 0 || f.rec.errors(idemevent.ErrorLeaseLost) != 0 {
-			t.Fatalf("stored %d, given up %d, lease_lost %d; want 1, 0, 0", f.rec.count(idemevent.Stored, ""), gaveUp(f.rec), f.rec.errors(idemevent.ErrorLeaseLost))
-		}
-		if fs.Calls(idemevent.MethodRenew) != 1 || fs.Calls(idemevent.MethodComplete) != 2 || fs.Calls(idemevent.MethodRelease) != 0 {
-			t.Fatalf("renew %d, complete %d, release %d; want 1, 2, 0",
-				fs.Calls(idemevent.MethodRenew), fs.Calls(idemevent.MethodComplete), fs.Calls(idemevent.MethodRelease))
-		}
-		if rec := mem.Snapshot(idemstore.Key{Operation: "payment.charge", Key: "late-asked"}); rec.State != idemstore.StateCompleted {
-			t.Fatalf("record %v, want completed", rec.State)
-		}
-		again, err := coordinator.Do(t.Context(), f.c, call("late-asked"), k.action("retry"))
-		if err != nil || again.ID != "x" || k.n() != 1 {
-			t.Fatalf("retry = %+v, %v after %d runs; want the stored x after 1", again, err, k.n())
-		}
-	})
-}
-
-// The same, when the store's lease has run out too: the round after the
-// expiry finds the record gone, and the save ends on the store's word (the
-// lease lost, the result not stored), not on a give-up.
-func TestStorageError_SaveAfterTheExpiryTheStoreSaysGone(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		f, fs, mem := newFaulty(t, coordinator.WithOnStorageError(coordinator.OnStorageErrorRaise),
-			coordinator.WithLease(testLease), coordinator.WithStorageTimeout(testStorageTimeout))
-		start := time.Now()
-		// The store's record expires at 70ms; the first completion fails
-		// at 75ms.
-		lateFirstCompletion(fs, start, 10*time.Millisecond, testLease+15*time.Millisecond)
-		var k counter
-		if _, err := coordinator.Do(t.Context(), f.c, call("late-gone"), k.action("x")); err != nil {
-			t.Fatal(err)
-		}
-		f.c.Close()
-		if f.rec.count(idemevent.Stored, "") != 0 || gaveUp(f.rec) != 0 || f.rec.errors(idemevent.ErrorLeaseLost) != 1 {
-			t.Fatalf("stored %d, given up %d, lease_lost %d; want 0, 0, 1", f.rec.count(idemevent.Stored, ""), gaveUp(f.rec), f.rec.errors(idemevent.ErrorLeaseLost))
-		}
-		if fs.Calls(idemevent.MethodRenew) != 1 || fs.Calls(idemevent.MethodComplete) != 2 || fs.Calls(idemevent.MethodRelease) != 0 {
-			t.Fatalf("renew %d, complete %d, release %d; want 1, 2, 0",
-				fs.Calls(idemevent.MethodRenew), fs.Calls(idemevent.MethodComplete), fs.Calls(idemevent.MethodRelease))
-		}
-		if rec := mem.Snapshot(idemstore.Key{Operation: "payment.charge", Key: "late-gone"}); rec.State != idemstore.StateAbsent {
-			t.Fatalf("record %v, want absent", rec.State)
-		}
-	})
-}
-
-// The round after the expiry fails too (the store is down): the save is
-// given up then, reported once, and the key is not released.
-func TestStorageError_SaveAfterTheExpiryTheStoreIsDown(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		f, fs, _ := newFaulty(t, coordinator.WithOnStorageError(coordinator.OnStorageErrorRaise),
-			coordinator.WithLease(testLease), coordinator.WithStorageTimeout(testStorageTimeout))
-		start := time.Now()
-		lateFirstCompletion(fs, start, 10*time.Millisecond, testLease+5*time.Millisecond)
-		// A renewal that hangs: it ends at its deadline, one storage
-		// timeout after it was sent.
-		fs.Before(idemevent.MethodRenew, func(ctx context.Context, _ idemstore.Key) error {
-			<-ctx.Done()
-			return ctx.Err()
+// expired by this process's clock (a starved process): the background save
+// does not give up on the process's own reckoning, but sends one round, and
+// the store's answer decides. The reservation is applied 10ms after it was
+// sent, so the store holds the record until 70ms while this process reckons
+// its reservation until 60ms (the 60ms lease from when it was sent).
+func TestStorageError_SaveAfterTheExpiry(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// failAt is when the first completion fails; renewHangs makes
+		// the store answer no renewal.
+		failAt     time.Duration
+		renewHangs bool
+		// What the store and the observer see, and when the save ends.
+		stored, givenUp, leaseLost int
+		renews, completes          int
+		record                     idemstore.State
+		end                        time.Duration
+	}{
+		// The record is still ours: stored, and a retry replays it.
+		{name: "the store holds the record", failAt: 65 * time.Millisecond,
+			stored: 1, renews: 1, completes: 2, record: idemstore.StateCompleted, end: 66 * time.Millisecond},
+		// The store's lease has run out too: the lease lost, on the
+		// store's word, not a give-up.
+		{name: "the store's lease ran out", failAt: 75 * time.Millisecond,
+			leaseLost: 1, renews: 1, completes: 2, record: idemstore.StateAbsent, end: 76 * time.Millisecond},
+		// The store answers that round neither: given up then, one
+		// storage timeout later; the key is not released, and has
+		// expired by then.
+		{name: "the store does not answer", failAt: 65 * time.Millisecond, renewHangs: true,
+			givenUp: 1, renews: 1, completes: 1, record: idemstore.StateAbsent, end: 66*time.Millisecond + testStorageTimeout},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				f, fs, mem := newFaulty(t, coordinator.WithOnStorageError(coordinator.OnStorageErrorRaise),
+					coordinator.WithLease(testLease), coordinator.WithStorageTimeout(testStorageTimeout))
+				start := time.Now()
+				fs.Before(idemevent.MethodReserve, func(context.Context, idemstore.Key) error {
+					time.Sleep(10 * time.Millisecond)
+					return nil
+				})
+				first := true
+				fs.Before(idemevent.MethodComplete, func(context.Context, idemstore.Key) error {
+					if !first {
+						return nil
+					}
+					first = false
+					time.Sleep(time.Until(start.Add(tc.failAt)))
+					return context.DeadlineExceeded
+				})
+				if tc.renewHangs {
+					fs.Before(idemevent.MethodRenew, func(ctx context.Context, _ idemstore.Key) error {
+						<-ctx.Done()
+						return ctx.Err()
+					})
+				}
+				var k counter
+				if v, err := coordinator.Do(t.Context(), f.c, call("late"), k.action("x")); err != nil || v.ID != "x" {
+					t.Fatalf("Do = %+v, %v", v, err)
+				}
+				f.c.Close()
+				if got := time.Since(start); got != tc.end {
+					t.Fatalf("the save ended after %v, want %v", got, tc.end)
+				}
+				if s, g, l := f.rec.count(idemevent.Stored, ""), gaveUp(f.rec), f.rec.errors(idemevent.ErrorLeaseLost); s != tc.stored || g != tc.givenUp || l != tc.leaseLost {
+					t.Fatalf("stored %d, given up %d, lease_lost %d; want %d, %d, %d", s, g, l, tc.stored, tc.givenUp, tc.leaseLost)
+				}
+				wantCalls(t, fs, tc.renews, tc.completes, 0)
+				wantRecord(t, mem, "late", tc.record)
+				if tc.stored == 1 {
+					wantReplayed(t, f.c, &k, "late")
+				}
+			})
 		})
-		var k counter
-		if _, err := coordinator.Do(t.Context(), f.c, call("late-down"), k.action("x")); err != nil {
-			t.Fatal(err)
-		}
-		f.c.Close()
-		if got, want := time.Since(start), testLease+6*time.Millisecond+testStorageTimeout; got != want {
-			t.Fatalf("gave up after %v, want %v: one round after the expiry, bounded by the storage timeout", got, want)
-		}
-		if gaveUp(f.rec) != 1 || f.rec.count(idemevent.Stored, "") != 0 || fs.Calls(idemevent.MethodRenew) != 1 || fs.Calls(idemevent.MethodRelease) != 0 {
-			t.Fatalf("given up %d, stored %d, renew %d, release %d; want 1, 0, 1, 0",
-				gaveUp(f.rec), f.rec.count(idemevent.Stored, ""), fs.Calls(idemevent.MethodRenew), fs.Calls(idemevent.MethodRelease))
-		}
-	})
+	}
 }
 
 func TestStorageError_Release(t *testing.T) {
