@@ -15,6 +15,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemkit/idempotency/internal/redisreply"
 	"github.com/idemkit/idempotency/internal/redisurl"
 )
 
@@ -116,24 +117,24 @@ const (
 
 // redisRefusal reports how err, returned by a go-redis call, shows a
 // misconfiguration rather than an outage, or refusedNone. It looks at
-// go-redis's error replies by their codes (WRONGPASS, NOAUTH, NOPERM, "ERR DB
-// index is out of range"), at crypto/tls's and crypto/x509's errors, and at
-// go-redis's protocol errors ("redis: invalid reply", "redis: can't parse").
+// go-redis's error replies by their codes (redisreply.Refusal, which the
+// store and the observability package share), at crypto/tls's and
+// crypto/x509's errors, and at go-redis's protocol errors ("redis: invalid
+// reply", "redis: can't parse").
 func redisRefusal(err error) refusal {
 	if err == nil {
 		return refusedNone
 	}
+	switch redisreply.Refusal(err) {
+	case redisreply.Credentials:
+		return refusedCredentials
+	case redisreply.Permission:
+		return refusedPermission
+	case redisreply.Database:
+		return refusedDatabase
+	}
 	var re redis.Error
 	if errors.As(err, &re) {
-		msg := re.Error()
-		switch {
-		case strings.HasPrefix(msg, "WRONGPASS"), strings.HasPrefix(msg, "NOAUTH"):
-			return refusedCredentials
-		case strings.HasPrefix(msg, "NOPERM"):
-			return refusedPermission
-		case strings.HasPrefix(msg, "ERR DB index is out of range"), strings.HasPrefix(msg, "ERR invalid DB index"):
-			return refusedDatabase
-		}
 		return refusedNone
 	}
 	var (

@@ -284,9 +284,12 @@ func TestModuleStartUpRefusesAMisconfiguration(t *testing.T) {
 	}
 }
 
-// A Redis that starts refusing the credentials at run time is logged as
-// such, not as an outage.
-func TestModuleLogsRefusedCredentialsAtRunTime(t *testing.T) {
+// A Redis that starts refusing the credentials at run time (a password
+// rotated before the service) answered: the call is not an outage, so even
+// in mode run (the default) the action does not run unprotected. The call
+// returns a *StorageError that matches ErrMisconfigured, and the log says
+// what Redis refused, without the secret.
+func TestModuleRefusedCredentialsAtRunTimeRunNothing(t *testing.T) {
 	const secret = "run-time-s3cret"
 	port := redisProc(t, "--requirepass", secret)
 	addr := "127.0.0.1:" + strconv.Itoa(port)
@@ -307,17 +310,25 @@ func TestModuleLogsRefusedCredentialsAtRunTime(t *testing.T) {
 		t.Fatal(err)
 	}
 	var runs atomic.Int64
-	if _, err := coordinator.Do(t.Context(), c, coordinator.Call{Operation: "op", Key: "refused"}, charge(&runs)); err != nil {
-		t.Fatal(err)
+	_, err := coordinator.Do(t.Context(), c, coordinator.Call{Operation: "op", Key: "refused"}, charge(&runs))
+	var se *coordinator.StorageError
+	if !errors.As(err, &se) || !errors.Is(err, coordinator.ErrMisconfigured) || !strings.Contains(err.Error(), "WRONGPASS") {
+		t.Fatalf("Do = %v, want a *StorageError that matches ErrMisconfigured and shows Redis's WRONGPASS", err)
 	}
-	// Stopping waits for the background save of the unprotected run, which
-	// is refused too: each refused call is one line, and every line of a
-	// failed store call says what it was.
+	if strings.Contains(err.Error(), secret) {
+		t.Fatalf("the error shows the password: %v", err)
+	}
+	if n := runs.Load(); n != 0 {
+		t.Fatalf("the action ran %d times on a refusal, want 0", n)
+	}
 	app.RequireStop()
 	refused := logs.FilterMessage("storage call failed: redis refused the credentials").Len()
 	failed := logs.FilterMessageSnippet("storage call failed").Len()
 	if refused == 0 || refused != failed {
 		t.Fatalf("%d lines say the credentials were refused, of %d failed store calls; want every one; logged %v", refused, failed, logs.All())
+	}
+	if n := logs.FilterMessageSnippet("unprotected").Len(); n != 0 {
+		t.Fatalf("%d lines about an unprotected run, want none; logged %v", n, logs.All())
 	}
 }
 

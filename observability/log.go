@@ -2,7 +2,6 @@ package observability
 
 import (
 	"errors"
-	"strings"
 
 	"github.com/idemkit/idempotency/coordinator/idemevent"
 
@@ -10,6 +9,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/idemkit/idempotency/internal/breaker"
+	"github.com/idemkit/idempotency/internal/redisreply"
 	"github.com/idemkit/idempotency/internal/telemetry"
 )
 
@@ -157,10 +157,10 @@ func storageErrorLine(err error) string {
 // The reason label values of storage_refusals_total: why a store call was
 // refused rather than failed.
 const (
-	refusalCredentials = "credentials"  // WRONGPASS, NOAUTH
-	refusalPermission  = "permission"   // NOPERM
-	refusalDatabase    = "database"     // ERR DB index is out of range
-	refusalBreakerOpen = "breaker_open" // the module's circuit breaker is open
+	refusalCredentials = redisreply.Credentials // WRONGPASS, NOAUTH
+	refusalPermission  = redisreply.Permission  // NOPERM
+	refusalDatabase    = redisreply.Database    // an unknown database
+	refusalBreakerOpen = "breaker_open"         // the module's circuit breaker is open
 )
 
 // refusalReasons are the reason label values, in the order the metric
@@ -178,20 +178,8 @@ func refusalOf(err error) string {
 	if err == nil {
 		return ""
 	}
-	var reply interface { // go-redis's error replies
-		error
-		RedisError()
-	}
-	if errors.As(err, &reply) {
-		switch msg := reply.Error(); {
-		case strings.HasPrefix(msg, "WRONGPASS"), strings.HasPrefix(msg, "NOAUTH"):
-			return refusalCredentials
-		case strings.HasPrefix(msg, "NOPERM"):
-			return refusalPermission
-		case strings.HasPrefix(msg, "ERR DB index is out of range"):
-			return refusalDatabase
-		}
-		return ""
+	if r := redisreply.Refusal(err); r != "" {
+		return r
 	}
 	if errors.Is(err, breaker.ErrOpen) {
 		return refusalBreakerOpen

@@ -13,6 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/internal/redistest"
 	"github.com/idemkit/idempotency/redisrepo"
 )
@@ -69,6 +70,9 @@ func TestUnreachable(t *testing.T) {
 		}
 		t.Logf("%s: %v after %v", m.method, err, d)
 		checkStorageError(t, string(m.method), err, m.method)
+		if errors.Is(err, coordinator.ErrMisconfigured) {
+			t.Errorf("%s: %v matches ErrMisconfigured; an unreachable server is an outage", m.method, err)
+		}
 	}
 	if _, err := s.Inspect(context.Background(), key, key); err == nil || errors.Is(err, redis.Nil) {
 		t.Errorf("Inspect against an unreachable server: %v, want an error", err)
@@ -237,3 +241,58 @@ func (e replyError) Error() string { return string(e) }
 
 // RedisError makes it a redis.Error.
 func (replyError) RedisError() {}
+
+// TestRefusalsAreNotOutages: when Redis answers but refuses the client (a
+// password rotated under the service, an ACL that lacks a permission, a
+// database that does not exist), every Store method returns a
+// *coordinator.StorageError that also matches coordinator.ErrMisconfigured,
+// and the coordinator, in mode run, runs no action for it: a store that
+// answers is not down.
+func TestRefusalsAreNotOutages(t *testing.T) {
+	in := redistest.Start(t)
+	if in.Kind() != redistest.KindRedisServer {
+		t.Skip("needs redis-server: miniredis does not answer like Redis to AUTH, ACL and SELECT")
+	}
+	admin := in.Client(t)
+	if err := admin.Do(t.Context(), "ACL", "SETUSER", "nothing", "on", ">nothing-pw", "~*", "&*", "-@all").Err(); err != nil {
+		t.Fatal(err)
+	}
+	clients := map[string]func(*redis.Options){
+		"permission":  func(o *redis.Options) { o.Username, o.Password = "nothing", "nothing-pw" },
+		"credentials": func(o *redis.Options) { o.Username, o.Password = "nothing", "a-wrong-pw" },
+		"database":    func(o *redis.Options) { o.DB = 100000 },
+	}
+	for name, set := range clients {
+		t.Run(name, func(t *testing.T) {
+			opts := noRetries(in.Options())
+			set(opts)
+			client := redis.NewClient(opts)
+			t.Cleanup(func() { _ = client.Close() })
+			s := redisrepo.New(client)
+			key := idemstore.Key{Operation: "op", Key: "refused-" + name}
+			for _, c := range calls(s, key) {
+				err := c.call(t.Context())
+				var se *coordinator.StorageError
+				if !errors.As(err, &se) || se.Method != c.method || !errors.Is(err, coordinator.ErrMisconfigured) {
+					t.Fatalf("%s: %v (%T), want a *coordinator.StorageError for %s that matches ErrMisconfigured", c.method, err, err, c.method)
+				}
+				if !strings.Contains(err.Error(), "redis refused the client: "+name) {
+					t.Fatalf("%s: %v, want it to say the refusal (%s)", c.method, err, name)
+				}
+			}
+			co, err := coordinator.New(s, coordinator.WithOnStorageError(coordinator.OnStorageErrorRun))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = co.Close() })
+			runs := 0
+			_, err = coordinator.Do(t.Context(), co, coordinator.Call{Operation: key.Operation, Key: key.Key}, func(context.Context) (string, error) {
+				runs++
+				return "charged", nil
+			})
+			if !errors.Is(err, coordinator.ErrMisconfigured) || runs != 0 {
+				t.Fatalf("Do in mode run = %v after %d runs, want an error matching ErrMisconfigured and no run", err, runs)
+			}
+		})
+	}
+}

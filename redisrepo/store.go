@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/internal/redisreply"
 )
 
 // Client is the part of a go-redis client that a Store uses: sending
@@ -516,7 +517,15 @@ func millis(d time.Duration) (int64, error) {
 // redis.Nil never leaves the package.
 var errNilReply = errors.New("redisrepo: unexpected nil reply")
 
-// storageError wraps err, an error of a call to Redis, for method m.
+// storageError wraps err, an error of a call to Redis, for method m. A
+// reply with which Redis refuses the client (WRONGPASS, NOAUTH, NOPERM, an
+// unknown database: redisreply.Refusal) also matches
+// coordinator.ErrMisconfigured: Redis answered, so the call is not an
+// outage, and the coordinator never runs an action unprotected for it.
 func storageError(m idemevent.Method, err error) *coordinator.StorageError {
-	return &coordinator.StorageError{Method: m, Err: replyError(err)}
+	err = replyError(err)
+	if r := redisreply.Refusal(err); r != "" {
+		err = fmt.Errorf("%w (redis refused the client: %s): %w", coordinator.ErrMisconfigured, r, err)
+	}
+	return &coordinator.StorageError{Method: m, Err: err}
 }
