@@ -70,7 +70,10 @@ const (
 	// delivered more than MaxDeliveries times and the store could not say
 	// whether it was completed or is held by another consumer (the store
 	// failed in mode "run", or the coordinator's in-flight mode is "run").
-	// The handler did not run.
+	// The handler did not run. Or the handler ran and succeeded, and a
+	// transactional store (idempg) failed to commit its writes with the
+	// key's record: the next delivery replays if the commit happened, and
+	// runs the handler once if not.
 	ReasonStorage Reason = "storage_error"
 	// ReasonCanceled (Retry): the context ended (the consumer stops) before
 	// or while the handler ran.

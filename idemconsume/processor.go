@@ -189,6 +189,7 @@ type delivery struct {
 	over                 bool  // delivered more than MaxDeliveries times
 	limit                error // the error of over
 	ran, protected, lost bool
+	handled              bool // the handler ran and returned nil
 }
 
 func (st *delivery) init(p *Processor, msg Message) {
@@ -211,6 +212,7 @@ func (st *delivery) act(actx context.Context, msg Message, handle Handler) error
 	}
 	st.ran = true
 	herr := run(actx, msg, handle)
+	st.handled = herr == nil
 	st.lost = herr != nil && errors.Is(context.Cause(actx), coordinator.ErrLeaseLost)
 	return herr
 }
@@ -226,6 +228,16 @@ func (p *Processor) decide(ctx context.Context, msg Message, key string, err err
 		return Decision{Action: Ack, Reason: ReasonProcessed, Key: key}
 	case err == nil:
 		return Decision{Action: Ack, Reason: ReasonDuplicate, Key: key}
+	case st.ran && st.handled:
+		// The handler returned nil and the call failed after it: over a
+		// transactional store (idempg) the commit of the handler's writes
+		// and the key's record failed, rolled back or with its outcome
+		// unknown. That is the store's failure, not the handler's, as the
+		// HTTP adapters' 503 says: the message is delivered again, and the
+		// next delivery replays if the commit happened and runs once if
+		// not. A message whose commit keeps failing is still bounded:
+		// past MaxDeliveries it is dead-lettered before its handler runs.
+		return Decision{Action: Retry, Reason: ReasonStorage, Key: key, Err: err}
 	case st.ran:
 		return p.failed(ctx, msg, key, err, st.lost)
 	case st.over && err == st.limit && !st.protected:

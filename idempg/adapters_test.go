@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemkit/idempotency/coordinator/idemstore"
 
+	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/idemconsume"
 	"github.com/idemkit/idempotency/idemhttp"
 	"github.com/idemkit/idempotency/idempg"
@@ -142,5 +143,24 @@ func TestConsumerInsideTheTransaction(t *testing.T) {
 	d := p.Process(t.Context(), idemconsume.Message{ID: failing, Fields: map[string]string{"fail": "yes"}, Deliveries: 1}, handle)
 	if d.Action != idemconsume.Retry || db.ledger(t, failing) != 0 {
 		t.Errorf("a failed handler: %v with %d ledger rows, want a retry and none", d, db.ledger(t, failing))
+	}
+
+	// The handler succeeds but the commit fails (a trigger refuses the
+	// completion), on the last delivery allowed: the store failed, not the
+	// handler, so the message is retried, not dead-lettered, and nothing
+	// stays. Once the store works again, the next delivery processes it.
+	db.failOn(t, "UPDATE", "msg-commit", "XX000", 1)
+	broken := uniqueKey("msg-commit")
+	last := idemconsume.Message{ID: broken, Deliveries: idemconsume.DefaultMaxDeliveries}
+	d = p.Process(t.Context(), last, handle)
+	if d.Action != idemconsume.Retry || d.Reason != idemconsume.ReasonStorage || db.ledger(t, broken) != 0 {
+		t.Fatalf("a failed commit on the last delivery: %v (%v) with %d ledger rows, want a retry (storage_error) and none", d, d.Err, db.ledger(t, broken))
+	}
+	if !errors.Is(d.Err, coordinator.ErrStorage) {
+		t.Errorf("a failed commit: %v, want an error that matches coordinator.ErrStorage", d.Err)
+	}
+	d = p.Process(t.Context(), last, handle)
+	if d.Action != idemconsume.Ack || d.Reason != idemconsume.ReasonProcessed || db.ledger(t, broken) != 1 {
+		t.Errorf("the delivery after the failed commit: %v (%v) with %d ledger rows, want processed and 1", d, d.Err, db.ledger(t, broken))
 	}
 }
