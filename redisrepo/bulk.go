@@ -386,8 +386,12 @@ type bulkOp struct {
 
 // runBulk runs op on the entries whose Redis keys are names, wave by wave
 // (see waves): a wave's commands in one pipeline, then its entries that
-// single does, maxSingles at a time. It returns the first error, after
-// the step that met it; the waves after it are not sent.
+// single does, maxSingles at a time. It returns the first error once its
+// wave is done; the waves after it are not sent. The entries of a wave
+// whose own replies came all go on when another entry's command failed
+// (on a cluster, another node timed out): each is decided by what Redis
+// answered for it, so that one node's outage is not reported for a key
+// whose node answered, which would run its action unprotected.
 func (s *Store) runBulk(ctx context.Context, names []string, op bulkOp) error {
 	p, pipelines := s.client.(pipeliner)
 	for _, wave := range waves(names) {
@@ -416,11 +420,11 @@ func (s *Store) runBulk(ctx context.Context, names []string, op bulkOp) error {
 				singles = append(singles, i)
 			}
 		}
+		if err := eachSingle(ctx, singles, op.single); first == nil {
+			first = err
+		}
 		if first != nil {
 			return first
-		}
-		if err := eachSingle(ctx, singles, op.single); err != nil {
-			return err
 		}
 	}
 	return nil

@@ -659,3 +659,109 @@ func TestBulkWakesWaiters(t *testing.T) {
 		}
 	})
 }
+
+// failKey makes the pipelined command of one Redis key fail as a timed-out
+// node's would (an error that is no reply of Redis), after the pipeline
+// ran: the other commands of the pipeline keep their replies.
+type failKey struct{ name string }
+
+var errNodeTimeout = errors.New("i/o timeout (injected: the key's node did not answer)")
+
+func (failKey) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (failKey) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func (f failKey) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, cmd := range cmds {
+			for _, arg := range cmd.Args() {
+				if arg == f.name {
+					cmd.SetErr(errNodeTimeout)
+				}
+			}
+		}
+		return err
+	}
+}
+
+// TestBulkReserveOneEntryFails: a ReserveMany in which one entry's command
+// fails (on a cluster, its node timed out) still decides the entries whose
+// Redis answered, those that need a second step included (a format 1
+// record, read after its WRONGTYPE): each is reported by what Redis said
+// for it, and only the failed entry takes the error. So DoBatch in mode run
+// replays the completed key instead of running it unprotected again, runs
+// the free key under its reservation, and runs only the failed one
+// unprotected.
+func TestBulkReserveOneEntryFails(t *testing.T) {
+	ctx := t.Context()
+	c := redistest.Server(t)
+	prefix := redistest.Prefix(t)
+	s := redisrepo.New(c, redisrepo.WithKeyPrefix(prefix))
+	keys := manyKeys("one-fails-", 3) // failed, format 1 completed, free
+	plantFormat1 := func(key idemstore.Key) {
+		t.Helper()
+		name := s.Key(key)
+		if err := c.HSet(ctx, name, "v", "1", "state", "completed", "token", "tok-old", "fp", "",
+			"result", `"stored before"`, "created_ms", "1").Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.PExpire(ctx, name, time.Minute).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	plantFormat1(keys[1])
+	c.AddHook(failKey{name: s.Key(keys[0])})
+
+	ws := []idemstore.Write{pendingWrite(token(), "", time.Minute), pendingWrite(token(), "", time.Minute), pendingWrite(token(), "", time.Minute)}
+	existing, written, err := s.ReserveMany(ctx, keys, ws, false)
+	if !errors.Is(err, errNodeTimeout) {
+		t.Fatalf("ReserveMany with one entry's node down: %v, want its error", err)
+	}
+	if len(existing) != 3 || len(written) != 3 {
+		t.Fatalf("ReserveMany returned %d records and %d flags, want 3 and 3", len(existing), len(written))
+	}
+	if written[0] || existing[0].State != idemstore.StateAbsent {
+		t.Errorf("the failed entry: written %v, %s; want unknown (not written, absent)", written[0], show(existing[0]))
+	}
+	if written[1] || existing[1].State != idemstore.StateCompleted || string(existing[1].Result) != `"stored before"` {
+		t.Errorf("the format 1 entry: written %v, %s; want its completed record", written[1], show(existing[1]))
+	}
+	if !written[2] {
+		t.Errorf("the free entry: %s, want it written", show(existing[2]))
+	}
+
+	more := manyKeys("one-fails-batch-", 3)
+	plantFormat1(more[1])
+	c.AddHook(failKey{name: s.Key(more[0])})
+	co, err := coordinator.New(s, coordinator.WithOnStorageError(coordinator.OnStorageErrorRun))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = co.Close() })
+	calls := make([]coordinator.Call, len(more))
+	for i, k := range more {
+		calls[i] = coordinator.Call{Operation: k.Operation, Key: k.Key}
+	}
+	var runs [3]atomic.Int64
+	var protected [3]atomic.Bool
+	res, errs := coordinator.DoBatch(ctx, co, calls, func(actx context.Context, i int) (string, error) {
+		runs[i].Add(1)
+		_, ok := coordinator.ReservationFromContext(actx)
+		protected[i].Store(ok)
+		return fmt.Sprint("run ", i), nil
+	})
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("DoBatch call %d: %v", i, err)
+		}
+	}
+	if runs[1].Load() != 0 || !res[1].Replayed || res[1].Value != "stored before" {
+		t.Errorf("the completed key: %d runs, %+v; want its stored result replayed and no run", runs[1].Load(), res[1])
+	}
+	if runs[0].Load() != 1 || protected[0].Load() {
+		t.Errorf("the failed key: %d runs, protected %v; want one unprotected run (mode run)", runs[0].Load(), protected[0].Load())
+	}
+	if runs[2].Load() != 1 || !protected[2].Load() {
+		t.Errorf("the free key: %d runs, protected %v; want one run under its reservation", runs[2].Load(), protected[2].Load())
+	}
+}
