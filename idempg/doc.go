@@ -21,8 +21,11 @@
 //
 // The response (or the action's result) commits together with the
 // handler's writes and the record: one record per request, under the
-// adapter's scoped key, so that one tenant's key never replays another's
-// order. A 5xx, an error or a panic rolls the writes back and frees the key.
+// adapter's scoped key. Set the adapter's scope hook (idemhttp.WithKeyScope,
+// and its equivalents in the other adapters) on a multi-tenant API, so
+// that one tenant's key never replays another's order: without one every
+// caller shares one key space per operation. A 5xx, an error or a panic
+// rolls the writes back and frees the key.
 // A handler that does not use the transaction is protected all the same.
 //
 // # The transactional call
