@@ -149,7 +149,7 @@ func (s *Store) ackRound(parent context.Context, node *redis.Client, batch []*ac
 	ctx, cancel := context.WithDeadline(parent, until.Add(ackReplyMargin))
 	defer cancel()
 	var wait *redis.Cmd
-	_, _ = node.Pipelined(ctx, func(p redis.Pipeliner) error {
+	unsent(node.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, w := range live {
 			_ = p.Process(ctx, w.touch)
 		}
@@ -159,7 +159,7 @@ func (s *Store) ackRound(parent context.Context, node *redis.Client, batch []*ac
 			wait = p.Do(ctx, "wait", s.acks.Replicas, ms)
 		}
 		return nil
-	})
+	}))
 	enough, werr := s.enoughAcks(wait, time.Duration(ms)*time.Millisecond)
 	for _, w := range live {
 		switch n, err := w.touch.Int64(); {

@@ -212,7 +212,7 @@ func (s *Store) runBatches(ctx context.Context, sc *redis.Script, bs []batch) ([
 		for i := start; i < min(start+maxPipeline, len(bs)); i++ {
 			cmds[i] = sc.EvalSha(ctx, pipe, bs[i].keys)
 		}
-		_, _ = pipe.Exec(ctx) // each command carries its own error
+		execPipeline(ctx, pipe)
 	}
 	var again redis.Pipeliner
 	for i, c := range cmds {
@@ -224,7 +224,7 @@ func (s *Store) runBatches(ctx context.Context, sc *redis.Script, bs []batch) ([
 		}
 	}
 	if again != nil {
-		_, _ = again.Exec(ctx)
+		execPipeline(ctx, again)
 	}
 	var first error
 	for i, c := range cmds {

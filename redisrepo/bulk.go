@@ -1,7 +1,6 @@
 package redisrepo
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -11,6 +10,8 @@ import (
 	"github.com/idemkit/idempotency/coordinator/idemstore"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/idemkit/idempotency/coordinator"
 )
 
 // This file is idemstore.BulkStore: the single-key methods for many keys
@@ -413,17 +414,14 @@ func (s *Store) runBulk(ctx context.Context, names []string, op bulkOp) error {
 		var first error
 		for j, i := range piped {
 			again, err := op.read(i, cmds[j])
-			if err != nil && first == nil {
-				first = storageError(op.method, err)
+			if err != nil {
+				first = graver(first, storageError(op.method, err))
 			}
 			if again {
 				singles = append(singles, i)
 			}
 		}
-		if err := eachSingle(ctx, singles, op.single); first == nil {
-			first = err
-		}
-		if first != nil {
+		if first = graver(first, eachSingle(ctx, singles, op.single)); first != nil {
 			return first
 		}
 	}
@@ -512,8 +510,35 @@ func send(ctx context.Context, p pipeliner, cmds []*redis.Cmd) {
 		for _, cmd := range cmds[:n] {
 			_ = pipe.Process(ctx, cmd)
 		}
-		_, _ = pipe.Exec(ctx)
+		execPipeline(ctx, pipe)
 		cmds = cmds[n:]
+	}
+}
+
+// execPipeline runs pipe, after which each of its commands carries its own
+// reply or error, which go-redis leaves undone in one case: when Redis
+// refused the pipeline's connection as it was set up (WRONGPASS, NOAUTH, an
+// unknown database), go-redis returns that reply as the pipeline's error
+// and gives it to no command, which would then read as an empty reply (a
+// nil script reply, an absent key). execPipeline gives it to each of them.
+func execPipeline(ctx context.Context, pipe redis.Pipeliner) {
+	unsent(pipe.Exec(ctx))
+}
+
+// unsent gives err, the error of a pipeline of cmds, to each of them when
+// none has an error of its own: the pipeline never ran (see execPipeline).
+// A pipeline that ran returns the first error of its commands.
+func unsent(cmds []redis.Cmder, err error) {
+	if err == nil {
+		return
+	}
+	for _, c := range cmds {
+		if c.Err() != nil {
+			return
+		}
+	}
+	for _, c := range cmds {
+		c.SetErr(err)
 	}
 }
 
@@ -534,8 +559,21 @@ func (s *Store) loadScript(ctx context.Context, sha any) error {
 	return fmt.Errorf("redisrepo: no script has the SHA-1 %v", sha)
 }
 
+// graver returns the error a bulk call reports of two that its entries
+// met (either may be nil): a refusal (coordinator.ErrMisconfigured) over
+// any other, else the first. The call's error goes to every entry whose
+// outcome it leaves unknown, and an outage's error would let mode run run
+// them unprotected while Redis refused one of them: with the refusal, none
+// runs.
+func graver(first, err error) error {
+	if first == nil || err != nil && errors.Is(err, coordinator.ErrMisconfigured) && !errors.Is(first, coordinator.ErrMisconfigured) {
+		return err
+	}
+	return first
+}
+
 // eachSingle runs fn for each of entries, at most maxSingles at once, and
-// returns the first error. The entries are of one wave: of distinct keys,
+// returns the error graver picks of theirs. The entries are of one wave: of distinct keys,
 // whose order does not matter.
 func eachSingle(ctx context.Context, entries []int, fn func(ctx context.Context, i int) error) error {
 	if len(entries) == 1 {
@@ -553,7 +591,7 @@ func eachSingle(ctx context.Context, entries []int, fn func(ctx context.Context,
 			defer func() { <-sem }()
 			if err := fn(ctx, i); err != nil {
 				mu.Lock()
-				first = cmp.Or(first, err)
+				first = graver(first, err)
 				mu.Unlock()
 			}
 		})

@@ -210,7 +210,7 @@ func readStates(ctx context.Context, p pipeliner, names []string) ([]keyState, e
 		heads[i] = pipe.GetRange(ctx, name, 0, headerLen-1)
 		lens[i] = pipe.StrLen(ctx, name)
 	}
-	_, _ = pipe.Exec(ctx) // each command carries its own error
+	execPipeline(ctx, pipe)
 
 	type second struct {
 		at     int
@@ -246,7 +246,7 @@ func readStates(ctx context.Context, p pipeliner, names []string) ([]keyState, e
 	if len(again) == 0 {
 		return states, nil
 	}
-	_, _ = pipe.Exec(ctx)
+	execPipeline(ctx, pipe)
 	for _, a := range again {
 		n, err := a.exists.Result()
 		switch {
