@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -244,8 +245,9 @@ func (replyError) RedisError() {}
 
 // TestRefusalsAreNotOutages: when Redis answers but refuses the client (a
 // password rotated under the service, an ACL that lacks a permission, a
-// database that does not exist), every Store method returns a
-// *coordinator.StorageError that also matches coordinator.ErrMisconfigured,
+// database that does not exist), each single-key method of the Store,
+// ReserveMany and GetMany return a *coordinator.StorageError that also
+// matches coordinator.ErrMisconfigured,
 // and the coordinator, in mode run, runs no action for it: a store that
 // answers is not down.
 func TestRefusalsAreNotOutages(t *testing.T) {
@@ -280,6 +282,20 @@ func TestRefusalsAreNotOutages(t *testing.T) {
 					t.Fatalf("%s: %v, want it to say the refusal (%s)", c.method, err, name)
 				}
 			}
+			two := []idemstore.Key{key, {Operation: key.Operation, Key: key.Key + "-2"}}
+			_, _, err := s.ReserveMany(t.Context(), two, []idemstore.Write{pendingWrite(token(), "", time.Minute), pendingWrite(token(), "", time.Minute)}, false)
+			if !errors.Is(err, coordinator.ErrMisconfigured) {
+				t.Fatalf("ReserveMany: %v, want an error that matches ErrMisconfigured", err)
+			}
+			// A pipeline whose connection Redis refused as it was set up
+			// (go-redis gives the refusal to none of its commands) is an
+			// error too, never records read as absent.
+			if recs, err := s.GetMany(t.Context(), two); !errors.Is(err, coordinator.ErrMisconfigured) {
+				t.Fatalf("GetMany: %v, %v; want an error that matches ErrMisconfigured", recs, err)
+			}
+			if infos, err := s.Inspect(t.Context(), two...); err == nil {
+				t.Fatalf("Inspect: %+v, want Redis's refusal", infos)
+			}
 			co, err := coordinator.New(s, coordinator.WithOnStorageError(coordinator.OnStorageErrorRun))
 			if err != nil {
 				t.Fatal(err)
@@ -294,5 +310,61 @@ func TestRefusalsAreNotOutages(t *testing.T) {
 				t.Fatalf("Do in mode run = %v after %d runs, want an error matching ErrMisconfigured and no run", err, runs)
 			}
 		})
+	}
+}
+
+// TestBulkRefusalBeatsAnOutage: in a ReserveMany whose entries meet an
+// outage (a node that timed out, first in the pipeline) and a refusal (an
+// ACL that denies one key: on a cluster, ACLs are per node), the call's
+// error, which every entry of unknown outcome takes, is the refusal, so
+// that DoBatch in mode run runs neither of them unprotected; the entry
+// Redis accepted runs under its reservation.
+func TestBulkRefusalBeatsAnOutage(t *testing.T) {
+	in := redistest.Start(t)
+	if in.Kind() != redistest.KindRedisServer {
+		t.Skip("needs redis-server: miniredis does not answer like Redis to ACL")
+	}
+	admin := in.Client(t)
+	if err := admin.Do(t.Context(), "ACL", "SETUSER", "partial", "on", ">partial-pw", "~acl:op:ok-*", "&*", "+@all").Err(); err != nil {
+		t.Fatal(err)
+	}
+	opts := noRetries(in.Options())
+	opts.Username, opts.Password = "partial", "partial-pw"
+	client := redis.NewClient(opts)
+	t.Cleanup(func() { _ = client.Close() })
+	s := redisrepo.New(client, redisrepo.WithKeyPrefix("acl:"))
+	// Entry 0 is allowed but its command fails as a timed-out node's
+	// would; entry 1 is denied; entry 2 is allowed and free.
+	keys := []idemstore.Key{{Operation: "op", Key: "ok-0"}, {Operation: "op", Key: "no-1"}, {Operation: "op", Key: "ok-2"}}
+	client.AddHook(failKey{name: s.Key(keys[0])})
+	ws := []idemstore.Write{pendingWrite(token(), "", time.Minute), pendingWrite(token(), "", time.Minute), pendingWrite(token(), "", time.Minute)}
+	_, written, err := s.ReserveMany(t.Context(), keys, ws, false)
+	if !errors.Is(err, coordinator.ErrMisconfigured) || !written[2] {
+		t.Fatalf("ReserveMany: written %v, %v; want the refusal (ErrMisconfigured) and entry 2 written", written, err)
+	}
+
+	more := []idemstore.Key{{Operation: "op", Key: "ok-batch-0"}, {Operation: "op", Key: "no-batch-1"}, {Operation: "op", Key: "ok-batch-2"}}
+	client.AddHook(failKey{name: s.Key(more[0])})
+	co, err := coordinator.New(s, coordinator.WithOnStorageError(coordinator.OnStorageErrorRun))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = co.Close() })
+	calls := make([]coordinator.Call, len(more))
+	for i, k := range more {
+		calls[i] = coordinator.Call{Operation: k.Operation, Key: k.Key}
+	}
+	var runs [3]atomic.Int64
+	_, errs := coordinator.DoBatch(t.Context(), co, calls, func(actx context.Context, i int) (string, error) {
+		runs[i].Add(1)
+		return "charged", nil
+	})
+	for i := range 2 {
+		if runs[i].Load() != 0 || !errors.Is(errs[i], coordinator.ErrMisconfigured) {
+			t.Errorf("call %d: %d runs, %v; want no run and the refusal", i, runs[i].Load(), errs[i])
+		}
+	}
+	if runs[2].Load() != 1 || errs[2] != nil {
+		t.Errorf("call 2: %d runs, %v; want one run", runs[2].Load(), errs[2])
 	}
 }

@@ -246,9 +246,14 @@ func (s *Store) abandon(ctx context.Context, c *command, rec idemstore.Record, w
 
 // readRefused is Reserve after Redis refused its write with refused: it
 // reads the record under rkey as Get does and returns it, or refused as a
-// *coordinator.StorageError when the key is absent or the read fails too.
+// *coordinator.StorageError when the key is absent or the read fails too;
+// the read's own error when Redis refused the client for it
+// (coordinator.ErrMisconfigured), which no action runs for.
 func (s *Store) readRefused(ctx context.Context, rkey string, refused error) (idemstore.Record, bool, error) {
 	rec, err := s.get(ctx, idemevent.MethodReserve, rkey, false)
+	if errors.Is(err, coordinator.ErrMisconfigured) {
+		return idemstore.Record{}, false, err
+	}
 	if err != nil || rec.State == idemstore.StateAbsent {
 		return idemstore.Record{}, false, storageError(idemevent.MethodReserve, refused)
 	}
