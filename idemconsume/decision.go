@@ -66,7 +66,9 @@ const (
 	// message is never dead-lettered for it.
 	ReasonLeaseLost Reason = "lease_lost"
 	// ReasonStorage (Retry): the store failed before the handler ran and the
-	// coordinator's on-storage-error mode is "raise"; or the message was
+	// coordinator's on-storage-error mode is "raise", or the store answered
+	// but refused the call (a conflict, a refusal: coordinator.ErrConflict,
+	// ErrMisconfigured), in either mode; or the message was
 	// delivered more than MaxDeliveries times and the store could not say
 	// whether it was completed or is held by another consumer (the store
 	// failed in mode "run", or the coordinator's in-flight mode is "run").

@@ -35,6 +35,8 @@
 //	done before: redelivery, producer's copy      Ack         duplicate
 //	another consumer holds the key                Retry       in_progress (RetryAfter)
 //	store down before the handler, mode "raise"   Retry       storage_error
+//	store refused the call (any mode)             Retry       storage_error (handler not run)
+//	handler succeeded, the commit failed (idempg) Retry       storage_error
 //	context ended (the consumer stops)            Retry       canceled
 //	handler failed after its reservation was lost Retry       lease_lost
 //	handler error (or panic), delivery < max      Retry       handler_error

@@ -65,7 +65,13 @@ func (p *Processor) Operation() string { return p.op }
 //     RetryAfter. The message is not acknowledged; it is not a failure.
 //   - The store fails before the handler ran: Retry in on-storage-error mode
 //     "raise" (the handler does not run); in mode "run" the handler runs
-//     unprotected and its success is an Ack (ReasonUnprotected).
+//     unprotected and its success is an Ack (ReasonUnprotected). A store
+//     that answered but refused the call (a conflict, a refusal:
+//     coordinator.ErrConflict, ErrMisconfigured) is not down: Retry in both
+//     modes, without running the handler.
+//   - The handler succeeds but a transactional store (idempg) fails to
+//     commit its writes with the key's record: Retry (ReasonStorage); the
+//     next delivery replays if the commit happened.
 //   - The handler fails: the coordinator releases the key and the decision
 //     is Retry, except for an error matching ErrPermanent, or a failure on
 //     the MaxDeliveries'th delivery, which are DeadLetter. A handler that
