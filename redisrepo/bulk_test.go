@@ -733,35 +733,50 @@ func TestBulkReserveOneEntryFails(t *testing.T) {
 	more := manyKeys("one-fails-batch-", 3)
 	plantFormat1(more[1])
 	c.AddHook(failKey{name: s.Key(more[0])})
+	b := batchInRunMode(t, s, more)
+	for i, err := range b.errs {
+		if err != nil {
+			t.Fatalf("DoBatch call %d: %v", i, err)
+		}
+	}
+	if b.runs[1].Load() != 0 || !b.res[1].Replayed || b.res[1].Value != "stored before" {
+		t.Errorf("the completed key: %d runs, %+v; want its stored result replayed and no run", b.runs[1].Load(), b.res[1])
+	}
+	if b.runs[0].Load() != 1 || b.protected[0].Load() {
+		t.Errorf("the failed key: %d runs, protected %v; want one unprotected run (mode run)", b.runs[0].Load(), b.protected[0].Load())
+	}
+	if b.runs[2].Load() != 1 || !b.protected[2].Load() {
+		t.Errorf("the free key: %d runs, protected %v; want one run under its reservation", b.runs[2].Load(), b.protected[2].Load())
+	}
+}
+
+// batchRun is what batchInRunMode saw of each call.
+type batchRun struct {
+	res       []coordinator.Result[string]
+	errs      []error
+	runs      []atomic.Int64
+	protected []atomic.Bool // the action ran under a reservation
+}
+
+// batchInRunMode runs coordinator.DoBatch over s, in on-storage-error mode
+// run, with one call per key, and returns what each call did.
+func batchInRunMode(t *testing.T, s *redisrepo.Store, keys []idemstore.Key) *batchRun {
+	t.Helper()
 	co, err := coordinator.New(s, coordinator.WithOnStorageError(coordinator.OnStorageErrorRun))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = co.Close() })
-	calls := make([]coordinator.Call, len(more))
-	for i, k := range more {
+	calls := make([]coordinator.Call, len(keys))
+	for i, k := range keys {
 		calls[i] = coordinator.Call{Operation: k.Operation, Key: k.Key}
 	}
-	var runs [3]atomic.Int64
-	var protected [3]atomic.Bool
-	res, errs := coordinator.DoBatch(ctx, co, calls, func(actx context.Context, i int) (string, error) {
-		runs[i].Add(1)
+	b := &batchRun{runs: make([]atomic.Int64, len(keys)), protected: make([]atomic.Bool, len(keys))}
+	b.res, b.errs = coordinator.DoBatch(t.Context(), co, calls, func(actx context.Context, i int) (string, error) {
+		b.runs[i].Add(1)
 		_, ok := coordinator.ReservationFromContext(actx)
-		protected[i].Store(ok)
+		b.protected[i].Store(ok)
 		return fmt.Sprint("run ", i), nil
 	})
-	for i, err := range errs {
-		if err != nil {
-			t.Fatalf("DoBatch call %d: %v", i, err)
-		}
-	}
-	if runs[1].Load() != 0 || !res[1].Replayed || res[1].Value != "stored before" {
-		t.Errorf("the completed key: %d runs, %+v; want its stored result replayed and no run", runs[1].Load(), res[1])
-	}
-	if runs[0].Load() != 1 || protected[0].Load() {
-		t.Errorf("the failed key: %d runs, protected %v; want one unprotected run (mode run)", runs[0].Load(), protected[0].Load())
-	}
-	if runs[2].Load() != 1 || !protected[2].Load() {
-		t.Errorf("the free key: %d runs, protected %v; want one run under its reservation", runs[2].Load(), protected[2].Load())
-	}
+	return b
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -345,26 +344,13 @@ func TestBulkRefusalBeatsAnOutage(t *testing.T) {
 
 	more := []idemstore.Key{{Operation: "op", Key: "ok-batch-0"}, {Operation: "op", Key: "no-batch-1"}, {Operation: "op", Key: "ok-batch-2"}}
 	client.AddHook(failKey{name: s.Key(more[0])})
-	co, err := coordinator.New(s, coordinator.WithOnStorageError(coordinator.OnStorageErrorRun))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = co.Close() })
-	calls := make([]coordinator.Call, len(more))
-	for i, k := range more {
-		calls[i] = coordinator.Call{Operation: k.Operation, Key: k.Key}
-	}
-	var runs [3]atomic.Int64
-	_, errs := coordinator.DoBatch(t.Context(), co, calls, func(actx context.Context, i int) (string, error) {
-		runs[i].Add(1)
-		return "charged", nil
-	})
+	b := batchInRunMode(t, s, more)
 	for i := range 2 {
-		if runs[i].Load() != 0 || !errors.Is(errs[i], coordinator.ErrMisconfigured) {
-			t.Errorf("call %d: %d runs, %v; want no run and the refusal", i, runs[i].Load(), errs[i])
+		if b.runs[i].Load() != 0 || !errors.Is(b.errs[i], coordinator.ErrMisconfigured) {
+			t.Errorf("call %d: %d runs, %v; want no run and the refusal", i, b.runs[i].Load(), b.errs[i])
 		}
 	}
-	if runs[2].Load() != 1 || errs[2] != nil {
-		t.Errorf("call 2: %d runs, %v; want one run", runs[2].Load(), errs[2])
+	if b.runs[2].Load() != 1 || !b.protected[2].Load() || b.errs[2] != nil {
+		t.Errorf("call 2: %d runs, protected %v, %v; want one run under its reservation", b.runs[2].Load(), b.protected[2].Load(), b.errs[2])
 	}
 }
