@@ -173,9 +173,12 @@ func NewPool(s Settings) (*pgxpool.Pool, error) {
 	if s.URL == "" {
 		return nil, fmt.Errorf("%s: must be set with idempg.Module: the PostgreSQL database of the store, as a postgres:// URL or a key=value connection string (or hand the module the app's pool: idempg.UsePool)", urlVar)
 	}
+	if err := validatePostgresURL(s.URL); err != nil {
+		return nil, fmt.Errorf("%s: %w", urlVar, err)
+	}
 	cfg, err := pgxpool.ParseConfig(s.URL)
 	if err != nil {
-		return nil, fmt.Errorf("%s: pgx cannot parse it: %s", urlVar, parseProblem(err))
+		return nil, fmt.Errorf("%s: pgx cannot parse it: %s", urlVar, parseProblem(err, s.URL))
 	}
 	if s.MaxConns > 0 {
 		cfg.MaxConns = s.MaxConns
@@ -189,20 +192,23 @@ func NewPool(s Settings) (*pgxpool.Pool, error) {
 	// NewWithConfig does no I/O: the first connection is made on use.
 	own, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %s", urlVar, parseProblem(err))
+		return nil, fmt.Errorf("%s: %s", urlVar, parseProblem(err, s.URL))
 	}
 	return own, nil
 }
 
-// parseProblem is what pgx says is wrong with a connection string, without
-// the string itself (pgx masks the password in it only as well as it can
-// tell where the password is).
-func parseProblem(err error) string {
+// parseProblem is what pgx says is wrong with the connection string raw,
+// without the string itself or any part of its secrets (pgx masks the
+// password only as well as it can tell where the password is).
+func parseProblem(err error, raw string) string {
 	var pe *pgconn.ParseConfigError
 	if errors.As(err, &pe) {
-		if inner := pe.Unwrap(); inner != nil && !strings.Contains(inner.Error(), pe.ConnString) {
+		if inner := pe.Unwrap(); inner != nil && !strings.Contains(inner.Error(), pe.ConnString) && !mentionsSecret(inner.Error(), raw) {
 			return inner.Error()
 		}
+		return "check its form and parameters"
+	}
+	if mentionsSecret(err.Error(), raw) {
 		return "check its form and parameters"
 	}
 	return err.Error()

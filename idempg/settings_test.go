@@ -2,12 +2,14 @@ package idempg_test
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/fx"
 
 	"github.com/idemkit/idempotency"
@@ -67,6 +69,66 @@ func TestPostgresSettings(t *testing.T) {
 		}
 		if strings.Contains(s.String(), "s3cret") {
 			t.Errorf("String shows the password of %q", raw)
+		}
+	}
+}
+
+// A secret is masked where libpq and pgx read it, which is not always where
+// net/url does ('#' or '?' in a password, sslpassword), and a string that
+// libpq refuses is refused without quoting a secret, by Validate and by
+// NewPool alike.
+func TestPostgresSecretsWhereTheDriverReadsThem(t *testing.T) {
+	for raw, want := range map[string]string{
+		"postgres://app:#s3cret@db/shop":                     "postgres://app:xxxxx@db/shop",
+		"postgres://app:12?s3cret@db/shop?sslmode=disable":   "postgres://app:xxxxx@db/shop?sslmode=disable",
+		"postgresql://app:2024#s3cret/x@db/shop":             "(invalid connection string)",
+		"postgres://app@db/shop?sslpassword=s3cret&a=b":      "postgres://app@db/shop?sslpassword=xxxxx&a=b",
+		"postgres://db/shop?sslmode=disable&password=s3cret": "postgres://db/shop?sslmode=disable&password=xxxxx",
+		"host=db sslpassword=s3cret dbname=shop":             "host=db sslpassword=xxxxx dbname=shop",
+		"host=db password='it''s s3cret' dbname=shop":        "(invalid connection string)",
+		`host=db password='it\'s s3cret' dbname=shop`:        "host=db password=xxxxx dbname=shop",
+		`host=db password=s3cret\ pw`:                        "host=db password=xxxxx",
+	} {
+		s := idempg.Settings{URL: raw}
+		if got := s.Redacted().URL; got != want {
+			t.Errorf("Redacted(%q) = %q, want %q", raw, got, want)
+		}
+		if strings.Contains(s.String(), "s3cret") || strings.Contains(fmt.Sprint(s.Validate()), "s3cret") {
+			t.Errorf("%q: String or Validate shows the secret: %v", raw, s.Validate())
+		}
+		if want == "(invalid connection string)" {
+			continue
+		}
+		// The driver reads the same secret that was masked.
+		cfg, err := pgconn.ParseConfig(raw)
+		if err != nil {
+			t.Errorf("pgx refuses %q: %v", raw, err)
+			continue
+		}
+		if cfg.Password != "" && !strings.Contains(cfg.Password, "s3cret") {
+			t.Errorf("%q: pgx reads the password %q", raw, cfg.Password)
+		}
+	}
+	for _, raw := range []string{
+		"host=db password=my s3cret dbname=shop",
+		"host=db password='my s3cret",
+		"host=db password = 'my s3cret",
+		"postgres://app:s3%zzcret@db/shop",
+		"postgres://db/shop?password=s3%zzcret",
+	} {
+		s := idempg.Settings{URL: raw}
+		err := s.Validate()
+		if err == nil || !strings.Contains(err.Error(), "IDEMPOTENCY_POSTGRES_URL: ") {
+			t.Errorf("%q: Validate = %v, want an error naming IDEMPOTENCY_POSTGRES_URL", raw, err)
+		}
+		_, perr := idempg.NewPool(s)
+		if perr == nil {
+			t.Errorf("%q: NewPool accepts it", raw)
+		}
+		for _, shown := range []string{fmt.Sprint(err), fmt.Sprint(perr), s.String()} {
+			if strings.Contains(shown, "s3") || strings.Contains(shown, "cret") {
+				t.Errorf("%q: %q shows the secret", raw, shown)
+			}
 		}
 	}
 }
