@@ -227,6 +227,16 @@ func (b *batch[T]) settle(ctx context.Context, j int) {
 		b.errs[i] = err
 		return
 	}
+	if context.Cause(h.actx) != nil {
+		// The lease was lost, or may have run out (the watchdog), while
+		// the entry waited for its turn: the action does not start on it.
+		// The entry gives the reservation up and reserves again, as a call
+		// that starts now would, and runs, waits or replays on what the
+		// store says then.
+		b.free(ctx, j)
+		b.res[i], b.errs[i] = f.reservedAfter(ctx, nil)
+		return
+	}
 	f.observe(ctx, idemevent.Event{Kind: idemevent.Miss})
 	b.missed[j] = true
 	err := f.run(h.actx)

@@ -260,6 +260,81 @@ func TestDoBatchKeepsLeasesWhileItRuns(t *testing.T) {
 	})
 }
 
+// An entry whose lease is lost, or whose watchdog fires, while it waits
+// for its turn does not start its action on that reservation: it reserves
+// again, and so meets the caller that took the key over (and, when the
+// lease only may have run out, runs on a new reservation).
+func TestDoBatchEntryLosesItsLeaseBeforeItsTurn(t *testing.T) {
+	b := idemstore.Key{Operation: "payment.charge", Key: "b"}
+	t.Run("taken over", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			lease := 3 * time.Second
+			fx, s := newMem(t, coordinator.WithLease(lease), coordinator.WithInFlight(coordinator.InFlightRaise))
+			var runs [2]atomic.Int64
+			_, errs := coordinator.DoBatch(t.Context(), fx.c, calls("slow", "b"), func(_ context.Context, i int) (string, error) {
+				runs[i].Add(1)
+				if i == 0 {
+					// b's record goes, its renewal finds it gone, and
+					// another caller takes the key.
+					if _, err := s.DeleteMany(context.Background(), []idemstore.Key{b}); err != nil {
+						return "", err
+					}
+					time.Sleep(2 * lease)
+					if _, _, err := s.Reserve(context.Background(), b, idemstore.Write{State: idemstore.StatePending, Token: "other", TTL: time.Hour}); err != nil {
+						return "", err
+					}
+				}
+				return "done", nil
+			})
+			if errs[0] != nil {
+				t.Fatalf("slow: %v", errs[0])
+			}
+			if n := runs[1].Load(); n != 0 {
+				t.Errorf("b's action ran %d times on a lost lease, want 0", n)
+			}
+			if ip := (*coordinator.InProgressError)(nil); !errors.As(errs[1], &ip) {
+				t.Errorf("b: %v, want the other caller's key in progress", errs[1])
+			}
+			if rec := s.Snapshot(b); rec.State != idemstore.StatePending || rec.Token != "other" {
+				t.Errorf("b holds %+v, want the other caller's reservation", rec)
+			}
+		})
+	})
+	t.Run("watchdog", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			lease := 3 * time.Second
+			fs := faultstore.Wrap(memstore.New())
+			fx := newFixture(t, fs, coordinator.WithLease(lease))
+			var runs [2]atomic.Int64
+			var bCtxErr error
+			res, errs := coordinator.DoBatch(t.Context(), fx.c, calls("slow", "b"), func(ctx context.Context, i int) (string, error) {
+				runs[i].Add(1)
+				if i == 0 {
+					// No renewal is confirmed for a lease: both watchdogs fire.
+					fs.Fail(idemevent.MethodRenew, nil)
+					time.Sleep(2 * lease)
+					fs.Reset()
+				} else {
+					bCtxErr = ctx.Err()
+				}
+				return "done", nil
+			})
+			if errs[1] != nil {
+				t.Fatalf("b: %v", errs[1])
+			}
+			if n := runs[1].Load(); n != 1 || bCtxErr != nil {
+				t.Errorf("b's action ran %d times, its context ended: %v; want once, on a live reservation", n, bCtxErr)
+			}
+			if res[1].Replayed || res[1].Value != "done" {
+				t.Errorf("b: %+v, want its own run", res[1])
+			}
+			if rec, err := fs.Get(context.Background(), b); err != nil || rec.State != idemstore.StateCompleted {
+				t.Errorf("b holds %+v (%v), want completed", rec, err)
+			}
+		})
+	})
+}
+
 func TestDoBatchPanicKeepsWhatRan(t *testing.T) {
 	fx, s := newMem(t)
 	cs := calls("first", "panics", "never")
