@@ -60,8 +60,8 @@
 // Content-Type is sniffed as net/http sniffs it (not with a Content-Encoding,
 // nor when the handler set it to nil).
 //
-// A response the store policy refuses (DefaultStorePolicy refuses 429 and
-// 5xx; see WithStorePolicy) is sent and not stored: it is a failure, and
+// A response the store policy refuses (DefaultStorePolicy refuses 408,
+// 429, 499 and 5xx; see WithStorePolicy) is sent and not stored: it is a failure, and
 // failures are not cached, so the key is released and a retry runs the
 // handler again. A response that cannot be stored — its body is larger than
 // WithMaxResponseBytes (1 MiB), or the handler flushes (streaming) or hijacks

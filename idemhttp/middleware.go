@@ -149,6 +149,12 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return own, nil
 	})
 	switch {
+	case own != nil && own.sent:
+		// The handler streamed or hijacked: its response went out, and
+		// nothing may follow it (not another caller's record that the
+		// completion met, nor a problem about a failed commit, which the
+		// observer reports).
+		writeLive(w, own)
 	case err == nil && res.Replayed:
 		writeReplay(w, res.Value)
 	case own != nil && (err == nil || errors.Is(err, errNotStored)):

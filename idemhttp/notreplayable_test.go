@@ -281,3 +281,42 @@ func TestLargeResponseRunsOnceOnRedis(t *testing.T) {
 		t.Fatalf("handler ran %d times, want 1", n)
 	}
 }
+
+// A handler that streamed has sent its response, and nothing follows it:
+// not the record of a duplicate that ran beside it (in-flight mode run) and
+// completed the key first.
+func TestStreamedResponseIsTheLastWrite(t *testing.T) {
+	c, _ := newCoordinator(t, coordinator.WithInFlight(coordinator.InFlightRun))
+	gate, streaming := make(chan struct{}), make(chan struct{})
+	var n atomic.Int32
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if n.Add(1) == 1 {
+			_, _ = io.WriteString(w, "part1")
+			w.(http.Flusher).Flush()
+			close(streaming)
+			<-gate
+			_, _ = io.WriteString(w, "part2")
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = io.WriteString(w, `{"id":2}`)
+	})
+	mux := route("POST /x", h, idemhttp.Middleware(c))
+	var first *httptest.ResponseRecorder
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		first = send(mux, "POST", "/x", "k", "")
+	}()
+	<-streaming
+	second := send(mux, "POST", "/x", "k", "")
+	close(gate)
+	<-done
+	if second.Code != http.StatusCreated || second.Body.String() != `{"id":2}` {
+		t.Errorf("the duplicate got %d %q, want its own 201", second.Code, second.Body)
+	}
+	if first.Code != http.StatusOK || first.Body.String() != "part1part2" || isReplay(first) {
+		t.Errorf("the streamed response is %d %q (replayed %v), want 200 \"part1part2\" alone", first.Code, first.Body, isReplay(first))
+	}
+}

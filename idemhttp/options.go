@@ -233,11 +233,22 @@ func DefaultReplayHeaders() []string {
 }
 
 // DefaultStorePolicy is the default store policy: every status is stored
-// except 429 Too Many Requests and the 5xx server errors, which say "try
-// again" rather than describe the outcome of the request.
+// except 408 Request Timeout, 429 Too Many Requests, 499 (Client Closed
+// Request, which grpc-gateway answers for a cancelled call) and the 5xx
+// server errors, which say "try again" or "the request did not finish"
+// rather than describe its outcome, as gRPC's Canceled and
+// DeadlineExceeded are not stored.
 func DefaultStorePolicy(status int) bool {
-	return status != http.StatusTooManyRequests && status < 500
+	switch status {
+	case http.StatusRequestTimeout, http.StatusTooManyRequests, statusClientClosedRequest:
+		return false
+	}
+	return status < 500
 }
+
+// statusClientClosedRequest is nginx's and grpc-gateway's status for a
+// request whose client went away before the answer.
+const statusClientClosedRequest = 499
 
 // isToken reports whether s is an RFC 9110 token, the syntax of methods and
 // header field names.
