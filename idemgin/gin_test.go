@@ -14,6 +14,7 @@ import (
 	"github.com/gin-gonic/gin"
 
 	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/coordinator/memstore"
 	"github.com/idemkit/idempotency/idemgin"
 	"github.com/idemkit/idempotency/idemhttp"
 	"github.com/idemkit/idempotency/internal/redistest"
@@ -119,6 +120,38 @@ func TestIdemctlFindsTheRoutesRecords(t *testing.T) {
 	for _, want := range []string{`POST.orders.id order-42 (scope "tenant:acme")`, "state        completed", `\"order\":\"42\"`} {
 		if !strings.Contains(string(out), want) {
 			t.Fatalf("idemctl lookup printed\n%s\nwant %q in it", out, want)
+		}
+	}
+}
+
+// On the engine (Use), the middleware keeps the status gin gives a request
+// that no route matched: a POST to a mistyped path is a 404, live and
+// replayed, never a stored 200 that reads as success.
+func TestEngineMiddlewareKeepsNoRoute(t *testing.T) {
+	c, err := coordinator.New(memstore.New())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	r := gin.New()
+	r.HandleMethodNotAllowed = true
+	r.Use(idemgin.Middleware(c))
+	r.POST("/orders", func(c *gin.Context) { c.JSON(http.StatusCreated, gin.H{"ok": true}) })
+	for _, tc := range []struct {
+		method, path string
+		want         int
+	}{
+		{http.MethodPost, "/ordres", http.StatusNotFound},
+		{http.MethodPut, "/orders", http.StatusMethodNotAllowed},
+	} {
+		for try := range 2 {
+			req := httptest.NewRequest(tc.method, tc.path, strings.NewReader(`{}`))
+			req.Header.Set(idemhttp.KeyHeader, "k-"+tc.method)
+			w := httptest.NewRecorder()
+			r.ServeHTTP(w, req)
+			if w.Code != tc.want {
+				t.Errorf("%s %s, try %d: %d %q, want %d", tc.method, tc.path, try+1, w.Code, w.Body, tc.want)
+			}
 		}
 	}
 }

@@ -45,7 +45,10 @@ func Middleware(c *coordinator.Coordinator, opts ...idemhttp.Option) gin.Handler
 				gc.Next()
 				return
 			}
-			rw := &writer{ResponseWriter: w, outer: outer, status: http.StatusOK, size: -1}
+			// The status gin holds so far: 200, or 404/405 for a request
+			// no route matched (the middleware on the engine), or one an
+			// earlier handler set (c.Status).
+			rw := &writer{ResponseWriter: w, outer: outer, status: outer.Status(), size: -1}
 			gc.Writer = rw
 			defer func() { gc.Writer = outer }()
 			gc.Next()
