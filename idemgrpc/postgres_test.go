@@ -73,7 +73,8 @@ func postgresPool(t *testing.T) *pgxpool.Pool {
 // The server interceptor over the PostgreSQL store runs the handler inside
 // the claim's transaction: what the handler writes through idempg.Tx
 // commits with the response and the record, so 3 calls with one key make 1
-// row and 1 record; an error rolls the write back and frees the key; a
+// row and 1 record; a stored code commits too; an error that is not stored
+// rolls the write back and frees the key; a
 // commit that fails is an Unavailable error, never the handler's response.
 func TestServerInsideThePostgresTransaction(t *testing.T) {
 	pool := postgresPool(t)
@@ -135,7 +136,23 @@ func TestServerInsideThePostgresTransaction(t *testing.T) {
 		t.Errorf("the records of order-1: %d, %q, %v; want 1 completed", records, state, err)
 	}
 
-	// An error is not stored: its write rolls back and the key is free.
+	// A stored code (FailedPrecondition) is the request's outcome: it
+	// commits with what the handler wrote before it, and a retry gets the
+	// code replayed without a second run.
+	mu.Lock()
+	failure = status.Error(codes.FailedPrecondition, "card declined")
+	mu.Unlock()
+	for i := range 2 {
+		if _, err := charge("order-3"); status.Code(err) != codes.FailedPrecondition {
+			t.Fatalf("call %d of a declining handler: %v, want its FailedPrecondition", i, err)
+		}
+	}
+	if n := ledger("order-3"); n != 1 {
+		t.Errorf("a stored code left %d ledger rows, want 1: committed with its record", n)
+	}
+
+	// An error that is not stored (Unavailable): its write rolls back and
+	// the key is free.
 	mu.Lock()
 	failure = status.Error(codes.Unavailable, "provider down")
 	mu.Unlock()

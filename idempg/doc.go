@@ -24,8 +24,12 @@
 // adapter's scoped key. Set the adapter's scope hook (idemhttp.WithKeyScope,
 // and its equivalents in the other adapters) on a multi-tenant API, so
 // that one tenant's key never replays another's order: without one every
-// caller shares one key space per operation. A 5xx, an error or a panic
-// rolls the writes back and frees the key.
+// caller shares one key space per operation. An outcome that is not
+// stored (a 5xx, a status the store policy refuses, a gRPC or Connect code
+// that is not stored), a panic or a failed COMMIT rolls the writes back
+// and frees the key. A stored outcome commits with what the handler wrote
+// before it: a 4xx, a stored code (FailedPrecondition, ...) or an Echo
+// error answered with a 4xx. Refuse a request before writing.
 // A handler that does not use the transaction is protected all the same.
 //
 // # The transactional call
