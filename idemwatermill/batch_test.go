@@ -2,6 +2,7 @@ package idemwatermill_test
 
 import (
 	"errors"
+	"slices"
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -74,5 +75,63 @@ func TestHandleBatch(t *testing.T) {
 	}
 	if p, e := d.HandleBatch(nil, h); len(p) != 0 || len(e) != 0 {
 		t.Errorf("an empty batch: %v, %v", p, e)
+	}
+}
+
+// TestHandleBatchSharedUUID runs batches whose deliveries share a UUID, as
+// NATS messages from a publisher other than Watermill do (an empty one): h
+// runs on each delivery's own message, also after a delivery with the same
+// UUID that it did not run for, and what it produced goes to that delivery.
+func TestHandleBatchSharedUUID(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		done []string // the keys completed before the batch
+		keys []string // the batch's keys, every message with UUID ""
+		want []string // each delivery's produced message's UUID, or ""
+		dead []bool   // each delivery's dead-lettering
+	}{
+		{"after a replay", []string{"a"}, []string{"a", "b"}, []string{"", "out-b"}, []bool{false, false}},
+		{"around a bad key", nil, []string{"c", "not a key", "d"}, []string{"out-c", "", "out-d"}, []bool{false, true, false}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			runs := map[string]int{}
+			h := func(msg *message.Message) ([]*message.Message, error) {
+				key := msg.Metadata.Get(idemconsume.DefaultKeyField)
+				runs[key]++
+				return []*message.Message{message.NewMessage("out-"+key, nil)}, nil
+			}
+			d := newDeduplicator(t, newProcessor(t))
+			for _, k := range tc.done {
+				if _, err := d.Middleware(h)(order("", k)); err != nil {
+					t.Fatalf("completing %q: %v", k, err)
+				}
+			}
+			clear(runs)
+			msgs := make([]*message.Message, len(tc.keys))
+			for i, k := range tc.keys {
+				msgs[i] = order("", k)
+			}
+			produced, errs := d.HandleBatch(msgs, h)
+			for i, k := range tc.keys {
+				var out []string
+				for _, m := range produced[i] {
+					out = append(out, m.UUID)
+				}
+				want := []string(nil)
+				if tc.want[i] != "" {
+					want = []string{tc.want[i]}
+				}
+				if !slices.Equal(out, want) || (errs[i] != nil) != tc.dead[i] || idemwatermill.IsDeadLetter(errs[i]) != tc.dead[i] {
+					t.Errorf("delivery %d (key %q): produced %q, error %v; want %q, dead letter %v", i, k, out, errs[i], want, tc.dead[i])
+				}
+				wantRuns := 1
+				if tc.want[i] == "" {
+					wantRuns = 0
+				}
+				if runs[k] != wantRuns {
+					t.Errorf("key %q ran %d times in the batch, want %d", k, runs[k], wantRuns)
+				}
+			}
+		})
 	}
 }

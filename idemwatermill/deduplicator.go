@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"reflect"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -88,7 +90,8 @@ func (d *Deduplicator) Middleware(h message.HandlerFunc) message.HandlerFunc {
 // produced and nil, so that the caller acknowledges the delivery and
 // publishes them; or a *DecisionError, so that it nacks it (or, matching
 // ErrDeadLetter, dead-letters it). The caller acts on them only after
-// HandleBatch has returned. While h runs, msg.Context() is the
+// HandleBatch has returned. h runs on each delivery's own message, also when
+// deliveries share a UUID. While h runs, msg.Context() is the
 // coordinator's context of the run, as in Middleware; the messages'
 // contexts are not canceled by one another, and ProcessBatch's own context
 // is that of msgs[0].
@@ -104,19 +107,26 @@ func (d *Deduplicator) HandleBatch(msgs []*message.Message, h message.HandlerFun
 	}
 	runs := make([]*run, len(msgs))
 	in := make([]idemconsume.Message, len(msgs))
-	byID := make(map[string][]int, len(msgs))
+	// Each delivery gets a Fields map of its own, by which the handler finds
+	// its message: not by UUID, which repeats (Watermill's NATS unmarshalers
+	// leave it empty for messages from other publishers), nor by counting
+	// calls, as the deliveries the handler does not run for (a replay, a bad
+	// key, one over the delivery limit) get none. in keeps the maps alive,
+	// so no address is reused.
+	at := make(map[uintptr]int, len(msgs))
 	for i, msg := range msgs {
 		runs[i] = d.run(msg, h)
 		in[i] = d.message(msg)
-		byID[in[i].ID] = append(byID[in[i].ID], i)
+		fields := make(map[string]string, len(msg.Metadata))
+		maps.Copy(fields, msg.Metadata)
+		in[i].Fields = fields
+		at[reflect.ValueOf(fields).Pointer()] = i
 	}
-	// The handler gets idemconsume's copy of the message; find its own by
-	// position: the deliveries it runs for come in the order of msgs.
-	next := make(map[string]int, len(msgs))
 	decs := d.p.ProcessBatch(msgs[0].Context(), in, func(ctx context.Context, m idemconsume.Message) error {
-		at := byID[m.ID]
-		i := at[min(next[m.ID], len(at)-1)]
-		next[m.ID]++
+		i, ok := at[reflect.ValueOf(m.Fields).Pointer()]
+		if !ok {
+			return errors.New("idemwatermill: HandleBatch: the handler was called for a message that is not in the batch")
+		}
 		return runs[i].handle(ctx, m)
 	})
 	for i, dec := range decs {
