@@ -51,6 +51,10 @@ func loadEnv() (Settings, error) {
 	var errs []error
 	for i := range t.NumField() {
 		f := t.Field(i)
+		if err := notDecimal(f); err != nil {
+			errs = append(errs, err)
+			continue
+		}
 		one := reflect.New(reflect.StructOf([]reflect.StructField{{Name: f.Name, Type: f.Type, Tag: f.Tag}}))
 		if err := envconfig.Process(EnvPrefix, one.Interface()); err != nil {
 			errs = append(errs, envError(err))
@@ -72,6 +76,46 @@ func loadEnv() (Settings, error) {
 		s.RedisURL = DefaultSettings().RedisURL
 	}
 	return s, nil
+}
+
+// notDecimal returns an error naming the variable of f, an integer field,
+// when it is set to a number that is not written in decimal (010, 0x10,
+// 0o10, 0b10, 1_000): envconfig reads integers with strconv.ParseInt's base
+// 0, which takes 010 for 8. Values that are no number at all are left to
+// envconfig's own error.
+func notDecimal(f reflect.StructField) error {
+	switch f.Type.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+	default:
+		return nil
+	}
+	name := fieldVariable(f)
+	v, ok := os.LookupEnv(name)
+	if !ok || decimal(v) {
+		return nil
+	}
+	if _, err := strconv.ParseInt(v, 0, 64); err != nil && !errors.Is(err, strconv.ErrRange) {
+		return nil
+	}
+	return fmt.Errorf("%s: %q is not a decimal whole number; write it in base 10 without leading zeros or underscores, e.g. 10", name, v)
+}
+
+// decimal reports whether v is a whole number in base 10 as people write
+// it: an optional sign, then 0 or digits that do not start with 0.
+func decimal(v string) bool {
+	if v != "" && (v[0] == '+' || v[0] == '-') {
+		v = v[1:]
+	}
+	if v == "" || len(v) > 1 && v[0] == '0' {
+		return false
+	}
+	for _, c := range []byte(v) {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 // testVariablePrefix starts the IDEMPOTENCY_* variables that LoadSettings
@@ -227,6 +271,9 @@ func (s Settings) Validate() error {
 		}
 	}
 	errs = append(errs, s.sentinelErrors()...)
+	if _, err := s.RedisLogs.parse(); err != nil {
+		bad("REDIS_LOGS", err)
+	}
 	if s.BreakerFailures < 0 {
 		bad("BREAKER_FAILURES", fmt.Errorf("must be 0 (no breaker) or more, got %d", s.BreakerFailures))
 	}

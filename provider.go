@@ -2,6 +2,7 @@ package idempotency
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -240,8 +241,13 @@ func NewStore(s Settings, client redisrepo.Client) *redisrepo.Store {
 // close it while the store is in use: that stops it for every user of
 // client. It returns an error naming IDEMPOTENCY_REDIS_AUTO_PIPELINE when
 // client cannot auto-pipeline (a *redis.Ring, a closed client, invalid
-// AutoPipelineOptions).
+// AutoPipelineOptions), and one naming IDEMPOTENCY_REDIS_REPLICA_ACKS when
+// writes are to be acknowledged and client cannot acknowledge them
+// (redisrepo.CanAcknowledge: a *redis.Ring, a type that wraps a client).
 func NewStoreClient(s Settings, client redis.UniversalClient) (redisrepo.Client, error) {
+	if err := cannotAcknowledge(s, client); err != nil {
+		return nil, err
+	}
 	if !s.RedisAutoPipeline {
 		return client, nil
 	}
@@ -299,12 +305,37 @@ func newStderrLogger() (*zap.Logger, error) {
 
 // NewCoordinator returns the coordinator the settings describe, over store,
 // reporting to obs (nil: nothing). It returns an error when the settings are
-// invalid.
+// invalid, or invalid for store (IDEMPOTENCY_FENCED_OPERATIONS with a store
+// that hands out no fences): a *SettingsError naming the variable.
 func NewCoordinator(s Settings, store idemstore.Store, obs idemevent.Observer) (*coordinator.Coordinator, error) {
 	if err := s.Validate(); err != nil {
 		return nil, err
 	}
-	return coordinator.New(store, append(s.CoordinatorOptions(), coordinator.WithObserver(obs))...)
+	c, err := coordinator.New(store, append(s.CoordinatorOptions(), coordinator.WithObserver(obs))...)
+	if err != nil {
+		return nil, storeRefusal(err)
+	}
+	return c, nil
+}
+
+// storeRefusal returns err, an error of coordinator.New over settings that
+// Validate accepted, as a *SettingsError naming the variable behind the
+// option it refuses for the store; an error of no option is returned as it
+// is.
+func storeRefusal(err error) error {
+	var oe *coordinator.OptionError
+	if !errors.As(err, &oe) {
+		return err
+	}
+	v, ok := optionVariables[oe.Option]
+	if !ok {
+		return err
+	}
+	reason := optionReason(oe).Error()
+	if oe.Option == "WithFencedOperations" {
+		reason += fmt.Sprintf("; leave %s_%s empty with this store (the Redis store hands out fences)", EnvPrefix, v)
+	}
+	return invalidSettings([]error{fmt.Errorf("%s_%s: %s", EnvPrefix, v, reason)})
 }
 
 // pingTimeout bounds the start-up ping of a Redis client the module built.
@@ -428,6 +459,17 @@ func checkEviction(ctx context.Context, client redis.UniversalClient, s Settings
 // replicaAcksVar is the variable of replica acknowledgement.
 const replicaAcksVar = EnvPrefix + "_REDIS_REPLICA_ACKS"
 
+// cannotAcknowledge returns an error naming IDEMPOTENCY_REDIS_REPLICA_ACKS
+// when s has writes acknowledged and client cannot acknowledge them: every
+// acknowledged write would be a storage error.
+func cannotAcknowledge(s Settings, client redis.UniversalClient) error {
+	if s.RedisReplicaAcks == 0 && !s.RedisReplicaAckFsync || redisrepo.CanAcknowledge(client) {
+		return nil
+	}
+	return fmt.Errorf("%s: a %T cannot acknowledge writes (the touch of each write and its WAIT must share one connection): hand the module a *redis.Client or a *redis.ClusterClient, or set %s to 0 and %s_REDIS_REPLICA_ACK_FSYNC to false",
+		replicaAcksVar, client, replicaAcksVar, EnvPrefix)
+}
+
 // checkReplicaAcks checks, when writes are to be acknowledged
 // (IDEMPOTENCY_REDIS_REPLICA_ACKS, _FSYNC), what the server must have: a
 // client that can hold a connection for the WAIT, and, for WAITAOF, the
@@ -440,8 +482,8 @@ func checkReplicaAcks(ctx context.Context, client redis.UniversalClient, s Setti
 	if s.RedisReplicaAcks == 0 && !s.RedisReplicaAckFsync {
 		return nil
 	}
-	if !redisrepo.CanAcknowledge(client) {
-		return fmt.Errorf("%s: a %T cannot acknowledge writes (the touch of each write and its WAIT must share one connection): hand the module a *redis.Client or a *redis.ClusterClient", replicaAcksVar, client)
+	if err := cannotAcknowledge(s, client); err != nil {
+		return err // NewStoreClient refused it already
 	}
 	fsyncVar := EnvPrefix + "_REDIS_REPLICA_ACK_FSYNC"
 	check := func(ctx context.Context, c *redis.Client, addr string) error {

@@ -104,6 +104,41 @@ func TestModuleBackendErrors(t *testing.T) {
 	}
 }
 
+// fencelessStore is a store that hands out no fences, as idempg's does not.
+type fencelessStore struct{ idemstore.Store }
+
+// IDEMPOTENCY_FENCED_OPERATIONS with a store that hands out no fences (a
+// Backend such as idempg's) stops start-up with a *SettingsError naming the
+// variable and what to set, not with the coordinator's option name.
+func TestModuleFencedOperationsNeedAFencer(t *testing.T) {
+	clearEnv(t)
+	t.Setenv("IDEMPOTENCY_FENCED_OPERATIONS", "payment.charge")
+	_, regOpt := registry()
+	app := fx.New(idempotency.Module, fx.NopLogger, regOpt, fx.Supply(zap.NewNop()),
+		backend(&idempotency.Backend{Store: fencelessStore{memstore.New()}}),
+		fx.Invoke(func(*coordinator.Coordinator) {}))
+	err := app.Err()
+	var se *idempotency.SettingsError
+	if !errors.As(err, &se) || len(se.Errs) != 1 {
+		t.Fatalf("start-up with fences over a store without = %v, want a *SettingsError with one refusal", err)
+	}
+	const want = "IDEMPOTENCY_FENCED_OPERATIONS: the store (idempotency_test.fencelessStore) hands out no fences: " +
+		"it does not implement coordinator.Fencer; leave IDEMPOTENCY_FENCED_OPERATIONS empty with this store (the Redis store hands out fences)"
+	if got := se.Errs[0].Error(); got != want {
+		t.Errorf("refusal = %q\nwant %q", got, want)
+	}
+
+	// Without fenced operations the same store is fine.
+	clearEnv(t)
+	_, regOpt = registry()
+	app = fx.New(idempotency.Module, fx.NopLogger, regOpt, fx.Supply(zap.NewNop()),
+		backend(&idempotency.Backend{Store: fencelessStore{memstore.New()}}),
+		fx.Invoke(func(*coordinator.Coordinator) {}))
+	if err := app.Err(); err != nil {
+		t.Errorf("start-up over a store without fences, none asked for = %v", err)
+	}
+}
+
 // A variable that a module of its own declares (as idempg declares its
 // IDEMPOTENCY_POSTGRES_*) is accepted by LoadSettings only once declared;
 // set while the app's store is Redis, it fails start-up, naming the
@@ -1197,6 +1232,48 @@ func TestModuleWithAutoPipelineRefusesARing(t *testing.T) {
 	const want = "IDEMPOTENCY_REDIS_AUTO_PIPELINE: the Redis client (*redis.Ring) cannot auto-pipeline: "
 	if err == nil || !strings.Contains(err.Error(), want) {
 		t.Fatalf("err = %v\nwant it to contain %q", err, want)
+	}
+}
+
+// wrappedClient is an app's own type around a *redis.Client: it can do what
+// the client does, but it is no *redis.Client.
+type wrappedClient struct{ *redis.Client }
+
+// An app's client that cannot acknowledge writes (a Ring, a type of the
+// app's own around a client) stops start-up with replica acknowledgement
+// on, naming the variable, as one that cannot auto-pipeline does: otherwise
+// every acknowledged reservation would be a storage error, and with
+// IDEMPOTENCY_ON_STORAGE_ERROR=run every action would run unprotected.
+func TestModuleWithReplicaAcksRefusesARing(t *testing.T) {
+	for _, fsync := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fsync=%v", fsync), func(t *testing.T) {
+			clearEnv(t)
+			if fsync {
+				t.Setenv("IDEMPOTENCY_REDIS_REPLICA_ACK_FSYNC", "true")
+			} else {
+				t.Setenv("IDEMPOTENCY_REDIS_REPLICA_ACKS", "1")
+			}
+			ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": "127.0.0.1:1"}})
+			defer ring.Close()
+			wrapped := &wrappedClient{redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})}
+			defer wrapped.Close()
+			for _, tt := range []struct {
+				name, want string
+				opts       fx.Option
+			}{
+				{"ring", "IDEMPOTENCY_REDIS_REPLICA_ACKS: a *redis.Ring cannot acknowledge writes",
+					fx.Options(fx.Supply(ring), idempotency.UseRedisClient[*redis.Ring]())},
+				{"wrapper", "IDEMPOTENCY_REDIS_REPLICA_ACKS: a *idempotency_test.wrappedClient cannot acknowledge writes",
+					fx.Options(fx.Supply(wrapped), idempotency.UseRedisClient[*wrappedClient]())},
+			} {
+				_, regOpt := registry()
+				var c *coordinator.Coordinator
+				app := fx.New(fx.NopLogger, tt.opts, idempotency.Module, regOpt, fx.Supply(zap.NewNop()), fx.Populate(&c))
+				if err := app.Err(); err == nil || !strings.Contains(err.Error(), tt.want) {
+					t.Errorf("%s: err = %v\nwant it to contain %q", tt.name, err, tt.want)
+				}
+			}
+		})
 	}
 }
 

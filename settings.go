@@ -40,9 +40,10 @@ type Settings struct {
 
 	// RedisURL (REDIS_URL, default redis://localhost:6379/0) is the Redis
 	// server: redis:// or rediss:// (TLS), with an optional user and
-	// password, and the database number as the path. Query parameters are
-	// go-redis client options (redis.ParseURL), e.g. ?pool_size=20. Set
-	// but empty means the default.
+	// password, a host and a port from 1 to 65535 (default 6379), and the
+	// database number as the path. Query parameters are go-redis client
+	// options (redis.ParseURL), e.g. ?pool_size=20. Set but empty means the
+	// default.
 	RedisURL string `split_words:"true" default:"redis://localhost:6379/0" desc:"Redis server: redis:// or rediss:// (TLS) URL, with password and database number"`
 
 	// RedisClusterAddrs (REDIS_CLUSTER_ADDRS, default empty) lists the
@@ -150,9 +151,10 @@ type Settings struct {
 	MaxTTL time.Duration `split_words:"true" option:"WithMaxTTL" default:"720h" desc:"longest accepted record TTL"`
 
 	// OperationTTLS (OPERATION_TTLS, default empty) sets record TTLs per
-	// operation, e.g. "payment.charge:24h,order.create:1h"; a call's own TTL
-	// still wins. Each operation must be valid (coordinator.ValidateOperation)
-	// and each TTL within MinTTL and MaxTTL.
+	// operation, e.g. "payment.charge:24h,order.create:1h"; an entry wins
+	// over a call's own TTL (Call.TTL), so that an operator can change a TTL
+	// written in code. Each operation must be valid
+	// (coordinator.ValidateOperation) and each TTL within MinTTL and MaxTTL.
 	//
 	// The field is spelled TTLS, not TTLs, because envconfig's split_words
 	// would turn "TTLs" into OPERATION_TT_LS, and an explicit envconfig tag
@@ -164,7 +166,8 @@ type Settings struct {
 	// (coordinator.WithFencedOperations; Reservation.Fence), e.g.
 	// "payment.charge,ledger.post" (spaces around an entry and empty entries
 	// are dropped). Each must be a valid operation; fences need RecordFormat
-	// 2.
+	// 2 and a store that hands them out (the Redis store does, idempg's does
+	// not).
 	FencedOperations []string `split_words:"true" option:"WithFencedOperations" default:"" desc:"comma-separated operations whose reservations carry a fence for downstream writes"`
 
 	// InFlight (IN_FLIGHT, default wait) is what a second caller does while

@@ -117,6 +117,10 @@ func TestLoadSettings(t *testing.T) {
 		{name: "REDIS_URL negative db", env: env("REDIS_URL", "redis://cache:6379/-1"), wantErr: []string{"IDEMPOTENCY_REDIS_URL: database number must not be negative, got -1"}},
 		{name: "REDIS_URL unknown option", env: env("REDIS_URL", "redis://cache:6379/0?colour=blue"), wantErr: []string{"IDEMPOTENCY_REDIS_URL: redis: unexpected option: colour"}},
 		{name: "REDIS_URL unparsable", env: env("REDIS_URL", "redis://[::1"), wantErr: []string{"IDEMPOTENCY_REDIS_URL: not a valid URL: missing ']' in host"}},
+		{name: "REDIS_URL port out of range", env: env("REDIS_URL", "redis://cache:99999/0"), wantErr: []string{`IDEMPOTENCY_REDIS_URL: port "99999" is not a number from 1 to 65535`}},
+		{name: "REDIS_URL port 0", env: env("REDIS_URL", "redis://cache:0/0"), wantErr: []string{`IDEMPOTENCY_REDIS_URL: port "0" is not a number from 1 to 65535`}},
+		{name: "REDIS_URL without host", env: env("REDIS_URL", "redis://:6379/0"), wantErr: []string{"IDEMPOTENCY_REDIS_URL: want redis://host:port/db with a host, got none"}},
+		{name: "REDIS_URL without host, with a password", env: env("REDIS_URL", "redis://:pw@:6379/0"), wantErr: []string{"IDEMPOTENCY_REDIS_URL: want redis://host:port/db with a host, got none"}},
 
 		// REDIS_CLUSTER_ADDRS
 		{
@@ -324,6 +328,19 @@ func TestLoadSettings(t *testing.T) {
 		{name: "MAX_RESULT_BYTES negative", env: env("MAX_RESULT_BYTES", "-1"), wantErr: []string{"IDEMPOTENCY_MAX_RESULT_BYTES: must be positive, got -1"}},
 		{name: "MAX_RESULT_BYTES with unit", env: env("MAX_RESULT_BYTES", "1MB"), wantErr: []string{`IDEMPOTENCY_MAX_RESULT_BYTES: "1MB" is not an integer`}},
 		{name: "MAX_RESULT_BYTES out of range", env: env("MAX_RESULT_BYTES", "99999999999999999999"), wantErr: []string{`IDEMPOTENCY_MAX_RESULT_BYTES: "99999999999999999999" is out of range`}},
+
+		// Integers are decimal: envconfig would read 010 as 8 and take 0x10
+		// and 1_000 (strconv.ParseInt's base 0).
+		{name: "REDIS_COALESCE_LANES 10", env: env("REDIS_COALESCE_LANES", "10"), want: func(s *idempotency.Settings) { s.RedisCoalesceLanes = 10 }},
+		{name: "REDIS_COALESCE_LANES leading zero", env: env("REDIS_COALESCE_LANES", "010"), wantErr: []string{`IDEMPOTENCY_REDIS_COALESCE_LANES: "010" is not a decimal whole number`}},
+		{name: "REDIS_COALESCE_LANES hex", env: env("REDIS_COALESCE_LANES", "0x10"), wantErr: []string{`IDEMPOTENCY_REDIS_COALESCE_LANES: "0x10" is not a decimal whole number`}},
+		{name: "REDIS_COALESCE_LANES 0", env: env("REDIS_COALESCE_LANES", "0"), want: func(s *idempotency.Settings) { s.RedisCoalesceLanes = 0 }},
+		{name: "MAX_RESULT_BYTES underscores", env: env("MAX_RESULT_BYTES", "1_000"), wantErr: []string{`IDEMPOTENCY_MAX_RESULT_BYTES: "1_000" is not a decimal whole number`}},
+		{name: "MAX_RESULT_BYTES octal", env: env("MAX_RESULT_BYTES", "0o777"), wantErr: []string{`IDEMPOTENCY_MAX_RESULT_BYTES: "0o777" is not a decimal whole number`}},
+		{name: "RECORD_FORMAT binary", env: env("RECORD_FORMAT", "0b10"), wantErr: []string{`IDEMPOTENCY_RECORD_FORMAT: "0b10" is not a decimal whole number`}},
+		{name: "REDIS_REPLICA_ACKS leading zero", env: env("REDIS_REPLICA_ACKS", "01"), wantErr: []string{`IDEMPOTENCY_REDIS_REPLICA_ACKS: "01" is not a decimal whole number`}},
+		{name: "BREAKER_FAILURES negative hex", env: env("BREAKER_FAILURES", "-0x1"), wantErr: []string{`IDEMPOTENCY_BREAKER_FAILURES: "-0x1" is not a decimal whole number`}},
+		{name: "BREAKER_FAILURES plus sign", env: env("BREAKER_FAILURES", "+7"), want: func(s *idempotency.Settings) { s.BreakerFailures = 7 }},
 
 		// METRICS_ENABLED
 		{name: "METRICS_ENABLED false", env: env("METRICS_ENABLED", "false"), want: func(s *idempotency.Settings) { s.MetricsEnabled = false }},
@@ -678,6 +695,31 @@ func TestValidateModesSetInCode(t *testing.T) {
 	s.InFlight, s.OnStorageError, s.LogKeys = "", "", ""
 	if err := s.Validate(); err != nil {
 		t.Errorf("Validate() with zero modes = %v, want nil", err)
+	}
+}
+
+// RedisLogs set in code is checked with the other settings, naming the
+// variable and the accepted values: an unknown mode must not pass fx.New and
+// fail only on start, where SetRedisLogger names no variable.
+func TestValidateRedisLogsSetInCode(t *testing.T) {
+	const want = `IDEMPOTENCY_REDIS_LOGS: unknown go-redis log mode "Off": accepted values are zap, off, keep`
+	s := idempotency.DefaultSettings()
+	s.RedisLogs = "Off"
+	if err := s.Validate(); err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("Validate() = %v\nwant it to contain %q", err, want)
+	}
+	s.RedisLogs = ""
+	if err := s.Validate(); err != nil {
+		t.Errorf("Validate() with RedisLogs empty = %v, want nil (it means zap)", err)
+	}
+
+	clearEnv(t)
+	app := fx.New(fx.NopLogger, idempotency.Module,
+		idempotency.OverrideSettings(func(s *idempotency.Settings) { s.RedisLogs = "Off" }),
+		fx.Invoke(func(*coordinator.Coordinator) {}))
+	var se *idempotency.SettingsError
+	if err := app.Err(); !errors.As(err, &se) || !strings.Contains(se.Error(), want) {
+		t.Errorf("fx.New with RedisLogs %q = %v\nwant a *SettingsError containing %q", "Off", err, want)
 	}
 }
 

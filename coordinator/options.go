@@ -140,8 +140,9 @@ func WithMinTTL(d time.Duration) Option { return optionFunc(func(c *config) { c.
 // shortest TTL; rounded down to the millisecond.
 func WithMaxTTL(d time.Duration) Option { return optionFunc(func(c *config) { c.maxTTL = d }) }
 
-// WithOperationTTLs sets per-operation record TTLs, used when the Call gives
-// none. The map is copied. Each operation must be valid (ValidateOperation)
+// WithOperationTTLs sets per-operation record TTLs, which win over a Call's
+// own TTL, so that an operator can change one written in code. The map is
+// copied. Each operation must be valid (ValidateOperation)
 // and each TTL within the TTL bounds.
 func WithOperationTTLs(ttls map[string]time.Duration) Option {
 	cp := make(map[string]time.Duration, len(ttls))

@@ -35,9 +35,12 @@ func Validate(raw string, top Topology) error {
 }
 
 // Parse returns the go-redis options of raw: a redis:// or rediss://
-// URL that redis.ParseURL accepts. For a cluster (IDEMPOTENCY_REDIS_CLUSTER_ADDRS
-// is set), it also refuses what a cluster client would ignore: a database
-// other than 0, and a query option that the module's clusterOptions does not carry over
+// URL that redis.ParseURL accepts. For a single server, it also refuses a
+// URL without a host (go-redis would dial localhost) or with a port outside
+// 1 to 65535, as ValidateHostPort refuses a seed node's. For a cluster
+// (IDEMPOTENCY_REDIS_CLUSTER_ADDRS is set), it also refuses what a cluster
+// client would ignore: a database other than 0, and a query option that the
+// module's clusterOptions does not carry over
 // (none in go-redis v9.23; the check keeps a later go-redis's new option from
 // being dropped without a word). For a failover client
 // (IDEMPOTENCY_REDIS_SENTINEL_MASTER is set), it refuses a query option that
@@ -99,6 +102,9 @@ func Parse(raw string, top Topology) (*redis.Options, error) {
 	}
 	switch top {
 	case Server:
+		if err := checkServerAddr(u); err != nil {
+			return nil, hide(err, u.Port())
+		}
 		return opts, nil
 	case Sentinel:
 		for _, name := range slices.Sorted(maps.Keys(u.Query())) {
@@ -118,6 +124,22 @@ func Parse(raw string, top Topology) (*redis.Options, error) {
 		}
 	}
 	return opts, nil
+}
+
+// checkServerAddr refuses the address of a single server's URL that
+// redis.ParseURL would take without a word: no host, which it reads as
+// localhost, or a port outside 1 to 65535, which no dial reaches. A URL
+// without a port (redis://cache) means 6379, as go-redis reads it.
+func checkServerAddr(u *url.URL) error {
+	if u.Hostname() == "" {
+		return errors.New("want redis://host:port/db with a host, got none (go-redis would dial localhost)")
+	}
+	if p := u.Port(); p != "" {
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return fmt.Errorf("port %q is not a number from 1 to 65535", p)
+		}
+	}
+	return nil
 }
 
 // appliesToCluster reports whether the redis.ParseURL query option name
