@@ -78,6 +78,7 @@ type batch[T any] struct {
 	answers []answer
 	held    []*holding // this batch's reservation, or nil
 	missed  []bool     // the action ran under the batch's reservation
+	acted   bool       // an action of the batch has run: answers may be stale
 
 	// The completions: see ready.
 	mu       sync.Mutex
@@ -217,7 +218,15 @@ func (b *batch[T]) settle(ctx context.Context, j int) {
 	i := b.at[j]
 	f, h := b.flows[i], b.held[j]
 	if h == nil {
-		b.res[i], b.errs[i] = f.reservedAfter(ctx, &b.answers[j])
+		a := &b.answers[j]
+		if b.acted && a.err == nil && a.rec.State == idemstore.StatePending {
+			// Another caller held the key at the batch's read, and actions
+			// of the batch have run since: the holder may have finished.
+			// The entry reserves again, as a call starting now would, so
+			// that raise and run decide on what the store says now.
+			a = nil
+		}
+		b.res[i], b.errs[i] = f.reservedAfter(ctx, a)
 		return
 	}
 	if err := ctx.Err(); err != nil {
@@ -239,6 +248,7 @@ func (b *batch[T]) settle(ctx context.Context, j int) {
 	}
 	f.observe(ctx, idemevent.Event{Kind: idemevent.Miss})
 	b.missed[j] = true
+	b.acted = true
 	err := f.run(h.actx)
 	b.res[i] = f.mine()
 	if err != nil {

@@ -229,6 +229,38 @@ func TestDoBatchWaitsForAHolder(t *testing.T) {
 	})
 }
 
+// A key another caller held at the batch's read, and finished while an
+// earlier action of the batch ran, is decided on what the store says at
+// its turn: a replay in mode raise too, as Do at that moment would answer,
+// not the InProgressError of the batch's read. (Mode run takes the calls
+// one by one.)
+func TestDoBatchReadsAHeldKeyAgainAtItsTurn(t *testing.T) {
+	for _, mode := range []coordinator.InFlightMode{coordinator.InFlightRaise, coordinator.InFlightWait} {
+		t.Run(string(mode), func(t *testing.T) {
+			fx, s := newMem(t, coordinator.WithInFlight(mode))
+			held := idemstore.Key{Operation: "payment.charge", Key: "held"}
+			s.Put(held, idemstore.Record{State: idemstore.StatePending, Token: "other", TTL: time.Hour})
+			cs := calls("a", "held")
+			var runs [2]atomic.Int64
+			res, errs := coordinator.DoBatch(t.Context(), fx.c, cs, func(_ context.Context, i int) (string, error) {
+				runs[i].Add(1)
+				if i == 0 {
+					if ok, err := s.Complete(context.Background(), held, "other", idemstore.Completion{State: idemstore.StateCompleted, Result: []byte(`"theirs"`), TTL: time.Hour}); !ok || err != nil {
+						return "", fmt.Errorf("complete: %v, %v", ok, err)
+					}
+				}
+				return "mine", nil
+			})
+			if errs[0] != nil {
+				t.Fatalf("a: %v", errs[0])
+			}
+			if errs[1] != nil || !res[1].Replayed || res[1].Value != "theirs" || runs[1].Load() != 0 {
+				t.Errorf("the held key: %+v, %v, %d runs; want the holder's result replayed", res[1], errs[1], runs[1].Load())
+			}
+		})
+	}
+}
+
 func TestDoBatchKeepsLeasesWhileItRuns(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		lease := 3 * time.Second
