@@ -26,15 +26,17 @@ import (
 // unreachable or hung server is an outage that follows
 // IDEMPOTENCY_ON_STORAGE_ERROR.
 
-// misconfiguration returns the error that stops start-up when err, from the
-// start-up calls to the Redis of s, shows a misconfiguration, or nil when it
-// is an outage (or nothing the settings can fix). The error names the
-// variable to change (IDEMPOTENCY_REDIS_URL, or the Sentinel or cluster
-// variables when those are used) and the problem, and never any part of the
-// user name or password: it is made of fixed words, the server's address and
-// the server's own reply, and a detail that mentions the user information is
-// left out.
-func misconfiguration(ctx context.Context, err error, s Settings) error {
+// RedisMisconfiguration returns the error that stops start-up when err,
+// from a call to the Redis of s (the module's start-up check, idemctl's
+// first PING), shows a misconfiguration, or nil when it is an outage (or
+// nothing the settings can fix). The error names the variable to change
+// (IDEMPOTENCY_REDIS_URL, or the Sentinel or cluster variables when those
+// are used) and the problem, and never any part of the user name or
+// password: it is made of fixed words, the server's address and the
+// server's own reply, and a detail that mentions the user information is
+// left out. It may dial the server once more, within a second, to tell a
+// TLS mismatch from an outage.
+func RedisMisconfiguration(ctx context.Context, err error, s Settings) error {
 	top := s.topology()
 	urlVar := EnvPrefix + "_REDIS_URL"
 	addrVar := urlVar
@@ -49,8 +51,8 @@ func misconfiguration(ctx context.Context, err error, s Settings) error {
 		credVar = urlVar + " or " + EnvPrefix + "_REDIS_SENTINEL_PASSWORD"
 	}
 	opts, perr := redisurl.Parse(s.RedisURL, top)
-	if perr != nil {
-		return nil // Validate refuses it first
+	if perr != nil || err == nil {
+		return nil // Validate refuses the URL first
 	}
 	where := s.RedisAddr()
 	var problem, variable, detail string
@@ -67,7 +69,15 @@ func misconfiguration(ctx context.Context, err error, s Settings) error {
 		// The foreign server's reply is not shown: it might echo what we
 		// sent, the credentials included.
 		variable, problem = addrVar, "the server at %s does not speak the Redis protocol (is this the Redis port?)"
-	default:
+	case refusedNone:
+		if top == redisurl.Sentinel && errors.Is(err, redis.Nil) {
+			// go-redis joins each sentinel's error; redis.Nil is the
+			// answer of one that monitors no master of that name.
+			variable = EnvPrefix + "_REDIS_SENTINEL_MASTER"
+			problem = "no sentinel that answered (of " + strings.Join(s.RedisSentinelAddrs, ",") + ") monitors a master named " +
+				strconv.Quote(s.RedisSentinelMaster) + ": check the name against the sentinels' configuration"
+			break
+		}
 		if top != redisurl.Server {
 			return nil
 		}
@@ -162,10 +172,11 @@ func redisRefusal(err error) refusal {
 const tlsProbeTimeout = time.Second
 
 // tlsMismatch tells a TLS mismatch from an outage, for an error that looks
-// like one: a plain client whose connection a TLS server closed (EOF, reset)
-// or a TLS client whose handshake a plain server never answered (a
-// timeout). It dials the server once the other way, and returns the problem
-// when that way works, else "".
+// like one: a plain client whose connection a TLS server closed (EOF,
+// reset, or a timeout: go-redis's retries of the closed connection can
+// outlast a short PING's deadline) or a TLS client whose handshake a plain
+// server never answered (a timeout). It dials the server once the other
+// way, and returns the problem when that way works, else "".
 func tlsMismatch(ctx context.Context, err error, opts *redis.Options) string {
 	closed := errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET)
 	timedOut := errors.Is(err, context.DeadlineExceeded) || errors.Is(err, syscall.ETIMEDOUT)
@@ -176,7 +187,7 @@ func tlsMismatch(ctx context.Context, err error, opts *redis.Options) string {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), tlsProbeTimeout)
 	defer cancel()
 	switch {
-	case opts.TLSConfig == nil && closed:
+	case opts.TLSConfig == nil && (closed || timedOut):
 		d := tls.Dialer{Config: &tls.Config{InsecureSkipVerify: true}} //nolint:gosec // a probe: nothing is sent
 		conn, err := d.DialContext(ctx, "tcp", opts.Addr)
 		if err != nil {

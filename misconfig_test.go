@@ -346,6 +346,21 @@ func TestModuleStartUpOnSentinelRefusesAWrongDatabase(t *testing.T) {
 	t.Log(err)
 }
 
+// Sentinels that answer but monitor no master of the name are a
+// misconfiguration, not an outage: waiting does not teach them the name.
+func TestModuleStartUpOnSentinelRefusesAnUnknownMaster(t *testing.T) {
+	sentinel := redistest.StartSentinel(t)
+	_, err := startModule(t, map[string]string{
+		"IDEMPOTENCY_REDIS_SENTINEL_MASTER": "no-such-master",
+		"IDEMPOTENCY_REDIS_SENTINEL_ADDRS":  strings.Join(sentinel.Addrs(), ","),
+		"IDEMPOTENCY_REDIS_URL":             "redis://ignored:6379/0",
+	})
+	if err == nil || !strings.HasPrefix(err.Error(), "IDEMPOTENCY_REDIS_SENTINEL_MASTER: ") || !strings.Contains(err.Error(), `"no-such-master"`) {
+		t.Fatalf("err = %v, want IDEMPOTENCY_REDIS_SENTINEL_MASTER: ... \"no-such-master\"", err)
+	}
+	t.Log(err)
+}
+
 // The coordinator and observability packages own the rules on their options
 // and report a refused value as a *coordinator.OptionError naming the option;
 // Settings.Validate names the variable behind it instead. These tests check

@@ -350,7 +350,7 @@ func ping(ctx context.Context, client redis.UniversalClient, store *redisrepo.St
 	ctx, cancel := context.WithTimeout(ctx, pingTimeout)
 	defer cancel()
 	if err := client.Ping(ctx).Err(); err != nil {
-		if merr := misconfiguration(ctx, err, s); merr != nil {
+		if merr := RedisMisconfiguration(ctx, err, s); merr != nil {
 			return merr
 		}
 		logger.Warn("idempotency: redis is unreachable at start-up; calls follow IDEMPOTENCY_ON_STORAGE_ERROR until it is back",
@@ -376,7 +376,7 @@ func ping(ctx context.Context, client redis.UniversalClient, store *redisrepo.St
 	// tools), so that their first call is one round trip; the common paths
 	// need no script cache.
 	if err := store.LoadScripts(ctx); err != nil {
-		if merr := misconfiguration(ctx, err, s); merr != nil {
+		if merr := RedisMisconfiguration(ctx, err, s); merr != nil {
 			return merr
 		}
 		logger.Warn("idempotency: could not load the store's scripts at start-up; each loads at its first use",
