@@ -151,6 +151,7 @@ func settingValue(name string, v reflect.Value, masked bool) string {
 func (a *app) checkServer(ctx context.Context, c *redis.Client, s idempotency.Settings) bool {
 	fmt.Fprintf(a.stdout, "Redis %s:\n", s.RedisAddr())
 	r := probe(ctx, c, s.StorageTimeout)
+	r.misconfigured(ctx, s)
 	a.printProbe(r, "  server", "")
 	if r.err == nil && r.clusterEnabled {
 		fmt.Fprintf(a.stdout, "  WARNING: this server is a Redis Cluster node: set %s_REDIS_CLUSTER_ADDRS, or keys on other nodes fail with MOVED\n", idempotency.EnvPrefix)
@@ -168,7 +169,11 @@ func (a *app) checkCluster(ctx context.Context, c *redis.ClusterClient, s idempo
 	lctx, cancel := context.WithTimeout(ctx, 3*s.StorageTimeout)
 	defer cancel()
 	if err := c.Ping(lctx).Err(); err != nil {
-		fmt.Fprintf(a.stdout, "  unreachable: %v\n", err)
+		if merr := idempotency.RedisMisconfiguration(ctx, err, s); merr != nil {
+			fmt.Fprintf(a.stdout, "  FAILED: %v\n", merr)
+		} else {
+			fmt.Fprintf(a.stdout, "  unreachable: %v\n", err)
+		}
 		return false
 	}
 	var mu sync.Mutex
@@ -227,6 +232,7 @@ func (a *app) checkSentinel(ctx context.Context, c *redis.Client, s idempotency.
 			strings.Join(slices.Sorted(maps.Keys(masters)), ", "))
 	}
 	r := probe(ctx, c, s.StorageTimeout)
+	r.misconfigured(ctx, s)
 	r.addr = master
 	if master == "" {
 		r.addr = "(no sentinel named it)"
@@ -305,6 +311,19 @@ type probeResult struct {
 	clusterState   string // cluster_state, "" outside a cluster
 	role           string // master or slave
 	err            error
+	pingErr        error // the error of the PING, when it failed
+}
+
+// misconfigured replaces the error of a failed PING with the
+// misconfiguration it shows, if any, as lookup, forget and count word it
+// (pingError).
+func (r *probeResult) misconfigured(ctx context.Context, s idempotency.Settings) {
+	if r.pingErr == nil {
+		return
+	}
+	if merr := idempotency.RedisMisconfiguration(ctx, r.pingErr, s); merr != nil {
+		r.err = merr
+	}
 }
 
 // probe pings the server of c and reads its version and cluster state, each
@@ -315,7 +334,7 @@ func probe(ctx context.Context, c *redis.Client, timeout time.Duration) probeRes
 	defer cancel()
 	start := time.Now()
 	if err := c.Ping(pctx).Err(); err != nil {
-		r.err = fmt.Errorf("ping: %w", err)
+		r.err, r.pingErr = fmt.Errorf("ping: %w", err), err
 		return r
 	}
 	r.rtt = time.Since(start)

@@ -695,13 +695,19 @@ func TestSentinel(t *testing.T) {
 	r = idemctl(t, unknown, "", false, "check")
 	noFailoverClient(r)
 	if r.code != exitFailure || !strings.Contains(r.stdout, "  sentinel "+sentinel+`: FAILED: it monitors no master named "nope"`) ||
-		!strings.Contains(r.stdout, "  master (no sentinel named it): FAILED: ping: ") {
+		!strings.Contains(r.stdout, "  master (no sentinel named it): FAILED: IDEMPOTENCY_REDIS_SENTINEL_MASTER: no sentinel that answered (of "+sentinel+`) monitors a master named "nope"`) {
 		t.Errorf("check of an unknown master: exit %d, want %d:\n%s", r.code, exitFailure, r.output())
 	}
-	r = idemctl(t, unknown, "", false, "count")
-	noFailoverClient(r)
-	if r.code != exitFailure || !strings.Contains(r.stderr, "redis at sentinel master nope via "+sentinel+" is unreachable: ") {
-		t.Errorf("count of an unknown master: exit %d, want %d:\n%s", r.code, exitFailure, r.output())
+	// The sentinels answered: a name they do not know is a
+	// misconfiguration (waiting does not mend it), not an outage, and the
+	// error names the variable to change, as for refused credentials.
+	for _, cmd := range [][]string{{"count"}, {"lookup", "op", "k"}, {"forget", "op", "k"}} {
+		r = idemctl(t, unknown, "", false, cmd...)
+		noFailoverClient(r)
+		want := "idemctl " + cmd[0] + `: IDEMPOTENCY_REDIS_SENTINEL_MASTER: no sentinel that answered (of ` + sentinel + `) monitors a master named "nope"`
+		if r.code != exitFailure || !strings.HasPrefix(r.stderr, want) || strings.Contains(r.stderr, "unreachable") {
+			t.Errorf("%v of an unknown master: exit %d, want %d and %q:\n%s", cmd, r.code, exitFailure, want, r.output())
+		}
 	}
 
 	// A master that is no master (here, says it is a replica) fails.
@@ -759,6 +765,11 @@ func TestSentinelPasswordNeverShown(t *testing.T) {
 		}
 		if tc.args[0] == "check" && tc.code == exitFailure && !strings.Contains(r.stdout, "WRONGPASS") {
 			t.Errorf("check does not say the sentinel refused the password:\n%s", r.stdout)
+		}
+		// The other commands say which variables hold the credentials.
+		if want := "IDEMPOTENCY_REDIS_URL or IDEMPOTENCY_REDIS_SENTINEL_PASSWORD: redis at sentinel master " + redistest.SentinelMaster +
+			" via " + env["IDEMPOTENCY_REDIS_SENTINEL_ADDRS"] + " refused the credentials"; tc.args[0] != "check" && tc.code == exitFailure && !strings.Contains(r.stderr, want) {
+			t.Errorf("%v does not say the sentinel refused the credentials (%q):\n%s", tc.args, want, r.stderr)
 		}
 	}
 }

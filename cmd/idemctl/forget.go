@@ -55,6 +55,9 @@ func (a *app) forget(ctx context.Context, args []string) int {
 		}
 		keys = append(keys, more...)
 	}
+	// A key named twice is forgotten once, and counted once: the second
+	// Forget of it would find it gone and call it absent.
+	keys, dropped := distinctKeys(keys)
 	c, err := a.connect(ctx, o)
 	if err != nil {
 		return a.fail("forget", err)
@@ -72,7 +75,11 @@ func (a *app) forget(ctx context.Context, args []string) int {
 	if scope.set {
 		in = " in scope " + strconv.QuoteToASCII(scope.value)
 	}
-	fmt.Fprintf(a.stdout, "forgot %d of %s of %s%s (%d absent)\n", n, plural(len(keys), "key"), *operation, in, len(keys)-n)
+	dups := ""
+	if dropped > 0 {
+		dups = ", " + plural(dropped, "duplicate") + " dropped"
+	}
+	fmt.Fprintf(a.stdout, "forgot %d of %s of %s%s (%d absent%s)\n", n, plural(len(keys), "key"), *operation, in, len(keys)-n, dups)
 	fmt.Fprintln(a.stderr, forgetWarning)
 	return exitOK
 }
@@ -109,8 +116,11 @@ func (a *app) forgetAll(ctx context.Context, c recordStore, operation string, ye
 			return exitFailure
 		}
 	}
-	p := a.newProgress("records of "+operation+" scanned", n.Total)
-	forgotten, err := c.forgetOperation(ctx, operation, func(scanned, forgotten int) { p.report(scanned, forgotten) })
+	// The progress counts the records forgotten, not the keys handled: SCAN
+	// may return a key twice (and PostgreSQL deletes expired rows too), so
+	// those could pass the count; a key deleted is deleted once.
+	p := a.newProgress("records of "+operation+" forgotten", n.Total)
+	forgotten, err := c.forgetOperation(ctx, operation, func(_, forgotten int) { p.reportForgotten(forgotten) })
 	if err != nil {
 		return a.fail("forget", fmt.Errorf("%w (%d forgotten before the error)", err, forgotten))
 	}

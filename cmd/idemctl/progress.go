@@ -46,11 +46,27 @@ func (p *progress) report(done, forgotten int) {
 	}
 	p.last = time.Now()
 	p.printed = true
-	of := ""
-	if p.total > 0 {
-		of = fmt.Sprintf(" of %d (%d%%)", p.total, min(100, 100*done/p.total))
+	fmt.Fprintf(p.w, "idemctl forget: %s so far, %d forgotten\n", p.howFar(done), forgotten)
+}
+
+// reportForgotten says that forgotten records were deleted, when an
+// interval has passed since the last line: the progress of forget -all,
+// whose what says "forgotten".
+func (p *progress) reportForgotten(forgotten int) {
+	if time.Since(p.last) < p.every {
+		return
 	}
-	fmt.Fprintf(p.w, "idemctl forget: %d%s %s so far, %d forgotten\n", done, of, p.what, forgotten)
+	p.last = time.Now()
+	p.printed = true
+	fmt.Fprintf(p.w, "idemctl forget: %s so far\n", p.howFar(forgotten))
+}
+
+// howFar returns "done of total (n%) what", or "done what" without a total.
+func (p *progress) howFar(done int) string {
+	if p.total > 0 {
+		return fmt.Sprintf("%d of %d (%d%%) %s", done, p.total, min(100, 100*done/p.total), p.what)
+	}
+	return fmt.Sprintf("%d %s", done, p.what)
 }
 
 // fileBatch is how many keys of a -file forget goes to the store at once.
@@ -59,7 +75,8 @@ const fileBatch = 1000
 // readKeys reads the keys of operation in name ("-" is stdin), one per
 // line; blank lines are skipped, and a line's surrounding spaces and its
 // "\r" are not part of the key. It returns an error naming the first line
-// whose key is invalid, before anything is forgotten.
+// whose key is invalid, or saying that name holds no key, before anything
+// is forgotten.
 func (a *app) readKeys(name, operation string, scope *scopeFlag) ([]idemstore.Key, error) {
 	var r io.Reader = a.stdin
 	if name != "-" {
@@ -85,7 +102,29 @@ func (a *app) readKeys(name, operation string, scope *scopeFlag) ([]idemstore.Ke
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
+	if len(keys) == 0 {
+		// An empty list is a mistake (a script that wrote nothing), not a
+		// request to forget nothing.
+		if name == "-" {
+			name = "- (stdin)"
+		}
+		return nil, fmt.Errorf("no keys in %s", name)
+	}
 	return parseKeys(operation, keys, scope)
+}
+
+// distinctKeys returns keys without their repetitions, in the order of
+// their first appearance, and how many repetitions it dropped.
+func distinctKeys(keys []idemstore.Key) ([]idemstore.Key, int) {
+	seen := make(map[idemstore.Key]bool, len(keys))
+	out := keys[:0:0]
+	for _, k := range keys {
+		if !seen[k] {
+			seen[k] = true
+			out = append(out, k)
+		}
+	}
+	return out, len(keys) - len(out)
 }
 
 // forgetKeys forgets keys fileBatch at a time, reporting its progress, and

@@ -27,7 +27,7 @@ import (
 // Exit statuses.
 const (
 	exitOK      = 0
-	exitFailure = 1 // invalid settings, the store failed or is unreachable, not confirmed
+	exitFailure = 1 // invalid settings, the store misconfigured, failed or unreachable, not confirmed
 	exitUsage   = 2 // unknown command, bad flag or argument
 )
 
@@ -53,8 +53,8 @@ command's flags.
 
 A forgotten key lets the next call with it run its action AGAIN.
 
-Exit status: 0 success, 1 failure (invalid settings, the store unreachable or
-failing, forget not confirmed), 2 usage error.
+Exit status: 0 success, 1 failure (invalid settings, the store refusing
+idemctl, unreachable or failing, forget not confirmed), 2 usage error.
 `
 
 // app is one run of idemctl: where it reads and writes.

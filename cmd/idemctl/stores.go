@@ -43,7 +43,9 @@ type recordStore interface {
 // would: the PostgreSQL store when IDEMPOTENCY_POSTGRES_URL (or
 // -postgres-url) is set, else Redis (idempotency.NewRedisClient,
 // NewStore). It checks that the store answers within the storage timeout,
-// so that an unreachable one fails fast. Close it.
+// so that an unreachable one fails fast, and tells a Redis that refuses
+// idemctl (a misconfiguration) from one it cannot reach (pingError). Close
+// it.
 func (a *app) connect(ctx context.Context, o *overrides) (recordStore, error) {
 	s, err := o.settings()
 	if err != nil {
@@ -60,7 +62,7 @@ func (a *app) connect(ctx context.Context, o *overrides) (recordStore, error) {
 	defer cancel()
 	if err := client.Ping(pctx).Err(); err != nil {
 		_ = client.Close()
-		return nil, fmt.Errorf("redis at %s is unreachable: %w", s.RedisAddr(), err)
+		return nil, pingError(ctx, err, s.Settings)
 	}
 	return &redisRecords{s: s.Settings, client: client, store: idempotency.NewStore(s.Settings, client)}, nil
 }
