@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/idemkit/idempotency/coordinator/idemevent"
 	"github.com/idemkit/idempotency/coordinator/idemstore"
@@ -447,7 +448,25 @@ func provideCoordinator(p coordinatorParams) (*coordinator.Coordinator, error) {
 			}
 			return nil
 		},
-		OnStop: func(context.Context) error { return c.Close() },
+		OnStop: func(ctx context.Context) error { return shutdown(ctx, c) },
 	})
 	return c, nil
 }
+
+// shutdown waits for the coordinator's background work on stop, leaving a
+// quarter of what is left of fx's stop timeout (at most stopReserve) to the
+// hooks after it, such as the Redis client's close and the app's tracer
+// flush: fx runs no further hook once the timeout has passed.
+func shutdown(ctx context.Context, c *coordinator.Coordinator) error {
+	if deadline, ok := ctx.Deadline(); ok {
+		reserve := min(stopReserve, time.Until(deadline)/4)
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, deadline.Add(-reserve))
+		defer cancel()
+	}
+	return c.Shutdown(ctx)
+}
+
+// stopReserve is the most of fx's stop timeout that shutdown leaves to the
+// hooks after the coordinator's.
+const stopReserve = time.Second

@@ -262,6 +262,44 @@ func TestFxtestHelpers(t *testing.T) {
 	}
 }
 
+// A stop whose coordinator still retries a save leaves the hooks after it
+// their turn: the coordinator stops waiting before fx's stop timeout, so an
+// app's hook registered before the module (a tracer's flush) still runs.
+func TestStopLeavesTheLaterHooksTheirTurn(t *testing.T) {
+	clearEnv(t)
+	_, regOpt := registry()
+	var c *coordinator.Coordinator
+	var fs *faultstore.Store
+	var flushed atomic.Bool
+	app := fx.New(fx.NopLogger,
+		fx.Invoke(func(lc fx.Lifecycle) {
+			lc.Append(fx.Hook{OnStop: func(context.Context) error { flushed.Store(true); return nil }})
+		}),
+		idempotency.Module, idemfxtest.IgnoreEnvironment(), idemfxtest.FailingStore(), regOpt, fx.Populate(&c, &fs))
+	if err := app.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	fs.Fail(idemevent.MethodComplete, nil) // the save is retried in the background
+	fs.Fail(idemevent.MethodRenew, nil)
+	var runs atomic.Int64
+	if _, err := coordinator.Do(t.Context(), c, coordinator.Call{Operation: "op", Key: "k"}, charge(&runs)); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	err := app.Stop(ctx)
+	if err == nil || !strings.Contains(err.Error(), "background tasks") {
+		t.Errorf("stop: %v, want the coordinator's background tasks reported", err)
+	}
+	if !flushed.Load() {
+		t.Error("the app's hook before the module did not run on stop")
+	}
+	fs.Reset()
+	if err := c.Close(); err != nil { // the save ends once the store answers
+		t.Fatal(err)
+	}
+}
+
 func TestFxtestSettingsAreValidated(t *testing.T) {
 	clearEnv(t)
 	_, regOpt := registry()

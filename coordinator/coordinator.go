@@ -60,13 +60,36 @@ func New(store idemstore.Store, opts ...Option) (*Coordinator, error) {
 
 // Close waits until the coordinator's background work (shared poll loops,
 // retried saves, releases) has ended, which takes at most one lease after a
-// save's last confirmed renewal; the fx module calls it on stop. It does not
+// save's last confirmed renewal (Shutdown bounds the wait). It does not
 // stop calls in progress, the Coordinator stays usable, and it returns nil.
 func (c *Coordinator) Close() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for c.bg > 0 {
 		c.idle.Wait()
+	}
+	return nil
+}
+
+// Shutdown is Close bounded by ctx: it waits until the background work has
+// ended or ctx is done, and then returns an error that says how much was
+// still running (wrapping ctx's error). Work it stops waiting for goes on:
+// a retried save that the process outlives still stores its result, and
+// one it does not leaves the key to free itself when its lease runs out.
+func (c *Coordinator) Shutdown(ctx context.Context) error {
+	stop := context.AfterFunc(ctx, func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		c.idle.Broadcast()
+	})
+	defer stop()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for c.bg > 0 && ctx.Err() == nil {
+		c.idle.Wait()
+	}
+	if c.bg > 0 {
+		return fmt.Errorf("idempotency: stopped waiting for %d background tasks of the coordinator (retried saves, releases, poll loops): %w", c.bg, context.Cause(ctx))
 	}
 	return nil
 }

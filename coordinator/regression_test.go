@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -16,6 +17,7 @@ import (
 	"github.com/idemkit/idempotency/coordinator/idemstore"
 
 	"github.com/idemkit/idempotency/coordinator"
+	"github.com/idemkit/idempotency/coordinator/faultstore"
 	"github.com/idemkit/idempotency/coordinator/memstore"
 )
 
@@ -265,5 +267,36 @@ func TestCloseWaitsForPollLoops(t *testing.T) {
 		}
 		close(release)
 		<-done
+	})
+}
+
+// Shutdown is Close bounded by its context: a save that keeps failing is
+// given up waiting for when the context ends, and waited for again, to its
+// end, once the store answers.
+func TestShutdownStopsWaitingWhenItsContextEnds(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		fs := faultstore.Wrap(memstore.New())
+		f := newFixture(t, fs, coordinator.WithLease(3*time.Second))
+		fs.Fail(idemevent.MethodComplete, nil)
+		if _, err := coordinator.Do(t.Context(), f.c, call("k"), (&counter{}).action("r")); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		start := time.Now()
+		err := f.c.Shutdown(ctx)
+		if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "1 background tasks") {
+			t.Fatalf("Shutdown = %v, want the save still running and the deadline", err)
+		}
+		if d := time.Since(start); d != time.Second {
+			t.Fatalf("Shutdown returned after %v, want 1s: its context's deadline", d)
+		}
+		fs.Reset()
+		if err := f.c.Shutdown(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if rec, err := fs.Get(context.Background(), idemstore.Key{Operation: "payment.charge", Key: "k"}); err != nil || rec.State != idemstore.StateCompleted {
+			t.Fatalf("k holds %+v (%v), want the save completed", rec, err)
+		}
 	})
 }
