@@ -251,7 +251,9 @@ func (c *Consumer) Start(ctx context.Context) error {
 }
 
 // Stop stops what Start began: the workers read no further entries, the
-// batches in hand finish (see WithBatchSize), and their entries are
+// batches in hand finish (see WithBatchSize; a batch that a read blocked
+// when Stop began returns is in hand too: Redis counted its delivery), and
+// their entries are
 // acknowledged (or dead-lettered, or left pending) as their decisions say.
 // When ctx ends first, the handlers' context is canceled (the handlers
 // running see it, the rest of their batches do not run, and those entries
@@ -339,7 +341,11 @@ func (w *worker) run(ctx, hctx context.Context) {
 			continue
 		}
 		w.backoff = 0
-		if len(batch) > 0 && ctx.Err() == nil {
+		// A batch read while Stop began is in hand: Redis counted its
+		// delivery, so it is processed while the handlers' context lives
+		// (Stop's grace), rather than left pending to come back one
+		// delivery nearer its limit.
+		if len(batch) > 0 && hctx.Err() == nil {
 			w.c.process(hctx, batch)
 		}
 	}
@@ -370,22 +376,28 @@ func (w *worker) next(ctx context.Context) ([]idemconsume.Message, error) {
 			Stream: c.stream, Group: c.group, Consumer: w.name, MinIdle: c.cfg.minIdle,
 			Start: cmp.Or(w.cursor, "0-0"), Count: c.cfg.batch,
 		}).Result()
-		if err != nil {
-			return nil, cmdErr(CommandAutoClaim, fmt.Errorf("redisstream: XAUTOCLAIM %s: %w", c.stream, err))
-		}
-		w.cursor = cursor
-		if cursor == "0-0" || cursor == "" {
-			// The whole pending list was scanned: wait a claim interval.
+		switch {
+		case err != nil:
+			// Reported, and the read below goes on: a claim that keeps
+			// failing (an ACL without XAUTOCLAIM) must not stop the new
+			// entries. The next claim waits a claim interval.
+			c.reportError(ctx, cmdErr(CommandAutoClaim, fmt.Errorf("redisstream: XAUTOCLAIM %s: %w", c.stream, err)))
 			w.cursor, w.claimAt = "", now.Add(c.cfg.claimInterval)
-		}
-		if len(msgs) > 0 {
-			for _, f := range c.cfg.onClaim {
-				f(ctx, len(msgs))
+		default:
+			w.cursor = cursor
+			if cursor == "0-0" || cursor == "" {
+				// The whole pending list was scanned: wait a claim interval.
+				w.cursor, w.claimAt = "", now.Add(c.cfg.claimInterval)
 			}
-			return w.counted(ctx, msgs), nil
-		}
-		if w.cursor != "" {
-			return nil, nil // more of the pending list to scan
+			if len(msgs) > 0 {
+				for _, f := range c.cfg.onClaim {
+					f(ctx, len(msgs))
+				}
+				return w.counted(ctx, msgs), nil
+			}
+			if w.cursor != "" {
+				return nil, nil // more of the pending list to scan
+			}
 		}
 	}
 	streams, err := c.client.XReadGroup(ctx, &redis.XReadGroupArgs{

@@ -145,3 +145,68 @@ func TestHooksAddUp(t *testing.T) {
 		t.Errorf("decision hooks called %v, want first,second", order)
 	}
 }
+
+// An entry that a read blocked when Stop began returns is in hand: Redis
+// counted its delivery, so it is processed and acknowledged, not left
+// pending to come back one delivery nearer its limit.
+func TestStopProcessesWhatTheBlockedReadReturns(t *testing.T) {
+	e := newEnv(t)
+	var ran atomic.Int64
+	sc, err := redisstream.New(e.rdb, e.processor(e.coordinator(e.store), idemconsume.WithMaxDeliveries(1)), e.stream, e.group,
+		func(context.Context, idemconsume.Message) error { ran.Add(1); return nil },
+		redisstream.WithBlock(2*time.Second), redisstream.WithConsumerName("a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sc.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "the worker blocked in XREADGROUP", func() bool {
+		info, _ := e.rdb.Info(t.Context(), "clients").Result()
+		return strings.Contains(info, "blocked_clients:1")
+	})
+	stopped := make(chan error, 1)
+	go func() { stopped <- sc.Stop(t.Context()) }()
+	time.Sleep(100 * time.Millisecond) // Stop has begun; the read still blocks
+	e.publish("order-1")
+	if err := <-stopped; err != nil {
+		t.Fatal(err)
+	}
+	if n := ran.Load(); n != 1 {
+		t.Errorf("the handler ran %d times, want 1", n)
+	}
+	if g := e.groupInfo(); g.Pending != 0 {
+		t.Errorf("%d entries pending after Stop, want 0", g.Pending)
+	}
+}
+
+// A claim that keeps failing (an ACL without XAUTOCLAIM) does not stop the
+// reads of new entries: the next claim waits a claim interval.
+func TestFailingClaimDoesNotStopReads(t *testing.T) {
+	e := newEnv(t)
+	var ran atomic.Int64
+	var claimErrs atomic.Int64
+	c := e.start(noAutoClaim{e.rdb}, e.processor(e.coordinator(e.store)),
+		func(context.Context, idemconsume.Message) error { ran.Add(1); return nil },
+		fast(redisstream.WithOnError(func(_ context.Context, err error) {
+			var ce *idemconsume.CommandError
+			if errors.As(err, &ce) && ce.Command == redisstream.CommandAutoClaim {
+				claimErrs.Add(1)
+			}
+		}))...)
+	e.publish("order-1")
+	eventually(t, 5*time.Second, "the entry processed", func() bool { return ran.Load() == 1 && e.drained() })
+	c.stop()
+	if claimErrs.Load() == 0 {
+		t.Error("no XAUTOCLAIM error reported: the test did not refuse the claim")
+	}
+}
+
+// noAutoClaim is a client whose XAUTOCLAIM Redis refuses.
+type noAutoClaim struct{ *redis.Client }
+
+func (noAutoClaim) XAutoClaim(ctx context.Context, _ *redis.XAutoClaimArgs) *redis.XAutoClaimCmd {
+	cmd := redis.NewXAutoClaimCmd(ctx)
+	cmd.SetErr(errors.New("NOPERM this user has no permissions to run the 'xautoclaim' command"))
+	return cmd
+}

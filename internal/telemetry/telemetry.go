@@ -40,13 +40,23 @@ const minRedactLen = 8
 // wherever it occurs. It is best effort: a key quoted or escaped some other
 // way by a custom store stays visible.
 func Redact(msg string, k idemstore.Key, hidden string) string {
-	if k.Key == "" || !strings.Contains(msg, k.Key) {
+	quoted := strconv.Quote(k.Key)
+	// The key as %q spells it, also inside a longer quoted string: a key
+	// with a quote or a backslash differs from its raw form there.
+	escaped := quoted[1 : len(quoted)-1]
+	if k.Key == "" || !strings.Contains(msg, k.Key) && !strings.Contains(msg, escaped) {
 		return msg
 	}
-	msg = strings.ReplaceAll(msg, k.Operation+":"+k.Key, k.Operation+":"+hidden)
-	msg = strings.ReplaceAll(msg, strconv.Quote(k.Key), strconv.Quote(hidden))
-	if len(k.Key) >= minRedactLen {
-		msg = strings.ReplaceAll(msg, k.Key, hidden)
+	msg = strings.ReplaceAll(msg, quoted, strconv.Quote(hidden))
+	forms := []string{k.Key}
+	if escaped != k.Key {
+		forms = append(forms, escaped)
+	}
+	for _, f := range forms {
+		msg = strings.ReplaceAll(msg, k.Operation+":"+f, k.Operation+":"+hidden)
+		if len(k.Key) >= minRedactLen {
+			msg = strings.ReplaceAll(msg, f, hidden)
+		}
 	}
 	return msg
 }
