@@ -110,9 +110,11 @@ func WithBlock(d time.Duration) Option { return optionFunc(func(c *config) { c.b
 // WithMinIdle sets how long an entry stays pending before a worker claims it
 // (XAUTOCLAIM min-idle-time): the redelivery delay of an entry whose
 // consumer died, failed its handler, or found it in progress. Keep it at
-// least the coordinator's lease (IDEMPOTENCY_LEASE) and longer than a
-// handler usually runs: a claim of an entry whose handler still runs
-// elsewhere finds it in progress, which costs a delivery. Default
+// least the coordinator's lease (IDEMPOTENCY_LEASE) and longer than a batch
+// usually takes (WithBatchSize times a handler's run: idle time counts from
+// the batch's read, and its entries run one after another): a claim of an
+// entry whose batch still runs elsewhere finds it in progress, which costs
+// a delivery. Default
 // DefaultMinIdle (30s); at least 1ms.
 func WithMinIdle(d time.Duration) Option { return optionFunc(func(c *config) { c.minIdle = d }) }
 
