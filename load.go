@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemkit/idempotency/coordinator"
 	"github.com/idemkit/idempotency/internal/redisurl"
+	"github.com/idemkit/idempotency/internal/wholenum"
 	"github.com/idemkit/idempotency/observability"
 	"github.com/idemkit/idempotency/redisrepo"
 )
@@ -92,30 +93,13 @@ func notDecimal(f reflect.StructField) error {
 	}
 	name := fieldVariable(f)
 	v, ok := os.LookupEnv(name)
-	if !ok || decimal(v) {
+	if !ok || wholenum.Decimal(v) {
 		return nil
 	}
 	if _, err := strconv.ParseInt(v, 0, 64); err != nil && !errors.Is(err, strconv.ErrRange) {
 		return nil
 	}
-	return fmt.Errorf("%s: %q is not a decimal whole number; write it in base 10 without leading zeros or underscores, e.g. 10", name, v)
-}
-
-// decimal reports whether v is a whole number in base 10 as people write
-// it: an optional sign, then 0 or digits that do not start with 0.
-func decimal(v string) bool {
-	if v != "" && (v[0] == '+' || v[0] == '-') {
-		v = v[1:]
-	}
-	if v == "" || len(v) > 1 && v[0] == '0' {
-		return false
-	}
-	for _, c := range []byte(v) {
-		if c < '0' || c > '9' {
-			return false
-		}
-	}
-	return true
+	return wholenum.Problem(name, v)
 }
 
 // testVariablePrefix starts the IDEMPOTENCY_* variables that LoadSettings

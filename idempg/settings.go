@@ -6,6 +6,7 @@ import (
 	"strconv"
 
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/internal/wholenum"
 )
 
 // The environment variables of Module's settings.
@@ -63,9 +64,15 @@ func LoadSettings() (Settings, error) {
 		if v == "" {
 			return 0
 		}
+		if !wholenum.Decimal(v) {
+			// The core's rule for every integer variable: 010 is refused,
+			// not read as 10 here and as 8 by an octal reader.
+			errs = append(errs, wholenum.Problem(name, v))
+			return 0
+		}
 		n, err := strconv.ParseInt(v, 10, 32)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("%s: %q is not a whole number", name, v))
+			errs = append(errs, fmt.Errorf("%s: %q is out of range for a connection count", name, v))
 		}
 		return int32(n)
 	}

@@ -155,9 +155,23 @@ func TestLoadSettings(t *testing.T) {
 	_, err := idempg.LoadSettings()
 	var se *idempotency.SettingsError
 	if !errors.As(err, &se) || len(se.Errs) != 2 ||
-		!strings.Contains(err.Error(), "IDEMPOTENCY_POSTGRES_MAX_CONNS: \"eight\" is not a whole number") ||
+		!strings.Contains(err.Error(), "IDEMPOTENCY_POSTGRES_MAX_CONNS: \"eight\" is not a decimal whole number") ||
 		!strings.Contains(err.Error(), "IDEMPOTENCY_POSTGRES_MIGRATE: \"yes please\" is not true or false") {
 		t.Fatalf("LoadSettings with two bad values = %v, want a *SettingsError naming both", err)
+	}
+	t.Setenv("IDEMPOTENCY_POSTGRES_MIGRATE", "")
+	// One rule for every IDEMPOTENCY_* integer, the core's: a leading zero
+	// or another base is refused rather than read as some number.
+	for _, v := range []string{"010", "0x10", "1_000", "+08"} {
+		t.Setenv("IDEMPOTENCY_POSTGRES_MAX_CONNS", v)
+		_, err := idempg.LoadSettings()
+		if want := "IDEMPOTENCY_POSTGRES_MAX_CONNS: \"" + v + "\" is not a decimal whole number"; err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("LoadSettings with MAX_CONNS=%s = %v, want an error containing %q", v, err, want)
+		}
+	}
+	t.Setenv("IDEMPOTENCY_POSTGRES_MAX_CONNS", "4294967296")
+	if _, err := idempg.LoadSettings(); err == nil || !strings.Contains(err.Error(), "out of range") {
+		t.Errorf("LoadSettings with MAX_CONNS=4294967296 = %v, want an out-of-range error", err)
 	}
 }
 
