@@ -154,3 +154,42 @@ func TestProcessBatchKillSwitch(t *testing.T) {
 		t.Errorf("runs %d, want 2", h.runs.Load())
 	}
 }
+
+// ProcessBatchIndexed tells the handler each delivery's position in the
+// batch, also when deliveries share an ID and when some are not run (a
+// replay, a bad key, one over the limit), and with the kill switch on.
+func TestProcessBatchIndexedGivesEachDeliveryItsPosition(t *testing.T) {
+	msgs := make([]idemconsume.Message, len(batchCases))
+	for i, c := range batchCases {
+		msgs[i] = c.msg
+		msgs[i].ID = "same" // IDs cannot tell deliveries apart
+	}
+	p, _, handle, _ := batchSetup(t)
+	var got []int
+	p.ProcessBatchIndexed(t.Context(), msgs, func(ctx context.Context, i int, m idemconsume.Message) error {
+		got = append(got, i)
+		if m.Fields["idempotency-key"] != batchCases[i].msg.Fields["idempotency-key"] {
+			t.Errorf("handler called with position %d for key %q, the delivery there has key %q", i, m.Fields["idempotency-key"], batchCases[i].msg.Fields["idempotency-key"])
+		}
+		return handle(ctx, m)
+	})
+	var want []int
+	for i, c := range batchCases {
+		if c.runs > 0 && c.reason != idemconsume.ReasonDuplicate {
+			want = append(want, i)
+		}
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("handler ran for positions %v, want %v", got, want)
+	}
+
+	off := newProcessor(t, newCoordinator(t, nil, coordinator.WithEnabled(false)))
+	got = nil
+	off.ProcessBatchIndexed(t.Context(), []idemconsume.Message{{Deliveries: 1}, {Deliveries: 1}}, func(_ context.Context, i int, _ idemconsume.Message) error {
+		got = append(got, i)
+		return nil
+	})
+	if fmt.Sprint(got) != "[0 1]" {
+		t.Errorf("with the kill switch on, the handler ran for positions %v, want [0 1]", got)
+	}
+}

@@ -122,10 +122,35 @@ func (p *Processor) ProcessBatch(ctx context.Context, msgs []Message, handle Han
 	if handle == nil {
 		panic("idemconsume: ProcessBatch: handler is nil")
 	}
+	return p.ProcessBatchIndexed(ctx, msgs, func(ctx context.Context, _ int, msg Message) error {
+		return handle(ctx, msg)
+	})
+}
+
+// IndexedHandler is a Handler that is also told which of a batch's
+// deliveries it runs for: i is msg's position in the slice given to
+// ProcessBatchIndexed.
+type IndexedHandler func(ctx context.Context, i int, msg Message) error
+
+// ProcessBatchIndexed is ProcessBatch with a handler that is given each
+// delivery's position in msgs, for an adapter that keeps state per
+// delivery beside the Message (its broker's own message, say) and cannot
+// tell deliveries apart by their contents: IDs and keys may repeat in a
+// batch. The handler is not called for the deliveries it does not run for
+// (a replay, a bad key, one over the delivery limit).
+//
+// ProcessBatchIndexed panics when handle is nil.
+func (p *Processor) ProcessBatchIndexed(ctx context.Context, msgs []Message, handle IndexedHandler) []Decision {
+	if handle == nil {
+		panic("idemconsume: ProcessBatchIndexed: handler is nil")
+	}
+	one := func(i int) Handler {
+		return func(ctx context.Context, msg Message) error { return handle(ctx, i, msg) }
+	}
 	ds := make([]Decision, len(msgs))
 	if !p.c.Enabled() {
 		for i, msg := range msgs {
-			ds[i] = p.unprotected(ctx, msg, handle)
+			ds[i] = p.unprotected(ctx, msg, one(i))
 		}
 		return ds
 	}
@@ -144,7 +169,7 @@ func (p *Processor) ProcessBatch(ctx context.Context, msgs []Message, handle Han
 	}
 	_, errs := coordinator.DoBatch(ctx, p.c, calls, func(actx context.Context, j int) (struct{}, error) {
 		i := at[j]
-		return struct{}{}, sts[i].act(actx, msgs[i], handle)
+		return struct{}{}, sts[i].act(actx, msgs[i], one(i))
 	})
 	for j, i := range at {
 		ds[i] = p.decide(ctx, msgs[i], calls[j].Key, errs[j], &sts[i])

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
-	"reflect"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -107,26 +105,16 @@ func (d *Deduplicator) HandleBatch(msgs []*message.Message, h message.HandlerFun
 	}
 	runs := make([]*run, len(msgs))
 	in := make([]idemconsume.Message, len(msgs))
-	// Each delivery gets a Fields map of its own, by which the handler finds
-	// its message: not by UUID, which repeats (Watermill's NATS unmarshalers
-	// leave it empty for messages from other publishers), nor by counting
-	// calls, as the deliveries the handler does not run for (a replay, a bad
-	// key, one over the delivery limit) get none. in keeps the maps alive,
-	// so no address is reused.
-	at := make(map[uintptr]int, len(msgs))
 	for i, msg := range msgs {
 		runs[i] = d.run(msg, h)
 		in[i] = d.message(msg)
-		fields := make(map[string]string, len(msg.Metadata))
-		maps.Copy(fields, msg.Metadata)
-		in[i].Fields = fields
-		at[reflect.ValueOf(fields).Pointer()] = i
 	}
-	decs := d.p.ProcessBatch(msgs[0].Context(), in, func(ctx context.Context, m idemconsume.Message) error {
-		i, ok := at[reflect.ValueOf(m.Fields).Pointer()]
-		if !ok {
-			return errors.New("idemwatermill: HandleBatch: the handler was called for a message that is not in the batch")
-		}
+	// The handler finds its delivery by position: not by UUID, which
+	// repeats (Watermill's NATS unmarshalers leave it empty for messages
+	// from other publishers), nor by counting calls, as the deliveries it
+	// does not run for (a replay, a bad key, one over the delivery limit)
+	// get none.
+	decs := d.p.ProcessBatchIndexed(msgs[0].Context(), in, func(ctx context.Context, i int, m idemconsume.Message) error {
 		return runs[i].handle(ctx, m)
 	})
 	for i, dec := range decs {
