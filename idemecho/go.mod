@@ -3,7 +3,7 @@ module github.com/idemkit/idempotency/idemecho
 go 1.26.0
 
 require (
-	github.com/idemkit/idempotency v0.0.0-20261207172321-bc53d91456db
+	github.com/idemkit/idempotency v0.0.0-20261207200443-820952f282fb
 	github.com/labstack/echo/v4 v4.16.5
 	go.uber.org/fx v1.24.0
 	go.uber.org/goleak v1.3.0
@@ -24,7 +24,7 @@ require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/go-logr/logr v1.4.4 // indirect
 	github.com/go-logr/stdr v1.2.2 // indirect
-	github.com/idemkit/idempotency/idempg v0.0.0-20261207172321-bc53d91456db
+	github.com/idemkit/idempotency/idempg v0.0.0-20261207200443-820952f282fb
 	github.com/kelseyhightower/envconfig v1.4.0 // indirect
 	github.com/labstack/gommon v0.5.0 // indirect
 	github.com/mattn/go-colorable v0.1.15 // indirect

@@ -4,7 +4,7 @@ go 1.26.0
 
 require (
 	github.com/gin-gonic/gin v1.12.0
-	github.com/idemkit/idempotency v0.0.0-20261207172321-bc53d91456db
+	github.com/idemkit/idempotency v0.0.0-20261207200443-820952f282fb
 	go.uber.org/fx v1.24.0
 	go.uber.org/goleak v1.3.0
 	go.uber.org/zap v1.28.0
@@ -35,7 +35,7 @@ require (
 	github.com/go-playground/validator/v10 v10.30.1 // indirect
 	github.com/goccy/go-json v0.10.5 // indirect
 	github.com/goccy/go-yaml v1.19.2 // indirect
-	github.com/idemkit/idempotency/idempg v0.0.0-20261207172321-bc53d91456db
+	github.com/idemkit/idempotency/idempg v0.0.0-20261207200443-820952f282fb
 	github.com/json-iterator/go v1.1.12 // indirect
 	github.com/kelseyhightower/envconfig v1.4.0 // indirect
 	github.com/klauspost/cpuid/v2 v2.4.0 // indirect

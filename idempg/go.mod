@@ -4,7 +4,7 @@ go 1.26.0
 
 require (
 	github.com/anishathalye/porcupine v1.3.1
-	github.com/idemkit/idempotency v0.0.0-20261207172321-bc53d91456db
+	github.com/idemkit/idempotency v0.0.0-20261207200443-820952f282fb
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/redis/go-redis/v9 v9.23.0

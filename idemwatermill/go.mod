@@ -4,7 +4,7 @@ go 1.26.0
 
 require (
 	github.com/ThreeDotsLabs/watermill v1.5.1
-	github.com/idemkit/idempotency v0.0.0-20261207172321-bc53d91456db
+	github.com/idemkit/idempotency v0.0.0-20261207200443-820952f282fb
 	github.com/nats-io/nats.go v1.37.0
 )
 

@@ -3,7 +3,7 @@ module github.com/idemkit/idempotency/cmd/idemctl
 go 1.26.0
 
 require (
-	github.com/idemkit/idempotency v0.0.0-20261207172321-bc53d91456db
+	github.com/idemkit/idempotency v0.0.0-20261207200443-820952f282fb
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/kelseyhightower/envconfig v1.4.0
 	github.com/redis/go-redis/v9 v9.23.0
@@ -24,7 +24,7 @@ require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/go-logr/logr v1.4.4 // indirect
 	github.com/go-logr/stdr v1.2.2 // indirect
-	github.com/idemkit/idempotency/idempg v0.0.0-20261207172321-bc53d91456db
+	github.com/idemkit/idempotency/idempg v0.0.0-20261207200443-820952f282fb
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/prometheus/client_golang v1.25.0 // indirect
 	github.com/prometheus/client_model v0.6.3 // indirect

@@ -4,4 +4,4 @@ go 1.26.0
 
 replace github.com/idemkit/idempotency => ../..
 
-require github.com/idemkit/idempotency v0.0.0-20261207172321-bc53d91456db
+require github.com/idemkit/idempotency v0.0.0-20261207200443-820952f282fb

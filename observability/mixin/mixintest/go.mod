@@ -3,7 +3,7 @@ module github.com/idemkit/idempotency/observability/mixin/mixintest
 go 1.26.0
 
 require (
-	github.com/idemkit/idempotency v0.0.0-20261207172321-bc53d91456db
+	github.com/idemkit/idempotency v0.0.0-20261207200443-820952f282fb
 	github.com/prometheus/client_golang v1.25.0
 	github.com/prometheus/client_model v0.6.3
 	github.com/prometheus/common v0.72.0
@@ -58,7 +58,7 @@ require (
 	sigs.k8s.io/yaml v1.6.0 // indirect
 )
 
-require github.com/idemkit/idempotency/observability/mixin v0.0.0-20261207172321-bc53d91456db
+require github.com/idemkit/idempotency/observability/mixin v0.0.0-20261207200443-820952f282fb
 
 replace (
 	github.com/idemkit/idempotency => ../../..
