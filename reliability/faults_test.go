@@ -13,6 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemkit/idempotency/coordinator/idemstore"
 	"github.com/idemkit/idempotency/internal/faultproxy"
 	"github.com/idemkit/idempotency/internal/redistest"
 )
@@ -29,6 +30,9 @@ type faultEnv struct {
 	cluster *testCluster          // the cluster, if any
 	// sentinel is the master, replica and sentinel, if any.
 	sentinel *redistest.Sentinel
+	// store is the storm's store, for a fault that acts on a wrapper of it
+	// (reserveAgain).
+	store idemstore.Store
 }
 
 // faultResult is what a fault did: when it began and ended on the storm's

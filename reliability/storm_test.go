@@ -453,6 +453,7 @@ func runStorm(t *testing.T, lv level, sc scenario, b backend, env *faultEnv) *ou
 	time.Sleep(cfg.warmup)
 	env.now = s.now
 	env.pause, env.resume = s.pause, s.resume
+	env.store = store
 	fr := sc.fault.inject(t, env)
 	time.Sleep(cfg.after)
 	close(stop)
