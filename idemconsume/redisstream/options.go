@@ -146,8 +146,10 @@ func WithDeadLetterStream(name string) Option {
 }
 
 // WithOnDecision adds a function called with every delivery's decision once
-// the Consumer has acted on it (acknowledged, dead-lettered, or left it
+// the Consumer has acted on it (sent its XACK or dead letter, or left it
 // pending): for logs and metrics (observability.ConsumerObserver.OnDecision).
+// A command that failed is reported to WithOnError, not here: the entry
+// stays pending, and its next delivery is decided and reported again.
 // It runs on the worker's goroutine and delays the next entry while it runs.
 // Each WithOnDecision adds one, called in order; a nil f adds none.
 func WithOnDecision(f func(ctx context.Context, msg idemconsume.Message, d idemconsume.Decision)) Option {
