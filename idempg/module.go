@@ -282,7 +282,8 @@ func startupCheck(ctx context.Context, p *pool, migrate bool, logger *zap.Logger
 		return nil
 	}
 	var pooled pooledError
-	if errors.As(err, &pooled) {
+	var ro readOnlyError
+	if errors.As(err, &pooled) || errors.As(err, &ro) {
 		return fmt.Errorf("%s: %w", p.name, err)
 	}
 	if errors.Is(err, ErrSchema) {
@@ -332,11 +333,24 @@ func (e pooledError) Error() string {
 		"docs/stores.md, \"Behind PgBouncer\"", e.connPID, e.serverPID)
 }
 
-// checkPooler refuses a DB whose connections cache prepared statements
-// (pgx's default) when a connection pooler sits between them and
-// PostgreSQL: the backend pid that the connection was given at start-up
-// (a pooler gives its own) is not the one the server reports. The probe
-// uses the simple protocol, so that it runs through any pooler.
+// readOnly is the text of checkPooler's refusal of a server that takes no
+// writes, and of a call's error when one still reaches it (classify).
+const readOnly = "the server takes no writes (transaction_read_only is on: a hot standby, a primary demoted by a failover, " +
+	"or default_transaction_read_only set for the database or the role): point the connection string at the primary " +
+	"(with several hosts, add target_session_attrs=read-write); docs/stores.md, \"A read-only server\""
+
+// readOnlyError is checkPooler's refusal of a server that takes no writes.
+type readOnlyError struct{}
+
+func (readOnlyError) Error() string { return readOnly }
+
+// checkPooler refuses a DB whose transactions are read-only (a standby, or
+// default_transaction_read_only), where every reservation would fail; and
+// a DB whose connections cache prepared statements (pgx's default) when a
+// connection pooler sits between them and PostgreSQL: the backend pid that
+// the connection was given at start-up (a pooler gives its own) is not the
+// one the server reports. The probe uses the simple protocol, so that it
+// runs through any pooler.
 func checkPooler(ctx context.Context, db DB) error {
 	tx, err := db.BeginTx(ctx, pgx.TxOptions{})
 	if err != nil {
@@ -344,8 +358,12 @@ func checkPooler(ctx context.Context, db DB) error {
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	var pid uint32
-	if err := tx.QueryRow(ctx, "SELECT pg_backend_pid()", pgx.QueryExecModeSimpleProtocol).Scan(&pid); err != nil {
+	var ro string
+	if err := tx.QueryRow(ctx, "SELECT pg_backend_pid(), current_setting('transaction_read_only')", pgx.QueryExecModeSimpleProtocol).Scan(&pid, &ro); err != nil {
 		return err
+	}
+	if ro == "on" {
+		return readOnlyError{}
 	}
 	conn := tx.Conn()
 	if conn == nil || conn.PgConn().PID() == pid || conn.Config().DefaultQueryExecMode != pgx.QueryExecModeCacheStatement {
@@ -367,6 +385,8 @@ func refusal(err error) string {
 			return "the database does not exist (" + pg.Code + " invalid_catalog_name): " + pg.Message
 		case "42P05", "26000":
 			return "a prepared statement ran on another server connection than the one it was prepared on (" + pg.Code + "): a connection pooler in transaction mode, such as PgBouncer, is between the store and PostgreSQL: add default_query_exec_mode=exec to the connection string (docs/stores.md, \"Behind PgBouncer\")"
+		case "25006":
+			return readOnly + " (" + pg.Code + " read_only_sql_transaction)"
 		case "42501":
 			return "the user lacks a permission the store needs on its tables (" + pg.Code + " insufficient_privilege): " + pg.Message
 		}

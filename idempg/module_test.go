@@ -272,6 +272,46 @@ func TestModuleStartupChecks(t *testing.T) {
 	})
 }
 
+// A server that takes no writes (a standby, a demoted primary, or
+// default_transaction_read_only, as here) fails start-up naming the
+// variable and the fix, whether the module migrates or only checks, and
+// CheckPool says the same: every reservation would fail on it.
+func TestModuleRefusesAReadOnlyServer(t *testing.T) {
+	db := newEmptyDB(t, 4)
+	url := schemaURL(db.schema) + " options='-c default_transaction_read_only=on'"
+	for _, migrate := range []bool{false, true} {
+		t.Run(fmt.Sprint("migrate=", migrate), func(t *testing.T) {
+			app := fx.New(idempotency.Module, idempg.Module, fx.NopLogger, fx.Supply(zap.NewNop()),
+				settings(func(s *idempotency.Settings) { s.MetricsEnabled = false }),
+				idempg.SupplySettings(idempg.Settings{URL: url, Migrate: migrate}), fx.Invoke(func(*coordinator.Coordinator) {}))
+			err := app.Err()
+			if err == nil {
+				if err = app.Start(t.Context()); err == nil {
+					_ = app.Stop(t.Context())
+					t.Fatal("start-up on a read-only server succeeded, want it refused")
+				}
+			}
+			for _, w := range []string{"IDEMPOTENCY_POSTGRES_URL: the server takes no writes", "target_session_attrs=read-write"} {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("start-up error %q\ndoes not say %q", err, w)
+				}
+			}
+		})
+	}
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if err := idempg.CheckPool(t.Context(), pool); err == nil || !strings.Contains(err.Error(), "the server takes no writes") {
+		t.Errorf("CheckPool on a read-only server = %v, want it refused", err)
+	}
+}
+
 // Behind a PgBouncer in transaction mode, pgx's default statement cache is
 // refused at start-up, naming the variable and the fix; with the fix, the
 // app starts and the transactional call runs once per key.

@@ -216,7 +216,8 @@ func (db *testDB) injected(t *testing.T) int {
 // A serialization failure or a deadlock is sent again within the deadline;
 // one that lasts is a *StorageError that matches ErrConflict, and the action
 // does not run in the default mode, run. A prepared statement that a pooler
-// ran on the wrong connection is not retried and matches ErrMisconfigured.
+// ran on the wrong connection, or a write to a read-only server, is not
+// retried and matches ErrMisconfigured.
 func TestStoreConflicts(t *testing.T) {
 	cases := []struct {
 		name, code string
@@ -229,6 +230,9 @@ func TestStoreConflicts(t *testing.T) {
 		{"serialization_failure_lasts", "40001", 1000, coordinator.ErrConflict, -1},
 		{"duplicate_prepared_statement", "42P05", 1000, coordinator.ErrMisconfigured, 1},
 		{"prepared_statement_missing", "26000", 1000, coordinator.ErrMisconfigured, 1},
+		// A standby, or a primary demoted by a failover, answers every
+		// write so: the store is not down, and mode run must not run.
+		{"read_only_sql_transaction", "25006", 1000, coordinator.ErrMisconfigured, 1},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -343,8 +343,10 @@ func conflict(err error) bool {
 // deadlock) matches coordinator.ErrConflict; a prepared statement that a
 // connection pooler in transaction mode ran on another server connection
 // than the one it was prepared on (42P05 duplicate_prepared_statement,
-// 26000 invalid_sql_statement_name) matches coordinator.ErrMisconfigured.
-// Either way the coordinator never runs the action unprotected.
+// 26000 invalid_sql_statement_name), or a server that takes no writes
+// (25006 read_only_sql_transaction: a standby, a demoted primary), matches
+// coordinator.ErrMisconfigured. Either way the coordinator never runs the
+// action unprotected: the server answered.
 func classify(err error) error {
 	var pe *pgconn.PgError
 	if err == nil || !errors.As(err, &pe) {
@@ -355,6 +357,8 @@ func classify(err error) error {
 		return fmt.Errorf("%w: %w", coordinator.ErrConflict, err)
 	case "42P05", "26000":
 		return fmt.Errorf("%w (behind a connection pooler in transaction mode, such as PgBouncer, set default_query_exec_mode=exec in the connection string): %w", coordinator.ErrMisconfigured, err)
+	case "25006":
+		return fmt.Errorf("%w (%s): %w", coordinator.ErrMisconfigured, readOnly, err)
 	}
 	return err
 }
