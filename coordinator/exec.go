@@ -133,10 +133,11 @@ func (x *exec) releaseLater(ctx context.Context) {
 }
 
 // completedByUs reports whether the key holds the result this call
-// completed: a refused completion is checked before it is called a lost lease.
-func (x *exec) completedByUs(ctx context.Context) bool {
+// completed: a refused completion is checked before it is called a lost
+// lease. The error is the read's, when the store could not say.
+func (x *exec) completedByUs(ctx context.Context) (bool, error) {
 	rec, err := x.storeGet(context.WithoutCancel(ctx))
-	return err == nil && x.ours(rec, x.state)
+	return err == nil && x.ours(rec, x.state), err
 }
 
 // notReplayable returns the error for a key whose action completed with a

@@ -375,18 +375,26 @@ func (f *flow[T]) complete(ctx context.Context) (settled bool) {
 // settle reports a completion that the store answered: applied (ok), or
 // refused because the key is no longer our pending record.
 func (f *flow[T]) settle(ctx context.Context, ok bool) {
-	switch {
-	case ok:
+	defer f.c.kick(f.key)
+	if ok {
 		f.observe(ctx, idemevent.Event{Kind: idemevent.Stored})
-	case f.completedByUs(ctx):
+		return
+	}
+	switch ours, err := f.completedByUs(ctx); {
+	case ours:
 		// An earlier completion of ours was applied after all (its reply
 		// was lost, or a client retried it).
 		f.observe(ctx, idemevent.Event{Kind: idemevent.Stored})
+	case err != nil:
+		// The store refused the completion and then could not be read:
+		// an earlier completion of ours may have been applied. Not a lost
+		// lease, which only the record can show.
+		f.storageFailed(ctx, idemevent.ErrorStorageGet, idemevent.MethodGet,
+			fmt.Errorf("the completion of %s was refused, and whether an earlier one of this call was applied cannot be read (the result may or may not be stored): %w", f.key, err))
 	default:
 		f.observe(ctx, idemevent.Event{Kind: idemevent.Error, ErrorType: idemevent.ErrorLeaseLost,
 			Err: fmt.Errorf("%w: %s was taken over before completion; the result is not stored", ErrLeaseLost, f.key)})
 	}
-	f.c.kick(f.key)
 }
 
 // saveLater retries, in the background, a completion whose outcome is not

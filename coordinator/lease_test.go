@@ -3,6 +3,7 @@ package coordinator_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -279,4 +280,39 @@ func TestWatchdogQuietWhileRenewalsAreConfirmed(t *testing.T) {
 			t.Fatalf("Do = %+v, %v, lease_lost %d; want done and no loss", v, err, f.rec.errors(idemevent.ErrorLeaseLost))
 		}
 	})
+}
+
+// A completion the store refuses is checked with a read before it is called
+// a lost lease; when that read fails, the store cannot say, and a lost lease
+// is not reported: a storage_get_error is. When the read shows another
+// caller's record, it is a lost lease.
+func TestRefusedCompletionWhoseCheckFailsIsNoLostLease(t *testing.T) {
+	for _, readFails := range []bool{true, false} {
+		t.Run(fmt.Sprint("read fails=", readFails), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				mem := memstore.New()
+				fs := faultstore.Wrap(mem)
+				f := newFixture(t, fs, coordinator.WithLease(testLease), coordinator.WithStorageTimeout(testStorageTimeout))
+				v, err := coordinator.Do(t.Context(), f.c, call("taken"), func(context.Context) (charge, error) {
+					// Another caller takes the key over as the action ends.
+					mem.Put(idemstore.Key{Operation: "payment.charge", Key: "taken"},
+						idemstore.Record{State: idemstore.StatePending, Token: "other", TTL: testLease})
+					if readFails {
+						fs.Fail(idemevent.MethodGet, errors.New("connection reset by peer"))
+					}
+					return charge{ID: "done"}, nil
+				})
+				if err != nil || v.ID != "done" {
+					t.Fatalf("Do = %+v, %v; want done", v, err)
+				}
+				lost, get := f.rec.errors(idemevent.ErrorLeaseLost), f.rec.errors(idemevent.ErrorStorageGet)
+				if readFails && (lost != 0 || get != 1) {
+					t.Errorf("lease_lost %d, storage_get_error %d; want 0 and 1: the read that would tell failed", lost, get)
+				}
+				if !readFails && (lost != 1 || get != 0) {
+					t.Errorf("lease_lost %d, storage_get_error %d; want 1 and 0: the record is another caller's", lost, get)
+				}
+			})
+		})
+	}
 }
