@@ -298,11 +298,7 @@ func TestModuleRefusesAReadOnlyServer(t *testing.T) {
 			}
 		})
 	}
-	cfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	pool, err := pgxpool.New(t.Context(), url)
 	if err != nil {
 		t.Fatal(err)
 	}
