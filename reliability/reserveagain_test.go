@@ -43,6 +43,13 @@ const (
 	reserveSlow
 )
 
+// How many single Reserves a reserveAgain fault waits to meet, and for how
+// long at most.
+const (
+	reserveAgainMet = 5
+	reserveAgainMax = 4 * loopFor
+)
+
 // reserveSlowBy is reserveSlow's delay: most of the storage timeout
 // (100ms), so that the Reserve answers, late, while the batch's other
 // entries wait on it.
@@ -74,9 +81,13 @@ func (r *reserveAgain) Reserve(ctx context.Context, key idemstore.Key, w idemsto
 }
 
 // reserveAgainFault is the fault that sets reserveAgain's mode to m for
-// loopFor. It needs the storm's store to be a reserveAgain (scenario.wrap
-// wrapReserveAgain), and fails the test when no single Reserve met it: the
-// storm would then prove nothing about the step.
+// loopFor, and on until reserveAgainMet single Reserves have met it, for
+// at most reserveAgainMax: a storm reaches the step a few times a second
+// (it takes a collision with a pending record and an action before it in
+// the batch), fewer on a loaded machine. It needs the storm's store to be
+// a reserveAgain (scenario.wrap wrapReserveAgain), and fails the test when
+// no single Reserve met it: the storm would then prove nothing about the
+// step.
 func reserveAgainFault(name string, m reserveFault, expect string) fault {
 	return fault{
 		name:   name,
@@ -91,6 +102,9 @@ func reserveAgainFault(name string, m reserveFault, expect string) fault {
 			start := env.now()
 			r.mode.Store(int32(m))
 			time.Sleep(loopFor)
+			for waited := loopFor; r.met.Load() < reserveAgainMet && waited < reserveAgainMax; waited += loopFor / 10 {
+				time.Sleep(loopFor / 10)
+			}
 			r.mode.Store(int32(reserveAnswers))
 			end := env.now()
 			n := r.met.Load()
