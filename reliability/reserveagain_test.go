@@ -46,8 +46,8 @@ const (
 // How many single Reserves a reserveAgain fault waits to meet, and for how
 // long at most.
 const (
-	reserveAgainMet = 5
-	reserveAgainMax = 4 * loopFor
+	reserveAgainMet = 3
+	reserveAgainMax = 20 * loopFor
 )
 
 // reserveSlowBy is reserveSlow's delay: most of the storage timeout
@@ -82,9 +82,9 @@ func (r *reserveAgain) Reserve(ctx context.Context, key idemstore.Key, w idemsto
 
 // reserveAgainFault is the fault that sets reserveAgain's mode to m for
 // loopFor, and on until reserveAgainMet single Reserves have met it, for
-// at most reserveAgainMax: a storm reaches the step a few times a second
+// at most reserveAgainMax: a storm reaches the step 0 to 15 times a second
 // (it takes a collision with a pending record and an action before it in
-// the batch), fewer on a loaded machine. It needs the storm's store to be
+// the batch, and most entries are replays), fewer on a loaded machine. It needs the storm's store to be
 // a reserveAgain (scenario.wrap wrapReserveAgain), and fails the test when
 // no single Reserve met it: the storm would then prove nothing about the
 // step.
