@@ -274,16 +274,15 @@ func startupCheck(ctx context.Context, p *pool, migrate bool, logger *zap.Logger
 	}
 	ctx, cancel := context.WithTimeout(ctx, startupTimeout)
 	defer cancel()
-	err := checkPooler(ctx, p.db)
+	err := checkServer(ctx, p.db)
 	if err == nil {
 		err = check(ctx, p.db)
 	}
 	if err == nil {
 		return nil
 	}
-	var pooled pooledError
-	var ro readOnlyError
-	if errors.As(err, &pooled) || errors.As(err, &ro) {
+	var refused serverRefusal
+	if errors.As(err, &refused) {
 		return fmt.Errorf("%s: %w", p.name, err)
 	}
 	if errors.Is(err, ErrSchema) {
@@ -308,7 +307,7 @@ func startupCheck(ctx context.Context, p *pool, migrate bool, logger *zap.Logger
 // misconfiguration (a refused password, a pooler, a schema mismatch) says
 // what to change; any other is the database's or the network's.
 func CheckPool(ctx context.Context, db DB) error {
-	err := checkPooler(ctx, db)
+	err := checkServer(ctx, db)
 	if err == nil {
 		err = CheckSchema(ctx, db)
 	}
@@ -321,9 +320,18 @@ func CheckPool(ctx context.Context, db DB) error {
 	return err
 }
 
-// pooledError is checkPooler's refusal of a pool that caches prepared
+// serverRefusal is an error of checkServer's that names a misconfiguration:
+// start-up refuses it, naming the connection string's variable.
+type serverRefusal interface {
+	error
+	refusesServer()
+}
+
+// pooledError is checkServer's refusal of a pool that caches prepared
 // statements behind a connection pooler.
 type pooledError struct{ connPID, serverPID uint32 }
+
+func (pooledError) refusesServer() {}
 
 func (e pooledError) Error() string {
 	return fmt.Sprintf("a connection pooler is between the store and PostgreSQL (the connection's backend pid is %d, the server's %d), "+
@@ -333,25 +341,27 @@ func (e pooledError) Error() string {
 		"docs/stores.md, \"Behind PgBouncer\"", e.connPID, e.serverPID)
 }
 
-// readOnly is the text of checkPooler's refusal of a server that takes no
+// readOnly is the text of checkServer's refusal of a server that takes no
 // writes, and of a call's error when one still reaches it (classify).
 const readOnly = "the server takes no writes (transaction_read_only is on: a hot standby, a primary demoted by a failover, " +
 	"or default_transaction_read_only set for the database or the role): point the connection string at the primary " +
 	"(with several hosts, add target_session_attrs=read-write); docs/stores.md, \"A read-only server\""
 
-// readOnlyError is checkPooler's refusal of a server that takes no writes.
+// readOnlyError is checkServer's refusal of a server that takes no writes.
 type readOnlyError struct{}
+
+func (readOnlyError) refusesServer() {}
 
 func (readOnlyError) Error() string { return readOnly }
 
-// checkPooler refuses a DB whose transactions are read-only (a standby, or
+// checkServer refuses a DB whose transactions are read-only (a standby, or
 // default_transaction_read_only), where every reservation would fail; and
 // a DB whose connections cache prepared statements (pgx's default) when a
 // connection pooler sits between them and PostgreSQL: the backend pid that
 // the connection was given at start-up (a pooler gives its own) is not the
 // one the server reports. The probe uses the simple protocol, so that it
 // runs through any pooler.
-func checkPooler(ctx context.Context, db DB) error {
+func checkServer(ctx context.Context, db DB) error {
 	tx, err := db.BeginTx(ctx, pgx.TxOptions{})
 	if err != nil {
 		return err
