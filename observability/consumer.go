@@ -68,9 +68,9 @@ func NewConsumerObserver(operation string, commands []string, opts ...Option) (*
 	dead := vec("consumer_dead_letters_total",
 		"Messages a queue consumer decided to dead-letter, by reason.", "reason")
 	claims := vec("consumer_claims_total",
-		"Messages a queue consumer claimed from consumers that left them pending (XAUTOCLAIM).")
+		"Messages a queue consumer claimed from consumers that left them pending (XCLAIM).")
 	errs := vec("consumer_errors_total",
-		"Broker commands of a queue consumer that failed, by command (xreadgroup, xautoclaim, xack, ...).", "command")
+		"Broker commands of a queue consumer that failed, by command (xreadgroup, xclaim, xack, ...).", "command")
 	fq := func(name string) string { return prometheus.BuildFQName(c.namespace, subsystem, name) }
 	var registered []prometheus.Collector
 	for _, v := range []struct {

@@ -31,7 +31,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(redistest.Main(m)) }
 // The consumer is SIGKILLed three times while its four workers are in the
 // middle of orders, and restarted: under the same name (it takes its
 // pending entries back at once) or under a new name (it claims the dead
-// one's entries with XAUTOCLAIM once they are idle). A fourth consumer kills
+// one's entries with XCLAIM once they are idle). A fourth consumer kills
 // itself in the crash window, between a credit and the completion of its
 // record; a last one drains the stream. Every order is credited exactly
 // once: the idempotency records stop the producer's copies and the

@@ -26,7 +26,7 @@ import (
 type Client interface {
 	XGroupCreateMkStream(ctx context.Context, stream, group, start string) *redis.StatusCmd
 	XReadGroup(ctx context.Context, a *redis.XReadGroupArgs) *redis.XStreamSliceCmd
-	XAutoClaim(ctx context.Context, a *redis.XAutoClaimArgs) *redis.XAutoClaimCmd
+	XClaim(ctx context.Context, a *redis.XClaimArgs) *redis.XMessageSliceCmd
 	XPendingExt(ctx context.Context, a *redis.XPendingExtArgs) *redis.XPendingExtCmd
 	XAck(ctx context.Context, stream, group string, ids ...string) *redis.IntCmd
 	XAdd(ctx context.Context, a *redis.XAddArgs) *redis.StringCmd
@@ -147,9 +147,10 @@ func (c *Consumer) DeadLetterStream() string { return c.cfg.deadStream }
 // Run creates the group if it does not exist (XGROUP CREATE ... MKSTREAM,
 // from WithStartID), then consumes until ctx ends, with WithWorkers workers.
 // Each worker first processes the entries left pending under its own name,
-// then, in turn, claims entries that another consumer left pending for
-// WithMinIdle (XAUTOCLAIM, every WithClaimInterval) and reads new ones
-// (XREADGROUP, blocking for WithBlock).
+// one at a time, then, in turn, claims entries that another consumer left
+// pending for WithMinIdle (XPENDING ... IDLE every WithClaimInterval, then
+// XCLAIM, one at a time) and reads new ones (XREADGROUP, WithBatchSize at a
+// time, blocking for WithBlock).
 //
 // Per decision: Ack acknowledges the entry (XACK); Retry leaves it pending,
 // to be claimed once it has been idle for WithMinIdle; DeadLetter adds it,
@@ -291,16 +292,22 @@ func (c *Consumer) reportError(ctx context.Context, err error) {
 const (
 	CommandGroupCreate = "xgroup_create"
 	CommandReadGroup   = "xreadgroup"
-	CommandAutoClaim   = "xautoclaim"
+	CommandClaim       = "xclaim"
 	CommandPending     = "xpending"
 	CommandAck         = "xack"
 	CommandAdd         = "xadd"
 )
 
+// CommandAutoClaim was the command of a failed claim (XAUTOCLAIM).
+//
+// Deprecated: a Consumer finds idle entries with XPENDING (CommandPending)
+// and claims them with XCLAIM (CommandClaim); it sends no XAUTOCLAIM.
+const CommandAutoClaim = "xautoclaim"
+
 // Commands returns the commands a Consumer reports errors of, for metric
 // labels.
 func Commands() []string {
-	return []string{CommandGroupCreate, CommandReadGroup, CommandAutoClaim, CommandPending, CommandAck, CommandAdd}
+	return []string{CommandGroupCreate, CommandReadGroup, CommandClaim, CommandPending, CommandAck, CommandAdd}
 }
 
 // cmdErr returns err as the *idemconsume.CommandError of command.
@@ -318,9 +325,10 @@ const (
 type worker struct {
 	c       *Consumer
 	name    string
-	history string    // the ID after which to read this consumer's own pending entries; "" once read
-	cursor  string    // XAUTOCLAIM's cursor; "" is "0-0"
-	claimAt time.Time // when to claim next
+	history string              // the ID after which to read this consumer's own pending entries; "" once read
+	cursor  string              // where the scan for idle entries goes on (XPENDING's start); "" is "-"
+	claimAt time.Time           // when to scan next
+	idle    []redis.XPendingExt // entries the scan found idle, not yet claimed
 	backoff time.Duration
 }
 
@@ -354,11 +362,20 @@ func (w *worker) run(ctx, hctx context.Context) {
 // next returns the next entries to process: this consumer's own pending
 // entries first, then, every claim interval, entries idle elsewhere, else
 // new entries.
+//
+// Entries read again (own pending ones) or claimed come one at a time,
+// because a read or a claim charges a delivery to every entry it returns:
+// a consumer that dies on one entry (an out-of-memory, a crash in a C
+// library) then charges its next delivery to that entry alone, not to the
+// batch-mates it had not reached, which a batch would push towards the
+// dead-letter stream with it, crash after crash. The scan for idle entries
+// (XPENDING ... IDLE) charges nothing; each entry it finds is claimed
+// (XCLAIM) when its turn comes, if it is still idle.
 func (w *worker) next(ctx context.Context) ([]idemconsume.Message, error) {
 	c := w.c
 	if w.history != "" {
 		streams, err := c.client.XReadGroup(ctx, &redis.XReadGroupArgs{
-			Group: c.group, Consumer: w.name, Streams: []string{c.stream, w.history}, Count: c.cfg.batch, Block: -1,
+			Group: c.group, Consumer: w.name, Streams: []string{c.stream, w.history}, Count: 1, Block: -1,
 		}).Result()
 		if err != nil && !errors.Is(err, redis.Nil) {
 			return nil, cmdErr(CommandReadGroup, fmt.Errorf("redisstream: XREADGROUP %s of own pending entries: %w", c.stream, err))
@@ -371,32 +388,34 @@ func (w *worker) next(ctx context.Context) ([]idemconsume.Message, error) {
 		w.history = msgs[len(msgs)-1].ID
 		return w.counted(ctx, msgs), nil
 	}
+	if len(w.idle) > 0 {
+		return w.claim(ctx), nil
+	}
 	if now := time.Now(); !now.Before(w.claimAt) {
-		msgs, cursor, err := c.client.XAutoClaim(ctx, &redis.XAutoClaimArgs{
-			Stream: c.stream, Group: c.group, Consumer: w.name, MinIdle: c.cfg.minIdle,
-			Start: cmp.Or(w.cursor, "0-0"), Count: c.cfg.batch,
+		idle, err := c.client.XPendingExt(ctx, &redis.XPendingExtArgs{
+			Stream: c.stream, Group: c.group, Idle: c.cfg.minIdle,
+			Start: cmp.Or(w.cursor, "-"), End: "+", Count: c.cfg.batch,
 		}).Result()
 		switch {
 		case err != nil:
-			// Reported, and the read below goes on: a claim that keeps
-			// failing (an ACL without XAUTOCLAIM) must not stop the new
-			// entries. The next claim waits a claim interval.
-			c.reportError(ctx, cmdErr(CommandAutoClaim, fmt.Errorf("redisstream: XAUTOCLAIM %s: %w", c.stream, err)))
+			// Reported, and the read below goes on: a scan that keeps
+			// failing must not stop the new entries. The next scan waits a
+			// claim interval.
+			if ctx.Err() != nil {
+				return nil, nil
+			}
+			c.reportError(ctx, cmdErr(CommandPending, fmt.Errorf("redisstream: XPENDING %s IDLE: %w", c.stream, err)))
 			w.cursor, w.claimAt = "", now.Add(c.cfg.claimInterval)
 		default:
-			w.cursor = cursor
-			if cursor == "0-0" || cursor == "" {
+			if int64(len(idle)) < c.cfg.batch {
 				// The whole pending list was scanned: wait a claim interval.
 				w.cursor, w.claimAt = "", now.Add(c.cfg.claimInterval)
+			} else {
+				w.cursor = "(" + idle[len(idle)-1].ID
 			}
-			if len(msgs) > 0 {
-				for _, f := range c.cfg.onClaim {
-					f(ctx, len(msgs))
-				}
-				return w.counted(ctx, msgs), nil
-			}
-			if w.cursor != "" {
-				return nil, nil // more of the pending list to scan
+			if len(idle) > 0 {
+				w.idle = idle
+				return w.claim(ctx), nil
 			}
 		}
 	}
@@ -413,6 +432,39 @@ func (w *worker) next(ctx context.Context) ([]idemconsume.Message, error) {
 		out[i] = message(m, 1) // a new entry's first delivery
 	}
 	return out, nil
+}
+
+// claim claims the next entry that the scan found idle (XCLAIM, with the
+// same min-idle time, which charges its delivery) and returns it, or none
+// when it is not idle any more (another consumer claimed it since, or its
+// own consumer read it again), was acknowledged, or was deleted. When
+// XCLAIM fails, the error is reported and the rest of the scan's entries
+// are left for the next scan, a claim interval later.
+func (w *worker) claim(ctx context.Context) []idemconsume.Message {
+	c := w.c
+	p := w.idle[0]
+	w.idle = w.idle[1:]
+	msgs, err := c.client.XClaim(ctx, &redis.XClaimArgs{
+		Stream: c.stream, Group: c.group, Consumer: w.name, MinIdle: c.cfg.minIdle, Messages: []string{p.ID},
+	}).Result()
+	if err != nil {
+		if ctx.Err() == nil {
+			c.reportError(ctx, cmdErr(CommandClaim, fmt.Errorf("redisstream: XCLAIM %s %s: %w", c.stream, p.ID, err)))
+		}
+		// A claim that keeps failing (an ACL without XCLAIM) must not stop
+		// the new entries: the next scan waits a claim interval.
+		w.idle, w.cursor, w.claimAt = nil, "", time.Now().Add(c.cfg.claimInterval)
+		return nil
+	}
+	if len(msgs) == 0 {
+		return nil
+	}
+	for _, f := range c.cfg.onClaim {
+		f(ctx, len(msgs))
+	}
+	// Still idle, so no one read or claimed it since the scan: this is its
+	// delivery after the scan's count.
+	return []idemconsume.Message{message(msgs[0], p.RetryCount+1)}
 }
 
 // counted returns msgs, which were delivered before, with their delivery

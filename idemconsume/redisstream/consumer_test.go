@@ -78,7 +78,7 @@ func TestFourConsumersOneEffectPerMessage(t *testing.T) {
 
 // A consumer is killed (its context cancelled) with handlers in the middle
 // of their work and acknowledgements lost; another consumer claims its
-// pending entries with XAUTOCLAIM and each message has one effect.
+// pending entries with XCLAIM and each message has one effect.
 func TestKilledConsumerEntriesAreClaimed(t *testing.T) {
 	e := newEnv(t)
 	const total = 40

@@ -23,14 +23,19 @@
 // Redis Streams redeliver nothing by themselves: an entry that a consumer
 // read and never acknowledged stays in the group's pending entries list
 // (PEL) under that consumer's name. Each worker, every WithClaimInterval,
-// claims entries that have been pending for WithMinIdle (XAUTOCLAIM), from
-// any consumer (a dead one, or itself after a Retry), and processes them.
-// Both XAUTOCLAIM and a re-read increment the entry's delivery counter; the
-// worker reads it with XPENDING and passes it as Message.Deliveries, so a
-// message that keeps failing, or keeps killing its consumer, is
-// dead-lettered after WithMaxDeliveries deliveries. A consumer that restarts
-// under its old name (WithConsumerName) takes its own pending entries back
-// at once.
+// looks for entries that have been pending for WithMinIdle (XPENDING ...
+// IDLE), from any consumer (a dead one, or itself after a Retry), and
+// claims (XCLAIM) and processes them one at a time. Both a claim and a
+// re-read increment the entry's delivery counter, which the worker passes
+// as Message.Deliveries, so a message that keeps failing, or keeps killing
+// its consumer, is dead-lettered after WithMaxDeliveries deliveries. A
+// consumer that restarts under its old name (WithConsumerName) takes its
+// own pending entries back at once, one at a time too.
+//
+// Entries are claimed and read again one at a time, not in batches, since
+// a claim or a read charges a delivery to every entry it returns: a message
+// that kills its consumer then charges its crashes to itself alone, and
+// the entries that its batch had not reached are not dead-lettered with it.
 //
 // An entry claimed while its handler still runs elsewhere (a handler slower
 // than WithMinIdle) finds its key in progress; keep WithMinIdle above the

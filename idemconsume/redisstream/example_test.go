@@ -314,7 +314,7 @@ func ExampleWithBlock() {
 }
 
 // An entry that a dead consumer left pending for WithMinIdle is claimed
-// (XAUTOCLAIM) by a live one, and counts as delivered again.
+// (XCLAIM) by a live one, and counts as delivered again.
 func ExampleWithMinIdle() {
 	d := newDemo("order-1")
 	defer d.close()

@@ -18,7 +18,7 @@ import (
 	"github.com/idemkit/idempotency/internal/redistest"
 )
 
-// An entry claimed (XAUTOCLAIM, after WithMinIdle) while the consumer that
+// An entry claimed (XCLAIM, after WithMinIdle) while the consumer that
 // read it is still in its handler is not run a second time: in in-flight
 // mode "raise" the claimer gets Retry (in_progress) with RetryAfter and
 // leaves the entry pending; in mode "wait" it waits for the holder's result
@@ -98,9 +98,14 @@ func (c *countingClient) XReadGroup(ctx context.Context, a *redis.XReadGroupArgs
 	return c.Client.XReadGroup(ctx, a)
 }
 
-func (c *countingClient) XAutoClaim(ctx context.Context, a *redis.XAutoClaimArgs) *redis.XAutoClaimCmd {
+func (c *countingClient) XPendingExt(ctx context.Context, a *redis.XPendingExtArgs) *redis.XPendingExtCmd {
 	c.calls.Add(1)
-	return c.Client.XAutoClaim(ctx, a)
+	return c.Client.XPendingExt(ctx, a)
+}
+
+func (c *countingClient) XClaim(ctx context.Context, a *redis.XClaimArgs) *redis.XMessageSliceCmd {
+	c.calls.Add(1)
+	return c.Client.XClaim(ctx, a)
 }
 
 // With Redis down, a worker backs off between failed reads instead of

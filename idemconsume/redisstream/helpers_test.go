@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -21,6 +22,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if os.Getenv(crashEnv) != "" {
+		os.Exit(runCrasher())
+	}
 	goleak.VerifyTestMain(redistest.Main(m),
 		// go-redis probes a server it failed to dial from a goroutine that
 		// sleeps a second and exits, even after Close: go-redis's, bounded.

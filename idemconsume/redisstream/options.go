@@ -108,7 +108,7 @@ func WithBatchSize(n int) Option { return optionFunc(func(c *config) { c.batch =
 func WithBlock(d time.Duration) Option { return optionFunc(func(c *config) { c.block = d }) }
 
 // WithMinIdle sets how long an entry stays pending before a worker claims it
-// (XAUTOCLAIM min-idle-time): the redelivery delay of an entry whose
+// (XPENDING ... IDLE, XCLAIM min-idle-time): the redelivery delay of an entry whose
 // consumer died, failed its handler, or found it in progress. Keep it at
 // least the coordinator's lease (IDEMPOTENCY_LEASE) and longer than a batch
 // usually takes (WithBatchSize times a handler's run: idle time counts from
@@ -119,8 +119,8 @@ func WithBlock(d time.Duration) Option { return optionFunc(func(c *config) { c.b
 func WithMinIdle(d time.Duration) Option { return optionFunc(func(c *config) { c.minIdle = d }) }
 
 // WithClaimInterval sets how often each worker looks for entries idle for
-// WithMinIdle (XAUTOCLAIM), between reads. Default DefaultClaimInterval
-// (5s); at least 1ms.
+// WithMinIdle (XPENDING ... IDLE), between reads, and claims them one at a
+// time (XCLAIM). Default DefaultClaimInterval (5s); at least 1ms.
 func WithClaimInterval(d time.Duration) Option {
 	return optionFunc(func(c *config) { c.claimInterval = d })
 }
@@ -178,7 +178,7 @@ func WithOnError(f func(ctx context.Context, err error)) Option {
 
 // WithOnClaim adds a function called with the number of entries that a
 // worker claimed from other consumers, or from itself after a Retry
-// (XAUTOCLAIM), before it processes them. Each WithOnClaim adds one, called
+// (XCLAIM: one at a time, so n is 1), before it processes them. Each WithOnClaim adds one, called
 // in order; a nil f adds none.
 func WithOnClaim(f func(ctx context.Context, n int)) Option {
 	return optionFunc(func(c *config) {

@@ -180,33 +180,118 @@ func TestStopProcessesWhatTheBlockedReadReturns(t *testing.T) {
 	}
 }
 
-// A claim that keeps failing (an ACL without XAUTOCLAIM) does not stop the
-// reads of new entries: the next claim waits a claim interval.
+// A claim that keeps failing (an ACL without XCLAIM), or a search for idle
+// entries that does (XPENDING), does not stop the reads of new entries,
+// nor makes a hot loop: the next claim waits a claim interval.
 func TestFailingClaimDoesNotStopReads(t *testing.T) {
-	e := newEnv(t)
-	var ran atomic.Int64
-	var claimErrs atomic.Int64
-	c := e.start(noAutoClaim{e.rdb}, e.processor(e.coordinator(e.store)),
-		func(context.Context, idemconsume.Message) error { ran.Add(1); return nil },
-		fast(redisstream.WithOnError(func(_ context.Context, err error) {
-			var ce *idemconsume.CommandError
-			if errors.As(err, &ce) && ce.Command == redisstream.CommandAutoClaim {
-				claimErrs.Add(1)
+	for _, tc := range []struct {
+		name    string
+		client  func(*redis.Client) redisstream.Client
+		command string
+	}{
+		{"xclaim", func(c *redis.Client) redisstream.Client { return noClaim{c} }, redisstream.CommandClaim},
+		{"xpending", func(c *redis.Client) redisstream.Client { return noIdleScan{c} }, redisstream.CommandPending},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			// An entry that a dead consumer left pending, for the claims to find.
+			e.publish("order-0")
+			if err := e.rdb.XGroupCreateMkStream(t.Context(), e.stream, e.group, "0").Err(); err != nil {
+				t.Fatal(err)
 			}
-		}))...)
-	e.publish("order-1")
-	eventually(t, 5*time.Second, "the entry processed", func() bool { return ran.Load() == 1 && e.drained() })
-	c.stop()
-	if claimErrs.Load() == 0 {
-		t.Error("no XAUTOCLAIM error reported: the test did not refuse the claim")
+			if err := e.rdb.XReadGroup(t.Context(), &redis.XReadGroupArgs{Group: e.group, Consumer: "pod-dead", Streams: []string{e.stream, ">"}}).Err(); err != nil {
+				t.Fatal(err)
+			}
+			var ran, refused atomic.Int64
+			c := e.start(tc.client(e.rdb), e.processor(e.coordinator(e.store)),
+				func(context.Context, idemconsume.Message) error { ran.Add(1); return nil },
+				fast(redisstream.WithOnError(func(_ context.Context, err error) {
+					var ce *idemconsume.CommandError
+					if errors.As(err, &ce) && ce.Command == tc.command {
+						refused.Add(1)
+					}
+				}))...)
+			start := time.Now()
+			e.publish("order-1")
+			eventually(t, 5*time.Second, "the new entry processed, and two claims refused", func() bool { return ran.Load() == 1 && refused.Load() >= 2 })
+			c.stop()
+			// fast claims every 50ms.
+			if n, most := refused.Load(), int64(time.Since(start)/(50*time.Millisecond))+1; n > most {
+				t.Errorf("%d refused commands in %v, more than one a claim interval (%d)", n, time.Since(start), most)
+			}
+		})
 	}
 }
 
-// noAutoClaim is a client whose XAUTOCLAIM Redis refuses.
-type noAutoClaim struct{ *redis.Client }
+// noClaim is a client whose XCLAIM Redis refuses.
+type noClaim struct{ *redis.Client }
 
-func (noAutoClaim) XAutoClaim(ctx context.Context, _ *redis.XAutoClaimArgs) *redis.XAutoClaimCmd {
-	cmd := redis.NewXAutoClaimCmd(ctx)
-	cmd.SetErr(errors.New("NOPERM this user has no permissions to run the 'xautoclaim' command"))
+func (noClaim) XClaim(ctx context.Context, _ *redis.XClaimArgs) *redis.XMessageSliceCmd {
+	cmd := redis.NewXMessageSliceCmd(ctx)
+	cmd.SetErr(errors.New("NOPERM this user has no permissions to run the 'xclaim' command"))
+	return cmd
+}
+
+// noIdleScan is a client whose XPENDING ... IDLE fails.
+type noIdleScan struct{ *redis.Client }
+
+func (c noIdleScan) XPendingExt(ctx context.Context, a *redis.XPendingExtArgs) *redis.XPendingExtCmd {
+	if a.Idle == 0 {
+		return c.Client.XPendingExt(ctx, a)
+	}
+	cmd := redis.NewXPendingExtCmd(ctx)
+	cmd.SetErr(errors.New("i/o timeout"))
+	return cmd
+}
+
+// An idle entry that another consumer claims between a worker's search
+// (XPENDING ... IDLE) and its claim is left to that consumer: the claim's
+// min-idle time refuses it, and it is neither run nor charged again.
+func TestEntryClaimedElsewhereMeanwhileIsSkipped(t *testing.T) {
+	e := newEnv(t)
+	id := e.publish("order-0")
+	if err := e.rdb.XGroupCreateMkStream(t.Context(), e.stream, e.group, "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.rdb.XReadGroup(t.Context(), &redis.XReadGroupArgs{Group: e.group, Consumer: "pod-dead", Streams: []string{e.stream, ">"}}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	var ran, scans atomic.Int64
+	c := e.start(thiefAfterScan{Client: e.rdb, stream: e.stream, group: e.group, scans: &scans}, e.processor(e.coordinator(e.store)),
+		func(context.Context, idemconsume.Message) error { ran.Add(1); return nil },
+		fast()...)
+	eventually(t, 5*time.Second, "no search found the idle entry", func() bool { return scans.Load() >= 2 })
+	c.stop()
+	pend, err := e.rdb.XPendingExt(t.Context(), &redis.XPendingExtArgs{Stream: e.stream, Group: e.group, Start: id, End: id, Count: 1}).Result()
+	if err != nil || len(pend) != 1 {
+		t.Fatalf("pending %v, %v", pend, err)
+	}
+	if ran.Load() != 0 || pend[0].Consumer != "thief" || pend[0].RetryCount != 1+scans.Load() {
+		t.Errorf("the handler ran %d times; the entry is %s's, delivered %d times, want the thief's, delivered %d times (once by pod-dead, once per theft)",
+			ran.Load(), pend[0].Consumer, pend[0].RetryCount, 1+scans.Load())
+	}
+}
+
+// thiefAfterScan is a client whose every search for idle entries that finds
+// some is followed, before its reply, by a claim of them by "thief".
+type thiefAfterScan struct {
+	*redis.Client
+	stream, group string
+	scans         *atomic.Int64
+}
+
+func (c thiefAfterScan) XPendingExt(ctx context.Context, a *redis.XPendingExtArgs) *redis.XPendingExtCmd {
+	cmd := c.Client.XPendingExt(ctx, a)
+	if a.Idle == 0 || len(cmd.Val()) == 0 {
+		return cmd
+	}
+	c.scans.Add(1)
+	for _, p := range cmd.Val() {
+		// The thief takes it (its idle time starts again: the next search
+		// finds it a min-idle later, and the thief takes it again).
+		if err := c.Client.XClaim(ctx, &redis.XClaimArgs{Stream: c.stream, Group: c.group, Consumer: "thief", Messages: []string{p.ID}}).Err(); err != nil {
+			cmd.SetErr(err)
+		}
+	}
 	return cmd
 }

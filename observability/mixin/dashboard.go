@@ -230,7 +230,7 @@ var layout = []spec{
 		description: "Messages dead-lettered in each interval, by reason: they wait in the dead-letter stream.",
 		queries:     []query{{expr: `sum by (operation, reason) (increase(idempotency_consumer_dead_letters_total{` + ops + `}` + ri + `))`, legend: "{{operation}} {{reason}}"}}},
 	{title: "Consumer command errors", unit: "ops", w: 12,
-		description: "Broker commands of queue consumers that failed, by command (xreadgroup, xautoclaim, xack, xadd, ...).",
+		description: "Broker commands of queue consumers that failed, by command (xreadgroup, xclaim, xack, xadd, ...).",
 		queries:     []query{{expr: `sum by (operation, command) (rate(idempotency_consumer_errors_total{` + ops + `}` + ri + `))`, legend: "{{operation}} {{command}}"}}},
 	{title: "Consumer claims", unit: "ops", w: 12,
 		description: "Messages claimed from consumers that left them pending (a dead consumer, or a Retry): redeliveries.",

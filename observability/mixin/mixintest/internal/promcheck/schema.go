@@ -114,7 +114,7 @@ var Operations = []string{"payment.charge", "order.create"}
 // bring go-redis into its module graph).
 var (
 	ConsumerOperation = "billing.credit"
-	ConsumerCommands  = []string{"xreadgroup", "xautoclaim", "xack", "xadd"}
+	ConsumerCommands  = []string{"xreadgroup", "xclaim", "xack", "xadd"}
 )
 
 // LibrarySchema runs a coordinator with an observer that registers its
