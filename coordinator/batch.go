@@ -16,9 +16,11 @@ import (
 // result is sent as soon as its action returns when no completion of the
 // batch is in flight, and the results that become ready meanwhile go
 // together in the next idemstore.BulkStore.CompleteMany. A result thus waits for no
-// more than one other round trip, whatever the actions after it take, and
-// a process that dies in the middle of a batch leaves no more actions run
-// and not recorded than single calls would. action(ctx, i) is the action of calls[i]; it runs
+// more than one other round trip, whatever the actions after it take; a
+// process that dies in the middle of a batch leaves unrecorded the actions
+// that ended within about a round trip of its death (single calls, one
+// after another, leave at most the one in hand), whose keys run again once
+// their leases run out. action(ctx, i) is the action of calls[i]; it runs
 // at most once per key, as Do's would. The results and errors come back in
 // the order of calls, each as DoResult would return it; a key that appears
 // twice in calls is run once, and its later calls replay its result.
@@ -276,9 +278,9 @@ func (b *batch[T]) free(ctx context.Context, j int) {
 // of the batch is in flight; the results that become ready while one is
 // in flight go together in the next: one CompleteMany for as many actions
 // as ended during a round trip. A result thus waits for at most one other
-// completion, whatever the actions after it take, and a process that dies
-// in the middle of a batch leaves no more actions run and not recorded
-// than a single call would.
+// completion, whatever the actions after it take; a process that dies in
+// the middle of a batch leaves unrecorded the actions that ended within
+// about a round trip of its death.
 func (b *batch[T]) ready(ctx context.Context, j int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
