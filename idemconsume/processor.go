@@ -50,6 +50,10 @@ func New(c *coordinator.Coordinator, operation string, opts ...Option) (*Process
 // records.
 func (p *Processor) Operation() string { return p.op }
 
+// MaxDeliveries returns how many deliveries a message gets before it is
+// dead-lettered (WithMaxDeliveries).
+func (p *Processor) MaxDeliveries() int64 { return p.cfg.maxDeliveries }
+
 // Process runs handle for one delivery of msg at most once per idempotency
 // key, and returns what to do with the delivery; it never fails otherwise.
 // The adapter must act on the decision only after Process has returned: an

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -95,5 +96,73 @@ func publish(b *testing.B, rdb *redis.Client, stream string, n int) {
 		if _, err := pipe.Exec(b.Context()); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// BenchmarkTakeover processes entries that a dead consumer left pending
+// (one op is one entry), found idle and claimed by a worker as a Consumer
+// does, with WithBatchSize(500): deliveries=1 is a first takeover (claimed
+// 500 at a time), deliveries=4 entries delivered four times with the
+// default WithMaxDeliveries(5) (claimed one at a time, so that a crash
+// charges no other entry).
+func BenchmarkTakeover(b *testing.B) {
+	for _, delivered := range []int{1, 4} {
+		b.Run("deliveries="+strconv.Itoa(delivered), func(b *testing.B) {
+			rdb := redistest.Server(b)
+			prefix := redistest.Prefix(b)
+			c, err := coordinator.New(redisrepo.New(rdb, redisrepo.WithKeyPrefix(prefix+"idem:")))
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer c.Close()
+			p, err := idemconsume.New(c, "bench.credit")
+			if err != nil {
+				b.Fatal(err)
+			}
+			handle := func(context.Context, idemconsume.Message) error { return nil }
+			cons, err := New(rdb, p, prefix+"orders", "billing", handle, WithBatchSize(500), WithMinIdle(time.Millisecond))
+			if err != nil {
+				b.Fatal(err)
+			}
+			ctx := b.Context()
+			if err := cons.createGroup(ctx); err != nil {
+				b.Fatal(err)
+			}
+			publish(b, rdb, cons.stream, b.N)
+			ids, err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{
+				Group: cons.group, Consumer: "dead", Streams: []string{cons.stream, ">"}, Count: int64(b.N), Block: -1,
+			}).Result()
+			if err != nil {
+				b.Fatal(err)
+			}
+			if delivered > 1 {
+				pipe := rdb.Pipeline()
+				for _, m := range entries(ids) {
+					pipe.Do(ctx, "XCLAIM", cons.stream, cons.group, "dead", 0, m.ID, "RETRYCOUNT", delivered, "JUSTID")
+				}
+				if _, err := pipe.Exec(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+			time.Sleep(2 * time.Millisecond) // idle for WithMinIdle
+			w := &worker{c: cons, name: "bench"}
+			b.ResetTimer()
+			for done := 0; done < b.N; {
+				msgs, err := w.next(ctx)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if len(msgs) > 0 && msgs[0].Deliveries != int64(delivered)+1 {
+					b.Fatalf("claimed at delivery %d, want %d", msgs[0].Deliveries, delivered+1)
+				}
+				cons.process(ctx, msgs)
+				done += len(msgs)
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
+			if n, err := rdb.XPending(ctx, cons.stream, cons.group).Result(); err != nil || n.Count != 0 {
+				b.Fatalf("after the run: %v pending, %v; want every entry acknowledged", n, err)
+			}
+		})
 	}
 }

@@ -363,14 +363,16 @@ func (w *worker) run(ctx, hctx context.Context) {
 // entries first, then, every claim interval, entries idle elsewhere, else
 // new entries.
 //
-// Entries read again (own pending ones) or claimed come one at a time,
-// because a read or a claim charges a delivery to every entry it returns:
-// a consumer that dies on one entry (an out-of-memory, a crash in a C
-// library) then charges its next delivery to that entry alone, not to the
-// batch-mates it had not reached, which a batch would push towards the
-// dead-letter stream with it, crash after crash. The scan for idle entries
-// (XPENDING ... IDLE) charges nothing; each entry it finds is claimed
-// (XCLAIM) when its turn comes, if it is still idle.
+// A read or a claim charges a delivery to every entry it returns, so a
+// consumer that dies on one entry (an out-of-memory, a crash in a C
+// library) charges a delivery to the batch-mates it had not reached too.
+// Entries are taken again so that this never dead-letters them: its own
+// pending entries one at a time; idle entries together while their
+// deliveries leave room for one more crash and a delivery of their own
+// (at most WithMaxDeliveries minus 2), else one at a time, each charged
+// only for itself. The search for idle entries (XPENDING ... IDLE) charges
+// nothing; an entry it found is claimed (XCLAIM, with the same min-idle
+// time) when its turn comes, if it is still idle.
 func (w *worker) next(ctx context.Context) ([]idemconsume.Message, error) {
 	c := w.c
 	if w.history != "" {
@@ -389,7 +391,9 @@ func (w *worker) next(ctx context.Context) ([]idemconsume.Message, error) {
 		return w.counted(ctx, msgs), nil
 	}
 	if len(w.idle) > 0 {
-		return w.claim(ctx), nil
+		p := w.idle[0]
+		w.idle = w.idle[1:]
+		return w.claim(ctx, []redis.XPendingExt{p}), nil
 	}
 	if now := time.Now(); !now.Before(w.claimAt) {
 		idle, err := c.client.XPendingExt(ctx, &redis.XPendingExtArgs{
@@ -398,8 +402,8 @@ func (w *worker) next(ctx context.Context) ([]idemconsume.Message, error) {
 		}).Result()
 		switch {
 		case err != nil:
-			// Reported, and the read below goes on: a scan that keeps
-			// failing must not stop the new entries. The next scan waits a
+			// Reported, and the read below goes on: a search that keeps
+			// failing must not stop the new entries. The next one waits a
 			// claim interval.
 			if ctx.Err() != nil {
 				return nil, nil
@@ -408,14 +412,25 @@ func (w *worker) next(ctx context.Context) ([]idemconsume.Message, error) {
 			w.cursor, w.claimAt = "", now.Add(c.cfg.claimInterval)
 		default:
 			if int64(len(idle)) < c.cfg.batch {
-				// The whole pending list was scanned: wait a claim interval.
+				// The whole pending list was searched: wait a claim interval.
 				w.cursor, w.claimAt = "", now.Add(c.cfg.claimInterval)
 			} else {
 				w.cursor = "(" + idle[len(idle)-1].ID
 			}
-			if len(idle) > 0 {
-				w.idle = idle
-				return w.claim(ctx), nil
+			room := c.proc.MaxDeliveries() - 2
+			var together []redis.XPendingExt
+			for _, p := range idle {
+				if p.RetryCount <= room {
+					together = append(together, p)
+				} else {
+					w.idle = append(w.idle, p)
+				}
+			}
+			if len(together) > 0 {
+				return w.claim(ctx, together), nil
+			}
+			if len(w.idle) > 0 {
+				return w.next(ctx)
 			}
 		}
 	}
@@ -434,25 +449,29 @@ func (w *worker) next(ctx context.Context) ([]idemconsume.Message, error) {
 	return out, nil
 }
 
-// claim claims the next entry that the scan found idle (XCLAIM, with the
-// same min-idle time, which charges its delivery) and returns it, or none
-// when it is not idle any more (another consumer claimed it since, or its
-// own consumer read it again), was acknowledged, or was deleted. When
-// XCLAIM fails, the error is reported and the rest of the scan's entries
-// are left for the next scan, a claim interval later.
-func (w *worker) claim(ctx context.Context) []idemconsume.Message {
+// claim claims the entries ps that the search found idle (XCLAIM, with the
+// same min-idle time, which charges their deliveries) and returns those it
+// got: not an entry that is not idle any more (another consumer claimed it
+// since, or its own consumer read it again), nor one acknowledged or
+// deleted meanwhile. When XCLAIM fails, the error is reported and the
+// entries found are left for the next search, a claim interval later.
+func (w *worker) claim(ctx context.Context, ps []redis.XPendingExt) []idemconsume.Message {
 	c := w.c
-	p := w.idle[0]
-	w.idle = w.idle[1:]
+	ids := make([]string, len(ps))
+	counts := make(map[string]int64, len(ps))
+	for i, p := range ps {
+		ids[i] = p.ID
+		counts[p.ID] = p.RetryCount
+	}
 	msgs, err := c.client.XClaim(ctx, &redis.XClaimArgs{
-		Stream: c.stream, Group: c.group, Consumer: w.name, MinIdle: c.cfg.minIdle, Messages: []string{p.ID},
+		Stream: c.stream, Group: c.group, Consumer: w.name, MinIdle: c.cfg.minIdle, Messages: ids,
 	}).Result()
 	if err != nil {
 		if ctx.Err() == nil {
-			c.reportError(ctx, cmdErr(CommandClaim, fmt.Errorf("redisstream: XCLAIM %s %s: %w", c.stream, p.ID, err)))
+			c.reportError(ctx, cmdErr(CommandClaim, fmt.Errorf("redisstream: XCLAIM %s %s (%d entries): %w", c.stream, ids[0], len(ids), err)))
 		}
 		// A claim that keeps failing (an ACL without XCLAIM) must not stop
-		// the new entries: the next scan waits a claim interval.
+		// the new entries: the next search waits a claim interval.
 		w.idle, w.cursor, w.claimAt = nil, "", time.Now().Add(c.cfg.claimInterval)
 		return nil
 	}
@@ -462,9 +481,13 @@ func (w *worker) claim(ctx context.Context) []idemconsume.Message {
 	for _, f := range c.cfg.onClaim {
 		f(ctx, len(msgs))
 	}
-	// Still idle, so no one read or claimed it since the scan: this is its
-	// delivery after the scan's count.
-	return []idemconsume.Message{message(msgs[0], p.RetryCount+1)}
+	out := make([]idemconsume.Message, len(msgs))
+	for i, m := range msgs {
+		// Still idle, so no one read or claimed it since the search: this
+		// is its delivery after the search's count.
+		out[i] = message(m, counts[m.ID]+1)
+	}
+	return out
 }
 
 // counted returns msgs, which were delivered before, with their delivery

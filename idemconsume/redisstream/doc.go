@@ -24,18 +24,22 @@
 // read and never acknowledged stays in the group's pending entries list
 // (PEL) under that consumer's name. Each worker, every WithClaimInterval,
 // looks for entries that have been pending for WithMinIdle (XPENDING ...
-// IDLE), from any consumer (a dead one, or itself after a Retry), and
-// claims (XCLAIM) and processes them one at a time. Both a claim and a
-// re-read increment the entry's delivery counter, which the worker passes
-// as Message.Deliveries, so a message that keeps failing, or keeps killing
+// IDLE), from any consumer (a dead one, or itself after a Retry), claims
+// them (XCLAIM) and processes them. Both a claim and a re-read increment
+// the entry's delivery counter, which the worker passes as
+// Message.Deliveries, so a message that keeps failing, or keeps killing
 // its consumer, is dead-lettered after WithMaxDeliveries deliveries. A
 // consumer that restarts under its old name (WithConsumerName) takes its
-// own pending entries back at once, one at a time too.
+// own pending entries back at once.
 //
-// Entries are claimed and read again one at a time, not in batches, since
-// a claim or a read charges a delivery to every entry it returns: a message
-// that kills its consumer then charges its crashes to itself alone, and
-// the entries that its batch had not reached are not dead-lettered with it.
+// A claim or a read charges a delivery to every entry it returns, so a
+// message that kills its consumer charges each crash to the batch-mates it
+// kept from running too. So that this never dead-letters them, idle
+// entries are claimed together only while their deliveries leave room for
+// one more such crash and a delivery of their own (at most
+// WithMaxDeliveries minus 2), and one at a time after that, each charged
+// for itself alone; a consumer's own pending entries are read again one at
+// a time.
 //
 // An entry claimed while its handler still runs elsewhere (a handler slower
 // than WithMinIdle) finds its key in progress; keep WithMinIdle above the

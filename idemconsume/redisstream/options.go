@@ -178,7 +178,8 @@ func WithOnError(f func(ctx context.Context, err error)) Option {
 
 // WithOnClaim adds a function called with the number of entries that a
 // worker claimed from other consumers, or from itself after a Retry
-// (XCLAIM: one at a time, so n is 1), before it processes them. Each WithOnClaim adds one, called
+// (XCLAIM), before it processes them: n entries claimed together (see
+// the package's "Redelivery and takeover"), or 1. Each WithOnClaim adds one, called
 // in order; a nil f adds none.
 func WithOnClaim(f func(ctx context.Context, n int)) Option {
 	return optionFunc(func(c *config) {

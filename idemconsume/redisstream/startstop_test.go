@@ -3,7 +3,10 @@ package redisstream_test
 import (
 	"context"
 	"errors"
+	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -294,4 +297,66 @@ func (c thiefAfterScan) XPendingExt(ctx context.Context, a *redis.XPendingExtArg
 		}
 	}
 	return cmd
+}
+
+// Idle entries are claimed together while their deliveries leave room for a
+// crash of a batch-mate and a delivery of their own (at most
+// WithMaxDeliveries minus 2), else one at a time: with 5 deliveries, three
+// entries delivered once come in one claim, three delivered four times in
+// three, and each is processed with its count.
+func TestClaimsTogetherWhileThereIsRoom(t *testing.T) {
+	e := newEnv(t)
+	var ids []string
+	for i := range 6 {
+		ids = append(ids, e.publish("order-"+strconv.Itoa(i)))
+	}
+	ctx := t.Context()
+	if err := e.rdb.XGroupCreateMkStream(ctx, e.stream, e.group, "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: e.group, Consumer: "pod-dead", Streams: []string{e.stream, ">"}}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range oddOf(ids) {
+		// Delivered four times: three crashes of its consumers so far.
+		if err := e.rdb.Do(ctx, "XCLAIM", e.stream, e.group, "pod-dead", 0, id, "RETRYCOUNT", 4, "JUSTID").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var mu sync.Mutex
+	var claims []int
+	got := map[string]int64{}
+	c := e.start(e.rdb, e.processor(e.coordinator(e.store), idemconsume.WithMaxDeliveries(5)),
+		func(_ context.Context, m idemconsume.Message) error {
+			mu.Lock()
+			defer mu.Unlock()
+			got[m.ID] = m.Deliveries
+			return nil
+		},
+		fast(redisstream.WithOnClaim(func(_ context.Context, n int) {
+			mu.Lock()
+			defer mu.Unlock()
+			claims = append(claims, n)
+		}))...)
+	eventually(t, 5*time.Second, "the stream is not drained", e.drained)
+	c.stop()
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(claims, []int{3, 1, 1, 1}) {
+		t.Errorf("claims of %v entries, want [3 1 1 1]", claims)
+	}
+	for i, id := range ids {
+		if want := int64(2 + 3*(i%2)); got[id] != want {
+			t.Errorf("entry %d processed at delivery %d, want %d", i, got[id], want)
+		}
+	}
+}
+
+// oddOf returns the elements of s at odd positions.
+func oddOf(s []string) []string {
+	var odd []string
+	for i := 1; i < len(s); i += 2 {
+		odd = append(odd, s[i])
+	}
+	return odd
 }
