@@ -374,11 +374,14 @@ func TestReplicaAcksRoundsOffTheRequestPath(t *testing.T) {
 		}()
 		return done
 	}
-	first := reserve(t.Context(), "first", 500*time.Millisecond) // sends its own round
+	// Each call keeps a quarter of its time for the WAIT's reply: 250ms
+	// for the first (125ms was overrun once by a -race build in CI), more
+	// for the queued ones, which wait for the first round to end.
+	first := reserve(t.Context(), "first", time.Second) // sends its own round
 	<-rounds.out
 	queued := []<-chan error{ // queued behind it: the goroutine's rounds
-		reserve(off, "background", 2*time.Second),
-		reserve(t.Context(), "caller", 2*time.Second),
+		reserve(off, "background", 4*time.Second),
+		reserve(t.Context(), "caller", 4*time.Second),
 	}
 	for _, done := range append(queued, first) {
 		if err := <-done; !errors.Is(err, redisrepo.ErrNotAcknowledged) {
